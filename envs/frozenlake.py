@@ -1,0 +1,270 @@
+"""FrozenLake as a text environment: the reference env that every other rllm-gym env copies."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import deque
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rllm_gym.spaces import TextSpace
+
+__all__ = ["MAX_SIZE", "FrozenLakeEnv", "generate_random_map", "parse_action"]
+
+LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
+ACTION_NAMES = ("left", "down", "right", "up")
+_MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (d_row, d_col) per action, Gymnasium's order
+_WORDS = {name: index for index, name in enumerate(ACTION_NAMES)}
+_TILES = {"S": "_", "F": "_", "H": "O", "G": "G"}  # map letter -> what the observation shows
+MAX_SIZE = 64
+_INVALID_QUOTE = 60  # characters of an invalid action quoted back in the observation
+
+_DIRECTION = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
+_FENCE = re.compile(r"```[^\n`]*\n?(.*?)```", re.DOTALL)
+_LABELLED = re.compile(r"\baction\s*[:=]\s*\**\s*[\"'`]?\s*(up|down|left|right)\b", re.IGNORECASE)
+
+
+def parse_action(text: str) -> int | None:
+    """The move a reply asks for (0 left, 1 down, 2 right, 3 up), or None when it names none or several.
+
+    Looked for in this order, the first that decides wins:
+    1. the whole reply is one direction word (any case, surrounding whitespace and punctuation ignored);
+    2. the last fenced block (```` ```Left``` ````) names exactly one direction;
+    3. the last labelled move (``Action: Left``, ``action = "up"``);
+    4. the reply names exactly one distinct direction anywhere (``I will go left.``).
+    A reply naming two different directions outside a fence or label is ambiguous and gets None.
+    """
+    if not isinstance(text, str):
+        return None
+    move = _WORDS.get(text.strip(" \t\n.!*`'\"").lower())
+    if move is not None:
+        return move
+    fences = _FENCE.findall(text)
+    if fences:
+        named = {word.lower() for word in _DIRECTION.findall(fences[-1])}
+        if len(named) == 1:
+            return _WORDS[named.pop()]
+    labelled = _LABELLED.findall(text)
+    if labelled:
+        return _WORDS[labelled[-1].lower()]
+    named = {word.lower() for word in _DIRECTION.findall(text)}
+    return _WORDS[named.pop()] if len(named) == 1 else None
+
+
+def _reachable(rows: list[str]) -> bool:
+    """Breadth-first search from S to G over non-hole tiles."""
+    n_rows, n_cols = len(rows), len(rows[0])
+    start = next((r, row.index("S")) for r, row in enumerate(rows) if "S" in row)
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        if rows[r][c] == "G":
+            return True
+        for dr, dc in _MOVES:
+            nr, nc = r + dr, c + dc
+            if 0 <= nr < n_rows and 0 <= nc < n_cols and (nr, nc) not in seen and rows[nr][nc] != "H":
+                seen.add((nr, nc))
+                queue.append((nr, nc))
+    return False
+
+
+def generate_random_map(size: int = 4, p: float = 0.8, rng: np.random.Generator | None = None) -> list[str]:
+    """A ``size`` x ``size`` map, S top-left and G bottom-right, each other tile frozen with probability ``p``.
+
+    Maps are resampled until the goal is reachable from the start, as in Gymnasium's generator.
+    """
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_SIZE:
+        raise ValueError(f"FrozenLake size must be an int in [2, {MAX_SIZE}], got {size!r}")
+    if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"FrozenLake p (the probability of a frozen tile) must lie in (0, 1], got {p!r}")
+    rng = rng if rng is not None else np.random.default_rng()
+    for _ in range(10_000):
+        frozen = rng.random((size, size)) < p
+        rows = ["".join("F" if cell else "H" for cell in line) for line in frozen]
+        rows[0] = "S" + rows[0][1:]
+        rows[-1] = rows[-1][:-1] + "G"
+        if _reachable(rows):
+            return rows
+    raise ValueError(f"no reachable FrozenLake map found in 10000 draws with size={size}, p={p}: raise p")
+
+
+def _validate_map(rows: Any) -> list[str]:
+    if isinstance(rows, str):
+        rows = rows.split()
+    if not isinstance(rows, (list, tuple)) or not rows or not all(isinstance(row, str) for row in rows):
+        raise ValueError(
+            f"task['map'] must be a non-empty list of row strings such as ['SFF', 'FHF', 'FFG'], got {rows!r}"
+        )
+    rows = list(rows)
+    if len(rows) > MAX_SIZE or any(len(row) != len(rows[0]) or not row for row in rows) or len(rows[0]) > MAX_SIZE:
+        raise ValueError(f"task['map'] must be rectangular with at most {MAX_SIZE} rows and columns, got {rows!r}")
+    letters = "".join(rows)
+    if set(letters) - set("SFHG") or letters.count("S") != 1 or letters.count("G") != 1:
+        raise ValueError(
+            f"task['map'] may only use the letters S (start, exactly one), F (frozen), H (hole) and G (goal, exactly "
+            f"one), got {rows!r}"
+        )
+    return rows
+
+
+class FrozenLakeEnv(gym.Env[str, str]):
+    """Cross a frozen lake from the start to the goal without falling into a hole, reading and writing text.
+
+    ## Description
+    Gymnasium's FrozenLake with a text interface. The player starts in the top-left corner and must reach the goal
+    in the bottom-right corner of a grid of frozen tiles and holes. Each reset draws a new random map (seeded, and
+    resampled until the goal is reachable) unless the task pins one.
+
+    ## Action Space
+    ``TextSpace(max_length=100_000)``: the model's reply. It is parsed into one of ``left``, ``down``, ``right``,
+    ``up`` (see Action Parsing).
+
+    ## Observation Space
+    ``TextSpace``: the grid, one row per line, tiles separated by spaces: ``P`` the player, ``_`` frozen, ``O`` a
+    hole, ``G`` the goal. After an invalid action the grid is preceded by one line that says what was wrong.
+
+    ## Prompt Format
+    The observation holds no instructions: agents (``rllm_gym.agents``) add the rules and the answer format.
+    Example observation of a 4x4 map::
+
+        P _ _ _
+        _ O _ O
+        _ _ _ O
+        O _ _ G
+
+    ## Action Parsing
+    See :func:`parse_action`: a bare direction word, the last fenced block, the last ``Action: <dir>`` label, or a
+    single direction named anywhere. Case is ignored. Anything else is an invalid action: the player does not
+    move, the observation says so, and the step earns ``invalid_action_reward``.
+
+    ## Starting State
+    The player on the start tile of a new map: ``reset(seed=s)`` draws the map from the env's seeded generator;
+    ``reset(options={"task": {"map": ["SFFF", "FHFH", "FFFH", "HFFG"]}})`` pins a map, and
+    ``reset(options={"task": {"seed": 7, "size": 6, "p": 0.8}})`` pins the map that seed generates.
+
+    ## Rewards
+    1.0 on reaching the goal, 0.0 for every other move, ``invalid_action_reward`` (default 0.0) for an action that
+    names no single direction.
+
+    ## Episode End
+    Terminated when the player reaches the goal or falls into a hole. Truncated by Gymnasium's ``TimeLimit``
+    wrapper after ``max_episode_steps`` (100 when made with ``gym.make("rllm/FrozenLake-v0")``).
+
+    ## Information
+    ``reset`` and ``step`` return: ``task`` (reset only: ``{"id", "map"}``), ``position`` (``(row, col)``),
+    ``is_correct`` (the goal is reached). ``step`` adds ``action`` (the parsed direction, or None) and
+    ``invalid_action`` (bool).
+
+    ## Arguments
+    ``size`` (int, 4): side of generated maps, 2 to 64. ``p`` (float, 0.8): probability of a frozen tile.
+    ``is_slippery`` (bool, False): with probability 2/3 the player slides perpendicular to the chosen direction,
+    as in Gymnasium. ``invalid_action_reward`` (float, 0.0). ``render_mode`` (``"ansi"`` or None).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = False,
+        invalid_action_reward: float = 0.0,
+        render_mode: str | None = None,
+    ):
+        generate_random_map(size, p, np.random.default_rng(0))  # validates size and p before anything else
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"FrozenLakeEnv render_mode must be one of {self.metadata['render_modes']} or None, "
+                f"got {render_mode!r}"
+            )
+        self.size, self.p, self.is_slippery = size, p, bool(is_slippery)
+        self.invalid_action_reward = float(invalid_action_reward)
+        self.render_mode = render_mode
+        self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)
+        self.action_space = TextSpace(max_length=100_000)
+        self._rows: list[str] = []
+        self._tiles: list[str] = []
+        self._row, self._col = 0, 0
+        self._done = False
+
+    # The task
+
+    def _task_map(self, task: dict[str, Any]) -> list[str]:
+        if not isinstance(task, dict):
+            raise ValueError(f"options['task'] must be a dict with 'map' or 'seed', got {type(task).__name__}")
+        if "map" in task:
+            return _validate_map(task["map"])
+        if "seed" in task:
+            if not isinstance(task["seed"], int) or isinstance(task["seed"], bool) or task["seed"] < 0:
+                raise ValueError(f"task['seed'] must be a non-negative int, got {task['seed']!r}")
+            rng = np.random.default_rng(task["seed"])
+            return generate_random_map(task.get("size", self.size), task.get("p", self.p), rng)
+        raise ValueError(f"options['task'] must have a 'map' (rows of S/F/H/G) or a 'seed', got keys {sorted(task)}")
+
+    def _load(self, rows: list[str], task_id: str | None) -> dict[str, Any]:
+        self._rows = rows
+        self._tiles = [" ".join(_TILES[letter] for letter in row) for row in rows]
+        self._row, self._col = next((r, row.index("S")) for r, row in enumerate(rows) if "S" in row)
+        self._done = False
+        if task_id is None:
+            digest = hashlib.sha1("/".join(rows).encode()).hexdigest()[:12]
+            task_id = f"frozenlake-{len(rows)}x{len(rows[0])}-{digest}"
+        return {"id": task_id, "map": list(rows)}
+
+    # Gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        if task is None:
+            rows, task_id = generate_random_map(self.size, self.p, self.np_random), None
+        else:
+            rows, task_id = self._task_map(task), task.get("id")
+        info = {"task": self._load(rows, task_id), "position": (self._row, self._col), "is_correct": False}
+        return self._render_grid(), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("FrozenLakeEnv.step called after the episode ended: call reset() first")
+        move = parse_action(action)
+        if move is None:
+            quoted = action if isinstance(action, str) else repr(action)
+            if len(quoted) > _INVALID_QUOTE:
+                quoted = quoted[:_INVALID_QUOTE] + "..."
+            observation = (
+                f"Invalid action {quoted!r}: reply with exactly one of up, down, left, right "
+                f"(e.g. 'Action: Left'). You did not move.\n" + self._render_grid()
+            )
+            info = {"action": None, "invalid_action": True, "position": (self._row, self._col), "is_correct": False}
+            return observation, self.invalid_action_reward, False, False, info
+        chosen = move
+        if self.is_slippery:
+            move = (move + int(self.np_random.integers(-1, 2))) % 4
+        d_row, d_col = _MOVES[move]
+        self._row = min(max(self._row + d_row, 0), len(self._rows) - 1)
+        self._col = min(max(self._col + d_col, 0), len(self._rows[0]) - 1)
+        letter = self._rows[self._row][self._col]
+        self._done = letter in "GH"
+        reached = letter == "G"
+        info = {
+            "action": ACTION_NAMES[chosen],
+            "invalid_action": False,
+            "position": (self._row, self._col),
+            "is_correct": reached,
+        }
+        return self._render_grid(), 1.0 if reached else 0.0, self._done, False, info
+
+    def render(self) -> str | None:
+        return self._render_grid() if self.render_mode == "ansi" else None
+
+    def _render_grid(self) -> str:
+        tiles = self._tiles.copy()
+        line = tiles[self._row]
+        tiles[self._row] = line[: 2 * self._col] + "P" + line[2 * self._col + 1 :]
+        return "\n".join(tiles)

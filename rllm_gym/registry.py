@@ -1,0 +1,81 @@
+"""The one place that lists every rllm-gym environment id and registers it.
+
+``import rllm_gym`` calls :func:`register_envs`, so ``gym.make("rllm/FrozenLake-v0")`` works after the import and
+``gym.make("rllm_gym:rllm/FrozenLake-v0")`` works without it (Gymnasium imports the module named before the colon).
+Multi-agent (PettingZoo) ids live in the same table; Gymnasium's ``gym.make`` cannot return a PettingZoo env, so
+:func:`make` builds both kinds.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.error import NameNotFound
+
+__all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "env_ids", "make", "register_envs"]
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One registered environment: its versioned id, ``module:Class`` entry point and default arguments."""
+
+    id: str
+    entry_point: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int | None = None
+    multi_agent: bool = False
+
+
+ENV_SPECS: tuple[EnvSpec, ...] = (
+    EnvSpec("rllm/FrozenLake-v0", "rllm_gym.envs.frozenlake:FrozenLakeEnv", max_episode_steps=100),
+)
+
+
+class UnknownEnvError(NameNotFound):
+    """An environment id that is not registered; the message suggests the closest registered ids."""
+
+
+def env_ids(multi_agent: bool | None = None) -> list[str]:
+    """Every registered id, or only the single-agent (``False``) or multi-agent (``True``) ones."""
+    return [spec.id for spec in ENV_SPECS if multi_agent is None or spec.multi_agent == multi_agent]
+
+
+def register_envs() -> None:
+    """Register every single-agent id with Gymnasium; calling it again is a no-op."""
+    for spec in ENV_SPECS:
+        if not spec.multi_agent and spec.id not in gym.registry:
+            gym.register(
+                id=spec.id,
+                entry_point=spec.entry_point,
+                kwargs=dict(spec.kwargs),
+                max_episode_steps=spec.max_episode_steps,
+                disable_env_checker=True,  # the test suite runs the full check_env on every id instead
+            )
+
+
+def _spec(env_id: str) -> EnvSpec:
+    for spec in ENV_SPECS:
+        if spec.id == env_id:
+            return spec
+    suggestions = difflib.get_close_matches(env_id, env_ids(), n=3, cutoff=0.5)
+    hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    raise UnknownEnvError(f"Environment {env_id!r} doesn't exist.{hint} Registered ids: {', '.join(env_ids())}.")
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    """Make any rllm-gym env by id: a Gymnasium env for single-agent ids, a PettingZoo env for multi-agent ones.
+
+    Multi-agent ids take ``parallel=True`` for the parallel API; the default is the (wrapped) AEC env.
+    """
+    spec = _spec(env_id)
+    if not spec.multi_agent:
+        register_envs()
+        return gym.make(env_id, **kwargs)
+    module_name, _, attr = spec.entry_point.partition(":")
+    module = importlib.import_module(module_name)
+    factory = module.parallel_env if kwargs.pop("parallel", False) else getattr(module, attr)
+    return factory(**{**spec.kwargs, **kwargs})

@@ -1,0 +1,1 @@
+"""GRPO training on TRL + Accelerate + DeepSpeed; installed as ``rllm_gym.train``."""
