@@ -1,0 +1,35 @@
+"""The README's tour runs as written and prints what its comments say."""
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+
+
+def expected_output(block: str) -> list[str]:
+    """Comment lines that stand alone or follow a print(...) call: what the block claims to print."""
+    expected = []
+    for line in block.splitlines():
+        comment = line.partition("#")[2].strip() if "print(" in line or line.startswith("#") else ""
+        if comment:
+            expected.append(comment.removesuffix("...").strip())
+    return expected
+
+
+def test_tour_runs_and_prints_what_it_says():
+    tour = python_blocks()[0]
+    assert "gym.make(" in tour
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(tour, "README.md", "exec"), {})
+    printed = out.getvalue()
+    claims = expected_output(tour)
+    assert len(claims) >= 4
+    for claim in claims:
+        assert claim in printed, f"README claims {claim!r} but the tour printed:\n{printed}"
