@@ -167,7 +167,7 @@ class FrozenLakeEnv(gym.Env[str, str]):
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4, "rllm_gym.inline_step": True}
 
     def __init__(
         self,

@@ -16,22 +16,36 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.error import NameNotFound
 
-__all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "env_ids", "make", "register_envs"]
+__all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "default_agent", "env_ids", "load", "make", "register_envs"]
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """One registered environment: its versioned id, ``module:Class`` entry point and default arguments."""
+    """One registered environment: its versioned id, ``module:Class`` entry point, default arguments, and the
+    ``module:Class`` of the agent that plays it by default (``rllm-gym eval`` and the trainer use it)."""
 
     id: str
     entry_point: str
     kwargs: dict[str, Any] = field(default_factory=dict)
     max_episode_steps: int | None = None
     multi_agent: bool = False
+    agent: str | None = None
 
 
 ENV_SPECS: tuple[EnvSpec, ...] = (
-    EnvSpec("rllm/FrozenLake-v0", "rllm_gym.envs.frozenlake:FrozenLakeEnv", max_episode_steps=100),
+    EnvSpec(
+        "rllm/FrozenLake-v0",
+        "rllm_gym.envs.frozenlake:FrozenLakeEnv",
+        max_episode_steps=100,
+        agent="rllm_gym.agents.frozenlake:FrozenLakeAgent",
+    ),
+    EnvSpec("rllm/Math-v0", "rllm_gym.envs.math:MathEnv", agent="rllm_gym.agents.math:MathAgent"),
+    EnvSpec(
+        "rllm/Tool-v0", "rllm_gym.envs.tool:ToolEnv", max_episode_steps=16, agent="rllm_gym.agents.tool:ToolAgent"
+    ),
+    EnvSpec(
+        "rllm/Code-v0", "rllm_gym.envs.code:CodeEnv", max_episode_steps=10, agent="rllm_gym.agents.code:CodeAgent"
+    ),
 )
 
 
@@ -61,9 +75,25 @@ def _spec(env_id: str) -> EnvSpec:
     for spec in ENV_SPECS:
         if spec.id == env_id:
             return spec
-    suggestions = difflib.get_close_matches(env_id, env_ids(), n=3, cutoff=0.5)
+    suggestions = difflib.get_close_matches(env_id, env_ids(), n=3, cutoff=0.8)
     hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     raise UnknownEnvError(f"Environment {env_id!r} doesn't exist.{hint} Registered ids: {', '.join(env_ids())}.")
+
+
+def load(entry_point: str) -> Any:
+    """The object a ``"module.path:Name"`` string names."""
+    module_name, sep, attr = entry_point.partition(":")
+    if not sep or not attr:
+        raise ValueError(f"entry point {entry_point!r} must look like 'package.module:Name'")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def default_agent(env_id: str) -> Any:
+    """The agent class registered for ``env_id``."""
+    spec = _spec(env_id)
+    if spec.agent is None:
+        raise ValueError(f"no default agent is registered for {env_id!r}: pass an agent class explicitly")
+    return load(spec.agent)
 
 
 def make(env_id: str, **kwargs: Any) -> Any:
@@ -75,7 +105,7 @@ def make(env_id: str, **kwargs: Any) -> Any:
     if not spec.multi_agent:
         register_envs()
         return gym.make(env_id, **kwargs)
-    module_name, _, attr = spec.entry_point.partition(":")
-    module = importlib.import_module(module_name)
-    factory = module.parallel_env if kwargs.pop("parallel", False) else getattr(module, attr)
+    factory = load(spec.entry_point)
+    if kwargs.pop("parallel", False):
+        factory = importlib.import_module(spec.entry_point.partition(":")[0]).parallel_env
     return factory(**{**spec.kwargs, **kwargs})

@@ -5,6 +5,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -22,14 +24,15 @@ def expected_output(block: str) -> list[str]:
     return expected
 
 
-def test_tour_runs_and_prints_what_it_says():
-    tour = python_blocks()[0]
-    assert "gym.make(" in tour
+@pytest.mark.parametrize(("index", "min_claims"), [(0, 4), (1, 2)], ids=["tour", "custom-env"])
+def test_block_runs_and_prints_what_it_says(index, min_claims):
+    block = python_blocks()[index]
+    assert "gym.make(" in block
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(tour, "README.md", "exec"), {})
+        exec(compile(block, "README.md", "exec"), {})
     printed = out.getvalue()
-    claims = expected_output(tour)
-    assert len(claims) >= 4
+    claims = expected_output(block)
+    assert len(claims) >= min_claims
     for claim in claims:
-        assert claim in printed, f"README claims {claim!r} but the tour printed:\n{printed}"
+        assert claim in printed, f"README claims {claim!r} but the block printed:\n{printed}"

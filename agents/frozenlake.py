@@ -1,0 +1,24 @@
+"""The FrozenLake agent: the rules of the lake in the system prompt, one move per turn."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllm_gym.agents.base import BaseAgent
+
+__all__ = ["FrozenLakeAgent"]
+
+SYSTEM_PROMPT = """You are walking on a frozen lake, shown as a grid.
+P is you, _ is frozen ice (safe), O is a hole (the episode ends, no reward) and G is the goal (reward 1).
+Each turn, move one tile: up, down, left or right. Moving off the grid leaves you where you are.
+Reply with your move as the last line, exactly: Action: <up|down|left|right>"""
+
+
+class FrozenLakeAgent(BaseAgent):
+    """Plays ``rllm/FrozenLake-v0``: the grid as the user message, the reply's last ``Action:`` as the move."""
+
+    name = "agent"
+    system_prompt = SYSTEM_PROMPT
+
+    def format_observation(self, observation: Any, info: dict[str, Any]) -> str:
+        return f"Current grid:\n{observation}\nYour move?"

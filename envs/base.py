@@ -1,0 +1,217 @@
+"""Generic single-turn and multi-turn text environments around any reward function.
+
+Wrap your own task set and :class:`~rllm_gym.rewards.RewardFunction` in a real Gymnasium env in a few lines: the
+env shows the task's question, hands the model's reply to the reward function, and (multi-turn) tells the model
+it was wrong and lets it try again. Subclasses override :meth:`SingleTurnEnv.format_observation`,
+:meth:`SingleTurnEnv.validate_task`, :meth:`SingleTurnEnv.step_info` or :meth:`MultiTurnEnv.feedback` to change
+the text or the ``info`` they produce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+
+from rllm_gym.rewards import RewardFunction
+from rllm_gym.spaces import TextSpace
+from rllm_gym.types import RewardOutput
+
+__all__ = ["MultiTurnEnv", "SingleTurnEnv"]
+
+MAX_OBSERVATION_CHARS = 1_000_000
+MAX_ACTION_CHARS = 1_000_000
+
+
+class SingleTurnEnv(gym.Env[str, str]):
+    """One question, one reply, one reward from ``reward_fn``.
+
+    ## Description
+    A generic text environment: ``reset`` picks a task, the observation is its question, and the one ``step``
+    grades the reply with ``reward_fn(task, action)`` and ends the episode.
+
+    ## Action Space
+    ``TextSpace(max_length=1_000_000)``: the model's full reply.
+
+    ## Observation Space
+    ``TextSpace(max_length=1_000_000)``: the task's ``question`` (see :meth:`format_observation`); ``""`` after the
+    final step.
+
+    ## Starting State
+    ``reset(options={"task": {...}})`` uses that task dict; otherwise a task is drawn from ``tasks`` with the env's
+    seeded generator (``reset(seed=s)`` draws the same task every time).
+
+    ## Rewards
+    Whatever ``reward_fn`` returns for the reply (``RewardOutput.reward``).
+
+    ## Episode End
+    Terminated after the one step. Never truncated by the env itself.
+
+    ## Information
+    ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct`` (from the reward function, False when it
+    does not say), ``reward_metadata`` (its metadata dict), ``turn`` (1-based).
+
+    ## Arguments
+    ``reward_fn`` (RewardFunction): grades ``(task, action)``. ``tasks`` (a sequence of task dicts, e.g. a
+    :class:`rllm_gym.data.Dataset`, or None: then every reset needs ``options["task"]``).
+    ``render_mode`` (``"ansi"`` or None).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(
+        self,
+        reward_fn: RewardFunction,
+        tasks: Sequence[dict[str, Any]] | None = None,
+        render_mode: str | None = None,
+    ):
+        if not callable(reward_fn):
+            raise TypeError(
+                f"reward_fn must be callable as reward_fn(task_info, action) -> RewardOutput, got {reward_fn!r}"
+            )
+        if tasks is not None and (not isinstance(tasks, Sequence) or isinstance(tasks, (str, bytes))):
+            raise TypeError(
+                f"tasks must be a sequence of task dicts (a list or a Dataset), got {type(tasks).__name__}"
+            )
+        if tasks is not None and len(tasks) == 0:
+            raise ValueError("tasks is empty: pass at least one task dict, or None and give options={'task': ...}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.reward_fn = reward_fn
+        self.tasks = tasks
+        self.render_mode = render_mode
+        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
+        self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
+        self.task: dict[str, Any] | None = None
+        self.turn = 0
+        self._done = True
+        self._last_observation = ""
+
+    # Extension points
+
+    def validate_task(self, task: Any) -> dict[str, Any]:
+        """Check a task dict and return it; raise ``ValueError`` naming the field and the fix."""
+        if not isinstance(task, dict):
+            raise ValueError(f"a task must be a dict like {{'question': ..., ...}}, got {type(task).__name__}")
+        if not isinstance(task.get("question"), str):
+            raise ValueError(
+                f"task['question'] must be a string (the text the model sees), got keys {sorted(task)}; "
+                "add a 'question' or override format_observation()"
+            )
+        return task
+
+    def format_observation(self, task: dict[str, Any]) -> str:
+        """The text the model sees for ``task``."""
+        return task["question"]
+
+    def step_info(self, reward_output: RewardOutput) -> dict[str, Any]:
+        """``info`` entries for a graded step besides ``is_correct`` and ``turn``."""
+        return {"reward_metadata": dict(reward_output.metadata)}
+
+    # Gymnasium API
+
+    def _draw_task(self) -> dict[str, Any]:
+        if self.tasks is None:
+            raise ValueError(f"{type(self).__name__} has no tasks: pass tasks= or reset(options={{'task': {{...}}}})")
+        return dict(self.tasks[int(self.np_random.integers(len(self.tasks)))])
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        self.task = self.validate_task(dict(task) if isinstance(task, dict) else task) if task is not None else None
+        if self.task is None:
+            self.task = self.validate_task(self._draw_task())
+        self.turn, self._done = 0, False
+        self._last_observation = self.format_observation(self.task)
+        return self._last_observation, {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
+
+    def _grade(self, action: str) -> RewardOutput:
+        assert self.task is not None
+        return self.reward_fn(self.task, action if isinstance(action, str) else str(action))
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
+        self.turn += 1
+        output = self._grade(action)
+        self._done = True
+        self._last_observation = ""
+        info = {"is_correct": bool(output.is_correct), "turn": self.turn, **self.step_info(output)}
+        return "", float(output.reward), True, False, info
+
+    def render(self) -> str | None:
+        return self._last_observation if self.render_mode == "ansi" else None
+
+
+class MultiTurnEnv(SingleTurnEnv):
+    """Like :class:`SingleTurnEnv`, but a wrong reply gets feedback and another try, up to ``max_turns`` replies.
+
+    ## Description
+    The first observation is the task's question. After each reply the env grades it with ``reward_fn``; a correct
+    reply (``is_correct``) ends the episode, a wrong one earns its reward and an observation from :meth:`feedback`
+    (by default: the answer was wrong, N attempts left) until ``max_turns`` replies have been made.
+
+    ## Action Space
+    ``TextSpace(max_length=1_000_000)``: the model's full reply at each turn.
+
+    ## Observation Space
+    ``TextSpace(max_length=1_000_000)``: the question, then the feedback text; ``""`` after the final step.
+
+    ## Starting State
+    As :class:`SingleTurnEnv`: ``options["task"]`` or a seeded draw from ``tasks``.
+
+    ## Rewards
+    Each step earns ``reward_fn``'s reward for that reply (so a wrong try earns the grader's incorrect reward).
+
+    ## Episode End
+    Terminated on a correct reply or after ``max_turns`` replies (running out of tries is the rule of the game,
+    not a time limit). Not truncated by the env itself.
+
+    ## Information
+    As :class:`SingleTurnEnv`, plus ``turns_left`` after each step.
+
+    ## Arguments
+    As :class:`SingleTurnEnv`, plus ``max_turns`` (int, 3): the number of replies allowed, at least 1.
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    def __init__(
+        self,
+        reward_fn: RewardFunction,
+        tasks: Sequence[dict[str, Any]] | None = None,
+        max_turns: int = 3,
+        render_mode: str | None = None,
+    ):
+        super().__init__(reward_fn, tasks, render_mode=render_mode)
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise ValueError(f"max_turns must be a positive int (the number of replies allowed), got {max_turns!r}")
+        self.max_turns = max_turns
+
+    def feedback(self, reward_output: RewardOutput, turns_left: int) -> str:
+        """The observation after a wrong reply."""
+        plural = "s" if turns_left != 1 else ""
+        return f"Your answer is incorrect. You have {turns_left} attempt{plural} left. Please try again."
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
+        self.turn += 1
+        output = self._grade(action)
+        turns_left = self.max_turns - self.turn
+        self._done = bool(output.is_correct) or turns_left == 0
+        self._last_observation = "" if self._done else self.feedback(output, turns_left)
+        info = {
+            "is_correct": bool(output.is_correct),
+            "turn": self.turn,
+            "turns_left": turns_left,
+            **self.step_info(output),
+        }
+        return self._last_observation, float(output.reward), self._done, False, info

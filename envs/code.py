@@ -1,0 +1,265 @@
+"""Programming tasks as a text environment: the model writes Python, the sandbox runs it against the task's tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+from rllm_gym.rewards.code import CodeReward, parse_tests
+from rllm_gym.sandbox import Sandbox
+from rllm_gym.spaces import TextSpace
+
+__all__ = ["BUILTIN_TASKS_PATH", "CodeEnv", "builtin_code_tasks", "load_code_tasks", "normalize_task"]
+
+BUILTIN_TASKS_PATH = Path(__file__).with_name("code_tasks.jsonl")
+_PROMPT_KEYS = ("prompt", "question", "question_content", "text", "problem")
+_FEEDBACK_QUOTE = 500
+
+
+def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """One task dict in the env's schema from a row of our JSONL, TACO/APPS, LiveCodeBench, HumanEval or MBPP.
+
+    The schema: ``id``, ``prompt``, and tests as :func:`rllm_gym.rewards.code.parse_tests` reads them (``tests`` with
+    optional ``fn_name``, ``test_list``, or ``test`` + ``entry_point``); optional ``starter_code`` and
+    ``reference_solution``. Raises ValueError naming the missing field.
+    """
+    if not isinstance(row, dict):
+        raise ValueError(f"code task #{index} must be a dict, got {type(row).__name__}")
+    task = dict(row)
+    prompt = next((task[key] for key in _PROMPT_KEYS if isinstance(task.get(key), str) and task[key].strip()), None)
+    if prompt is None:
+        raise ValueError(f"code task #{index} needs a problem statement in one of the fields {list(_PROMPT_KEYS)}")
+    task["prompt"] = prompt
+    if "input_output" in task and "tests" not in task:  # TACO / APPS
+        io = json.loads(task["input_output"]) if isinstance(task["input_output"], str) else task["input_output"]
+        task["tests"] = {"inputs": io["inputs"], "outputs": io["outputs"]}
+        if io.get("fn_name"):
+            task["fn_name"] = io["fn_name"]
+    if "public_test_cases" in task and "tests" not in task:  # LiveCodeBench
+        cases = task["public_test_cases"]
+        cases = json.loads(cases) if isinstance(cases, str) else cases
+        task["tests"] = [{"input": c["input"], "output": c["output"]} for c in cases]
+        if any(c.get("testtype") == "functional" for c in cases):
+            fn_name = (task.get("metadata") or {}).get("func_name") if isinstance(task.get("metadata"), dict) else None
+            task["fn_name"] = task.get("fn_name") or fn_name
+            task["tests"] = {
+                "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
+                "outputs": [json.loads(c["output"]) for c in cases],
+            }
+    if "canonical_solution" in task and "reference_solution" not in task:  # HumanEval: prompt + body
+        task["reference_solution"] = task["prompt"] + task["canonical_solution"]
+    if "code" in task and "test_list" in task and "reference_solution" not in task:  # MBPP
+        task["reference_solution"] = task["code"]
+    task.setdefault("id", task.get("task_id", f"code-{index}"))
+    task["id"] = str(task["id"])
+    parse_tests(task)  # validates the tests now, with a message naming the field
+    return task
+
+
+def load_code_tasks(path: str | Path) -> list[dict[str, Any]]:
+    """Tasks from a local ``.jsonl`` (one row per line) or ``.json`` (a list of rows) file, normalized."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"code task file {str(path)!r} does not exist: pass a .jsonl or .json file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        rows = json.loads(text)
+        if not isinstance(rows, list):
+            raise ValueError(f"{path} must hold a JSON list of task objects")
+    else:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} holds no tasks")
+    return [normalize_task(row, index) for index, row in enumerate(rows)]
+
+
+def builtin_code_tasks() -> list[dict[str, Any]]:
+    """The project's offline set: 43 tasks (stdin parsing, strings, math, lists), each with a reference solution."""
+    return load_code_tasks(BUILTIN_TASKS_PATH)
+
+
+def _instructions(task: dict[str, Any]) -> str:
+    if task.get("fn_name"):
+        how = f"Define the function `{task['fn_name']}` (a method of `class Solution` is accepted too)."
+    elif "entry_point" in task:
+        how = f"Define the function `{task['entry_point']}`."
+    elif "test_list" in task:
+        how = "Define the function these tests call:\n" + "\n".join(task["test_list"][:3])
+    else:
+        how = "Read the input from standard input and print the answer to standard output."
+    parts = [task["prompt"].rstrip(), how]
+    if task.get("starter_code"):
+        parts.append(f"Starter code:\n```python\n{task['starter_code'].rstrip()}\n```")
+    parts.append("Reply with your complete solution in one ```python code block; the last code block is graded.")
+    return "\n\n".join(parts)
+
+
+def _feedback(metadata: dict[str, Any], revisions_left: int) -> str:
+    if metadata.get("error") and not metadata.get("tests"):
+        head = f"Your reply could not be graded: {metadata['error']}."
+    else:
+        failing = next(t for t in metadata["tests"] if not t["passed"])
+        lines = [
+            f"{metadata['passed']} of {metadata['total']} tests passed. First failing test:",
+            f"Input:\n{failing['input']}",
+        ]
+        if "expected" in failing:
+            lines.append(f"Expected:\n{failing['expected']}")
+        if "got" in failing:
+            lines.append(f"Got:\n{failing['got']}")
+        if failing.get("error"):
+            lines.append(f"Error ({failing['status']}):\n{failing['error']}")
+        head = "\n".join(line[:_FEEDBACK_QUOTE] for line in lines)
+    return (
+        f"{head}\n\nRevise your solution ({revisions_left} revision(s) left) and reply with one ```python code block."
+    )
+
+
+class CodeEnv(gym.Env[str, str]):
+    """Solve a programming task in Python; the reply's last code block runs in the sandbox against the task's tests.
+
+    ## Description
+    Each episode is one task: a problem statement with stdin/stdout tests, function-call tests (``fn_name``) or
+    assert tests (HumanEval/MBPP). The reply's last fenced code block is executed by :mod:`rllm_gym.sandbox` (its own
+    uid, no network, read-only file system, time and memory limits) and graded by
+    :class:`rllm_gym.rewards.code.CodeReward`. By default the episode is single-turn; with ``max_revisions=N`` a
+    failing reply gets the first failing test back (input, expected, got, or the error) and may be revised N times.
+
+    ## Action Space
+    ``TextSpace(max_length=100_000)``: the model's reply.
+
+    ## Observation Space
+    ``TextSpace``: at reset, the problem statement, how to read input or which function to define, any starter code,
+    and the answer format. After a failing attempt with revisions left: the feedback on the first failing test.
+
+    ## Prompt Format
+    Example observation::
+
+        Read two integers a and b on one line and print a + b.
+
+        Read the input from standard input and print the answer to standard output.
+
+        Reply with your complete solution in one ```python code block; the last code block is graded.
+
+    ## Action Parsing
+    The body of the last fenced block (```` ```python ... ``` ````). A reply without one is graded as failing every
+    test (reward 0.0) and, with revisions left, told what format to use.
+
+    ## Starting State
+    ``reset(seed=s)`` draws a task from the env's task list with the seeded generator;
+    ``reset(options={"task": {...}})`` pins one (any format :func:`normalize_task` reads).
+
+    ## Rewards
+    On the step that ends the episode: 1.0 when every test passes, else 0.0 (or the fraction of tests passed with
+    ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox itself fails the episode ends with
+    reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them.
+
+    ## Episode End
+    Terminated when all tests pass, when no revision is left, or on a sandbox failure. Truncated only by a
+    ``TimeLimit`` wrapper (``gym.make("rllm/Code-v0")`` sets ``max_episode_steps`` to 10).
+
+    ## Information
+    ``reset``: ``task`` (``{"id", "prompt"}``), ``is_correct`` (False). ``step``: ``is_correct`` (bool, or None when
+    ungraded), ``graded`` (bool), ``passed`` and ``total`` (tests), ``tests`` (per-test results: input, expected, got,
+    status, error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply or the sandbox failed, or None).
+
+    ## Arguments
+    ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks).
+    ``max_revisions`` (int, 0): revisions after feedback. ``fraction`` (bool, False). ``timeout`` (float, 5.0) and
+    ``memory_mb`` (int, 512) per test run. ``stop_on_first_failure`` (bool, True): stop grading at the first failing
+    test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default shared). ``render_mode`` (``"ansi"`` or None).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(
+        self,
+        tasks: list[dict[str, Any]] | str | Path | None = None,
+        max_revisions: int = 0,
+        fraction: bool = False,
+        timeout: float = 5.0,
+        memory_mb: int = 512,
+        stop_on_first_failure: bool = True,
+        sandbox: Sandbox | None = None,
+        render_mode: str | None = None,
+    ):
+        if tasks is None:
+            self.tasks = builtin_code_tasks()
+        elif isinstance(tasks, (str, Path)):
+            self.tasks = load_code_tasks(tasks)
+        elif isinstance(tasks, list) and tasks:
+            self.tasks = [normalize_task(task, index) for index, task in enumerate(tasks)]
+        else:
+            raise ValueError(
+                f"CodeEnv tasks must be a non-empty list of task dicts, a file path or None, got {tasks!r:.100}"
+            )
+        if isinstance(max_revisions, bool) or not isinstance(max_revisions, int) or max_revisions < 0:
+            raise ValueError(f"CodeEnv max_revisions must be an int >= 0 (0 = single turn), got {max_revisions!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"CodeEnv render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.max_revisions = max_revisions
+        self.grader = CodeReward(
+            fraction=fraction,
+            stop_on_first_failure=stop_on_first_failure,
+            timeout=timeout,
+            memory_mb=memory_mb,
+            sandbox=sandbox,
+        )
+        self.render_mode = render_mode
+        self.observation_space = TextSpace(max_length=200_000)
+        self.action_space = TextSpace(max_length=100_000)
+        self._task: dict[str, Any] = {}
+        self._attempt = 0
+        self._done = True
+        self._last_observation = ""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        task = self.tasks[int(self.np_random.integers(len(self.tasks)))] if task is None else normalize_task(task)
+        self._task, self._attempt, self._done = task, 0, False
+        self._last_observation = _instructions(task)
+        return self._last_observation, {"task": {"id": task["id"], "prompt": task["prompt"]}, "is_correct": False}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError("CodeEnv.step called after the episode ended: call reset() first")
+        self._attempt += 1
+        result = self.grader(self._task, action if isinstance(action, str) else "")
+        meta = result.metadata
+        graded = bool(meta.get("graded"))
+        revisions_left = self.max_revisions - (self._attempt - 1)
+        info = {
+            "is_correct": result.is_correct,
+            "graded": graded,
+            "passed": meta.get("passed", 0),
+            "total": meta.get("total", 0),
+            "tests": meta.get("tests", []),
+            "attempt": self._attempt,
+            "revisions_left": revisions_left,
+            "error": meta.get("error"),
+        }
+        if result.is_correct or not graded or revisions_left <= 0:
+            self._done = True
+            info["revisions_left"] = 0
+            if result.is_correct:
+                observation = f"All {meta['total']} tests passed."
+            elif not graded:
+                observation = f"The grader failed (not your reply's fault): {meta.get('error')}"
+            else:
+                observation = f"{meta.get('passed', 0)} of {meta.get('total', 0)} tests passed. No revisions left."
+            self._last_observation = observation
+            return observation, result.reward, True, False, info
+        self._last_observation = _feedback(meta, revisions_left)
+        return self._last_observation, 0.0, False, False, info
+
+    def render(self) -> str | None:
+        return self._last_observation if self.render_mode == "ansi" else None

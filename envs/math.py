@@ -1,0 +1,131 @@
+"""Math problems graded by :mod:`rllm_gym.rewards.math`: ``rllm/Math-v0``, single-turn or with retries."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
+from rllm_gym.envs.base import MultiTurnEnv
+from rllm_gym.rewards import RewardFunction
+from rllm_gym.rewards.math import MathGrader
+from rllm_gym.types import RewardOutput
+
+__all__ = ["MathEnv"]
+
+
+class MathEnv(MultiTurnEnv):
+    """Solve a math problem; the reply's final answer is graded against the ground truth.
+
+    ## Description
+    Each episode poses one problem (from a data set, or from the built-in offline generator of arithmetic,
+    fraction, percentage and algebra problems). By default one reply is allowed; with ``max_turns=N``
+    (``gym.make("rllm/Math-v0", max_turns=3)``) the env tells the model when an answer is wrong and lets it try
+    again, up to N replies.
+
+    ## Action Space
+    ``TextSpace(max_length=1_000_000)``: the model's full reply, reasoning included.
+
+    ## Observation Space
+    ``TextSpace(max_length=1_000_000)``: the problem text; in the multi-turn variant, after a wrong reply, a line
+    that says so (quoting the extracted answer, or saying that none was found) and how many attempts are left;
+    ``""`` once the episode has ended.
+
+    ## Prompt Format
+    The observation is only the problem: agents (``rllm_gym.agents``) add the instructions, e.g. "put your final
+    answer within \\boxed{}". Example: ``What is 17 + 25?``
+
+    ## Action Parsing
+    :func:`rllm_gym.rewards.math.extract_answer`: only the text after the last ``</think>`` counts; the last
+    ``\\boxed{}``/``\\fbox{}``, else the last ``#### N``, else the last "The answer is N", else a reply that is only
+    a short answer. A reply with none of these (or an unclosed ``<think>``) is a format error, never an exception.
+
+    ## Starting State
+    ``reset(options={"task": {"question": ..., "ground_truth": ...}})`` poses that task (rows in GSM8K, MATH or
+    DeepScaleR format are mapped too); otherwise a task is drawn from the data set with the env's seeded generator,
+    so ``reset(seed=s)`` always poses the same task.
+
+    ## Rewards
+    From the grader (:class:`rllm_gym.rewards.math.MathGrader`): ``correct_reward`` (1.0), ``incorrect_reward``
+    (0.0) or ``format_error_reward`` (0.0), set with ``reward_config``. Every reply of a multi-turn episode is
+    rewarded.
+
+    ## Episode End
+    Terminated after a correct reply or after ``max_turns`` replies (default 1). Truncated only by a
+    ``max_episode_steps`` wrapper.
+
+    ## Information
+    ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct``, ``extracted_answer`` (None on a
+    format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
+    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``.
+
+    ## Arguments
+    ``dataset``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path, a Hugging
+    Face folder or hub name, a name registered in :class:`rllm_gym.data.DatasetRegistry`, or None for the built-in
+    generator. ``split`` (str, "train"): the split to load by name. ``difficulty`` (1-5 or None for a mix): level of
+    the built-in generator; ``seed`` (int, 0): its task stream. ``reward_config`` (dict): keyword arguments of
+    ``MathGrader`` (``correct_reward``, ``incorrect_reward``, ``format_error_reward``, ``time_limit``,
+    ``max_answer_chars``). ``reward_fn``: any RewardFunction instead of the math grader. ``max_turns`` (int, 1).
+    ``render_mode`` (``"ansi"`` or None).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | Sequence[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+        split: str = "train",
+        difficulty: int | None = None,
+        seed: int = 0,
+        reward_config: Mapping[str, Any] | None = None,
+        reward_fn: RewardFunction | None = None,
+        max_turns: int = 1,
+        render_mode: str | None = None,
+    ):
+        if reward_fn is not None and reward_config is not None:
+            raise ValueError("pass reward_config (options of the math grader) or reward_fn (your own), not both")
+        if reward_config is not None and not isinstance(reward_config, Mapping):
+            raise TypeError(f"reward_config must be a dict of MathGrader options, got {type(reward_config).__name__}")
+        if reward_fn is None:
+            try:
+                reward_fn = MathGrader(**dict(reward_config or {}))
+            except TypeError as error:
+                raise ValueError(f"invalid reward_config {dict(reward_config or {})}: {error}") from None
+        if dataset is None:
+            tasks: Sequence[dict[str, Any]] = MathTaskGenerator(seed=seed, difficulty=difficulty)
+        else:
+            tasks = load_dataset(dataset, split=split)
+        super().__init__(reward_fn, tasks, max_turns=max_turns, render_mode=render_mode)
+
+    def validate_task(self, task: Any) -> dict[str, Any]:
+        if isinstance(task, dict) and "question" not in task and "problem" in task:
+            task = map_math_row(task, "auto", source="task")
+        task = super().validate_task(task)
+        if task.get("ground_truth") is None and task.get("answer") is None:
+            raise ValueError(
+                f"a math task needs 'ground_truth' (the reference answer), got keys {sorted(task)}; "
+                "e.g. {'question': 'What is 2+2?', 'ground_truth': '4'}"
+            )
+        return task
+
+    def step_info(self, reward_output: RewardOutput) -> dict[str, Any]:
+        metadata = reward_output.metadata
+        assert self.task is not None
+        return {
+            "extracted_answer": metadata.get("extracted_answer"),
+            "ground_truth": metadata.get("ground_truth", self.task.get("ground_truth", self.task.get("answer"))),
+            "format_error": bool(metadata.get("format_error", False)),
+            "grading_path": metadata.get("path"),
+        }
+
+    def feedback(self, reward_output: RewardOutput, turns_left: int) -> str:
+        plural = "s" if turns_left != 1 else ""
+        answer = reward_output.metadata.get("extracted_answer")
+        if answer is None:
+            head = "No final answer found: put your final answer in \\boxed{}."
+        else:
+            quoted = answer if len(answer) <= 60 else answer[:60] + "..."
+            head = f"Your answer {quoted} is incorrect."
+        return f"{head} You have {turns_left} attempt{plural} left. Please try again."

@@ -1,0 +1,222 @@
+"""The engines that run many episodes concurrently on one asyncio loop against one policy.
+
+:class:`AgentWorkflowEngine` keeps a pool of workflow instances (each with its own agents and envs, reused across
+episodes), feeds them ``(task, rollout)`` pairs, retries episodes that end in ``ERROR`` up to ``retry_limit`` times
+(env-caused ends are outcomes, not retried), and streams finished Episodes out as they complete, appending each to an
+episode file when given one. Rerunning with the same file resumes: finished episodes are read back, not redone.
+:class:`AgentExecutionEngine` is the simple path, one agent class and one env id.
+
+Tasks are dicts (passed to ``env.reset(options={"task": task})``; the id is ``task["id"]``, else ``task-<index>``)
+or ints (a reset seed: the env draws its own task; the id is ``seed-<n>``). Episode ids are
+``"{task_id}:{rollout_idx}"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from os import PathLike
+from typing import Any
+
+import gymnasium as gym
+
+from rllm_gym.agents.base import BaseAgent
+from rllm_gym.engine.workflow import MultiTurnWorkflow, Workflow
+from rllm_gym.policies.base import Policy
+from rllm_gym.store import EpisodeWriter, read_episodes
+from rllm_gym.types import Episode, TerminationReason
+
+__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "task_id_of"]
+
+_DONE = object()  # end-of-stream marker on the results queue
+
+
+def task_id_of(task: Any, index: int) -> str:
+    """The id episodes of ``task`` carry: ``task["id"]``, ``seed-<n>`` for an int task, else ``task-<index>``."""
+    if isinstance(task, bool) or not isinstance(task, (dict, int)):
+        raise TypeError(f"tasks[{index}] must be a task dict or an int seed, got {type(task).__name__}")
+    if isinstance(task, int):
+        return f"seed-{task}"
+    task_id = task.get("id")
+    return str(task_id) if task_id not in (None, "") else f"task-{index}"
+
+
+class AgentWorkflowEngine:
+    """Runs ``workflow_cls(policy=policy, **workflow_args)`` instances over tasks, ``n_parallel`` episodes at a time.
+
+    ``out``: an episode JSONL file; finished episodes are appended as they complete and skipped when the run is
+    repeated (resume). ``env_workers``: threads for env calls that must not block the loop (sandboxed code, grading).
+    ``gc_threshold``: while episodes run, Python's generation-0 collection threshold is raised to at least this
+    (restored afterwards): every Step allocates objects that live on, and the default threshold (700) made garbage
+    collection a third of the engine's CPU per LLM call in ``benchmarks/bench_engine.py``. ``None`` leaves it alone.
+    """
+
+    def __init__(
+        self,
+        workflow_cls: type[Workflow],
+        policy: Policy,
+        *,
+        workflow_args: dict[str, Any] | None = None,
+        n_parallel: int = 128,
+        retry_limit: int = 3,
+        out: str | PathLike[str] | None = None,
+        fsync: bool = False,
+        env_workers: int = 32,
+        gc_threshold: int | None = 50_000,
+    ):
+        if n_parallel < 1:
+            raise ValueError(f"n_parallel must be >= 1, got {n_parallel}")
+        if retry_limit < 1:
+            raise ValueError(f"retry_limit must be >= 1 (1 = no retry), got {retry_limit}")
+        if env_workers < 1:
+            raise ValueError(f"env_workers must be >= 1, got {env_workers}")
+        self.workflow_cls = workflow_cls
+        self.policy = policy
+        self.workflow_args = dict(workflow_args or {})
+        self.n_parallel = n_parallel
+        self.retry_limit = retry_limit
+        self.out = out
+        self.fsync = fsync
+        self.env_workers = env_workers
+        self.gc_threshold = gc_threshold
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _new_workflow(self) -> Workflow:
+        return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
+
+    async def _run_with_retry(self, workflow: Workflow, task: Any, uid: str) -> tuple[Episode, Workflow]:
+        attempts = 0
+        while True:
+            attempts += 1
+            episode = await workflow.run_with_termination_handling(task, uid)
+            if workflow.needs_replacement:  # its env may still be busy in a thread: never reuse it
+                workflow = self._new_workflow()
+            if episode.termination_reason is not TerminationReason.ERROR or attempts == self.retry_limit:
+                episode.metadata["attempts"] = attempts
+                return episode, workflow
+
+    async def stream(self, tasks: Sequence[Any], n_rollouts: int = 1) -> AsyncIterator[Episode]:
+        """Yield each newly finished Episode as soon as it is done (episodes already in ``out`` are skipped)."""
+        async for episode in self._stream(tasks, n_rollouts, {episode.id for episode in self._previous()}):
+            yield episode
+
+    async def _stream(self, tasks: Sequence[Any], n_rollouts: int, done: set[str]) -> AsyncIterator[Episode]:
+        if n_rollouts < 1:
+            raise ValueError(f"n_rollouts must be >= 1, got {n_rollouts}")
+        work: asyncio.Queue[tuple[Any, str]] = asyncio.Queue()
+        for index, task in enumerate(tasks):
+            task_id = task_id_of(task, index)
+            for rollout in range(n_rollouts):
+                uid = f"{task_id}:{rollout}"
+                if uid not in done:
+                    work.put_nowait((task, uid))
+        if work.empty():
+            return
+        results: asyncio.Queue[Any] = asyncio.Queue()
+        n_workers = min(self.n_parallel, work.qsize())
+
+        self._executor = ThreadPoolExecutor(max_workers=self.env_workers, thread_name_prefix="rllm-gym-env")
+        first = self._new_workflow()  # bad workflow arguments fail here, before any episode starts
+
+        loop = asyncio.get_running_loop()
+
+        async def worker(workflow: Workflow | None) -> None:
+            if workflow is None and first.cheap_to_build:
+                workflow = self._new_workflow()
+            elif workflow is None:
+                # Built in a thread: thousands of env constructors (data files, sandboxes) must not stall the loop.
+                workflow = await loop.run_in_executor(self._executor, self._new_workflow)
+            try:
+                while not work.empty():
+                    task, uid = work.get_nowait()
+                    episode, workflow = await self._run_with_retry(workflow, task, uid)
+                    await results.put(episode)
+            finally:
+                await results.put(_DONE)
+
+        writer = EpisodeWriter(self.out, fsync=self.fsync) if self.out is not None else None
+        thresholds = gc.get_threshold()
+        if self.gc_threshold is not None:
+            gc.set_threshold(max(thresholds[0], self.gc_threshold), *thresholds[1:])
+        workers = [asyncio.create_task(worker(first if i == 0 else None)) for i in range(n_workers)]
+        try:
+            finished = 0
+            while finished < n_workers:
+                item = await results.get()
+                if item is _DONE:
+                    finished += 1
+                    continue
+                if writer is not None:
+                    writer.write(item)
+                yield item
+            for task_handle in workers:
+                task_handle.result()  # re-raise a bug in the engine itself rather than lose episodes silently
+        finally:
+            gc.set_threshold(*thresholds)
+            for task_handle in workers:
+                task_handle.cancel()
+            if writer is not None:
+                writer.close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, tasks: Sequence[Any], n_rollouts: int = 1, progress: Callable[[Episode], None] | None = None):
+        """Every episode of every task (those read back from ``out`` included), in task and rollout order."""
+        episodes = {episode.id: episode for episode in self._previous()}
+        async for episode in self._stream(tasks, n_rollouts, set(episodes)):
+            episodes[episode.id] = episode
+            if progress is not None:
+                progress(episode)
+        order = [f"{task_id_of(task, i)}:{r}" for i, task in enumerate(tasks) for r in range(n_rollouts)]
+        return [episodes[uid] for uid in order if uid in episodes]
+
+    def _previous(self) -> list[Episode]:
+        if self.out is None:
+            return []
+        try:
+            return list(read_episodes(self.out))
+        except FileNotFoundError:
+            return []
+
+
+class AgentExecutionEngine(AgentWorkflowEngine):
+    """The simple path: one agent class against one env, ``n_parallel`` episodes in flight.
+
+    Example::
+
+        engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy,
+                                      n_parallel=256, max_steps=8)
+        episodes = await engine.run(tasks=list(range(100)), n_rollouts=4)
+    """
+
+    def __init__(
+        self,
+        *,
+        env_id: str | Callable[..., gym.Env],
+        agent_cls: type[BaseAgent],
+        policy: Policy,
+        env_args: dict[str, Any] | None = None,
+        agent_args: dict[str, Any] | None = None,
+        max_steps: int = 10,
+        n_parallel: int = 128,
+        retry_limit: int = 3,
+        out: str | PathLike[str] | None = None,
+        **workflow_kwargs: Any,
+    ):
+        workflow_args = {
+            "env": env_id,
+            "agent_cls": agent_cls,
+            "env_args": env_args,
+            "agent_args": agent_args,
+            "max_steps": max_steps,
+            **workflow_kwargs,
+        }
+        super().__init__(
+            MultiTurnWorkflow,
+            policy,
+            workflow_args=workflow_args,
+            n_parallel=n_parallel,
+            retry_limit=retry_limit,
+            out=out,
+        )

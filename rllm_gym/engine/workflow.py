@@ -1,0 +1,298 @@
+"""Workflows: the code that runs one episode, from ``env.reset`` to the finished :class:`~rllm_gym.types.Episode`.
+
+A :class:`Workflow` instance runs one episode at a time and is reused from a pool by
+:class:`~rllm_gym.engine.AgentWorkflowEngine`. Its :meth:`Workflow.run` drives agents, envs and the policy and ends by
+raising :class:`TerminationEvent` (or returning); :meth:`Workflow.run_with_termination_handling` turns every way an
+episode can end (the env is done, a limit is hit, the wall time runs out, anything raises) into a
+:class:`~rllm_gym.types.TerminationReason` and post-processes the episode: trajectory rewards, optional reward shaping,
+Monte Carlo returns, ``is_correct`` and per-role metrics. An error never escapes: it ends that episode with ``ERROR``
+and a recorded error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import gymnasium as gym
+
+from rllm_gym.agents.base import BaseAgent
+from rllm_gym.policies.base import Policy, SamplingParams
+from rllm_gym.types import Episode, ModelOutput, TerminationReason, Trajectory
+
+__all__ = ["MultiTurnWorkflow", "SingleTurnWorkflow", "TerminationEvent", "Workflow", "make_env"]
+
+INLINE_STEP_KEY = "rllm_gym.inline_step"  # env metadata: reset/step take microseconds, call them on the loop
+
+
+class TerminationEvent(Exception):  # rLLM's name (not ...Error), kept for users coming from it
+    """Raised inside :meth:`Workflow.run` to end the episode with ``reason``."""
+
+    def __init__(self, reason: TerminationReason = TerminationReason.ENV_DONE, message: str = ""):
+        super().__init__(message or reason.value)
+        self.reason = TerminationReason(reason)
+
+
+def make_env(env: str | Callable[..., gym.Env], env_args: dict[str, Any] | None = None) -> gym.Env:
+    """An env from a registered id (``"rllm/Math-v0"``) or from a class / factory."""
+    if isinstance(env, str):
+        import rllm_gym
+
+        return rllm_gym.make(env, **(env_args or {}))
+    return env(**(env_args or {}))
+
+
+class Workflow(ABC):
+    """Runs one episode at a time: subclass and write :meth:`run`.
+
+    ``run`` calls :meth:`reset`, registers the agents whose trajectories make the episode with :meth:`commit`, gets
+    replies with :meth:`generate`, calls envs with :meth:`call_env`, and ends with ``raise TerminationEvent(reason)``
+    (returning normally means ``ENV_DONE``). Example::
+
+        class GuessWorkflow(Workflow):
+            async def run(self, task, uid):
+                self.reset(task, uid)
+                agent = MathAgent()
+                self.commit(agent=agent)
+                agent.update_from_env(task["question"], 0.0, False, {})
+                output = await self.generate(agent)
+                agent.update_from_model(output)
+                verdict = math_reward_fn(task, output.text)
+                agent.update_from_env("", verdict.reward, True, {"is_correct": verdict.is_correct})
+                raise TerminationEvent(TerminationReason.ENV_DONE)
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        sampling_params: SamplingParams | None = None,
+        executor: Executor | None = None,
+        max_prompt_length: int | None = None,
+        max_response_length: int | None = None,
+        timeout_s: float | None = None,
+        gamma: float = 0.0,
+        reward_bonus_coeff: float = 0.0,
+    ):
+        for name, value in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 or None (no limit), got {timeout_s}")
+        if not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma must lie in [0, 1] (0 = no Monte Carlo returns), got {gamma}")
+        self.policy = policy
+        sampling_params = sampling_params or SamplingParams()
+        if max_response_length is not None:
+            sampling_params = dataclasses.replace(sampling_params, max_tokens=max_response_length)
+        self.sampling_params = sampling_params
+        self.executor = executor
+        self.max_prompt_length = max_prompt_length
+        self.timeout_s = timeout_s
+        self.gamma = gamma
+        self.reward_bonus_coeff = reward_bonus_coeff
+        self.needs_replacement = False  # set when an env call was abandoned mid-flight: the engine makes a new one
+        self.task: Any = None
+        self.uid = ""
+        self._agents: list[BaseAgent] = []
+        self._trajectories: list[Trajectory] = []
+
+    @property
+    def cheap_to_build(self) -> bool:
+        """Whether new instances take microseconds to build (the engine then builds them on the event loop)."""
+        return False
+
+    # The workflow author's API
+
+    @abstractmethod
+    async def run(self, task: Any, uid: str) -> Episode | None:
+        """Run one episode; end with ``raise TerminationEvent(reason)`` or return."""
+
+    def reset(self, task: Any = None, uid: str = "") -> None:
+        self.task, self.uid = task, uid
+        self._agents, self._trajectories = [], []
+
+    def commit(self, *, agent: BaseAgent | None = None, trajectory: Trajectory | None = None) -> None:
+        """Make an agent's trajectory (read when the episode ends, so steps recorded later count) or a finished
+        trajectory part of the episode."""
+        if (agent is None) == (trajectory is None):
+            raise ValueError("commit() takes exactly one of agent= or trajectory=")
+        if agent is not None:
+            self._agents.append(agent)
+        else:
+            self._trajectories.append(trajectory)
+
+    async def generate(self, agent: BaseAgent, **kwargs: Any) -> ModelOutput:
+        """The policy's reply to the agent's chat; a prompt over ``max_prompt_length`` ends the episode."""
+        output = await self.policy.generate(agent.chat_completions, self.sampling_params, **kwargs)
+        if self.max_prompt_length is not None and output.prompt_length > self.max_prompt_length:
+            raise TerminationEvent(
+                TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED,
+                f"prompt of {output.prompt_length} tokens exceeds max_prompt_length={self.max_prompt_length}",
+            )
+        return output
+
+    async def call_env(self, env: gym.Env, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Call ``env.<method>(...)``: inline when the env's metadata declares microsecond steps
+        (``"rllm_gym.inline_step": True``), otherwise in the executor so a slow env never blocks the event loop."""
+        fn = getattr(env, method)
+        if env.unwrapped.metadata.get(INLINE_STEP_KEY, False):
+            return fn(*args, **kwargs)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    # What the engine calls
+
+    async def run_with_termination_handling(self, task: Any, uid: str) -> Episode:
+        """Run the episode and always return it: its termination reason says how it ended."""
+        self.reset(task, uid)
+        error: dict[str, str] | None = None
+        episode: Episode | None = None
+        try:
+            if self.timeout_s is None:
+                episode = await self.run(task, uid)
+            else:
+                episode = await asyncio.wait_for(self.run(task, uid), self.timeout_s)
+            returned = episode.termination_reason if episode is not None else None
+            reason = returned or TerminationReason.ENV_DONE
+        except TerminationEvent as event:
+            reason = event.reason
+        except asyncio.TimeoutError:
+            reason = TerminationReason.TIMEOUT
+            self.needs_replacement = True  # an env call may still be running in a worker thread
+        except Exception as exception:  # an env, agent or policy failed: this episode only
+            reason = TerminationReason.ERROR
+            error = {
+                "type": type(exception).__name__,
+                "message": str(exception),
+                "traceback": traceback.format_exc(limit=20),
+            }
+        if episode is None:
+            episode = Episode(id=uid, task=task, trajectories=self.collect_trajectories())
+        episode.termination_reason = reason
+        if error is not None:
+            episode.metadata["error"] = error
+        self.postprocess_episode(episode)
+        return episode
+
+    def collect_trajectories(self) -> list[Trajectory]:
+        return [agent.trajectory for agent in self._agents] + self._trajectories
+
+    def postprocess_episode(self, episode: Episode) -> None:
+        """Trajectory rewards, reward shaping, Monte Carlo returns, ``is_correct`` and metrics."""
+        for trajectory in episode.trajectories:
+            steps = trajectory.steps
+            if self.reward_bonus_coeff:
+                # Reward the improvement over the previous step (rLLM's shaping), computed from the raw rewards.
+                raw = [step.reward for step in steps]
+                for i in range(1, len(steps)):
+                    steps[i].reward = raw[i] + self.reward_bonus_coeff * (raw[i] - raw[i - 1])
+            if trajectory.reward is None:
+                trajectory.reward = float(sum(step.reward for step in steps))
+            ret = 0.0
+            for step in reversed(steps):
+                ret = step.reward + self.gamma * ret
+                step.mc_return = ret
+        episode.is_correct = self.is_correct(episode)
+        episode.metrics.update(episode_metrics(episode))
+
+    @staticmethod
+    def is_correct(episode: Episode) -> bool:
+        """The env's verdict (``info["is_correct"]`` of a trajectory's last step) when it gives one, else reward > 0.
+
+        An episode with several roles is correct when every role that was graded is.
+        """
+        verdicts = []
+        for trajectory in episode.trajectories:
+            if not trajectory.steps:
+                continue
+            verdict = trajectory.steps[-1].info.get("is_correct")
+            verdicts.append(bool(verdict) if verdict is not None else (trajectory.reward or 0.0) > 0)
+        return bool(verdicts) and all(verdicts) and episode.termination_reason is not TerminationReason.ERROR
+
+
+def episode_metrics(episode: Episode) -> dict[str, float]:
+    """Per-episode numbers the eval table and the trainer aggregate: turns, tokens, reward, per role."""
+    metrics: dict[str, float] = {}
+    for trajectory in episode.trajectories:
+        prefix = trajectory.name
+        metrics[f"{prefix}/reward"] = float(trajectory.reward or 0.0)
+        metrics[f"{prefix}/turns"] = float(len(trajectory.steps))
+        metrics[f"{prefix}/prompt_tokens"] = float(sum(len(step.prompt_ids) for step in trajectory.steps))
+        metrics[f"{prefix}/response_tokens"] = float(sum(len(step.response_ids) for step in trajectory.steps))
+    metrics["turns"] = float(sum(len(t.steps) for t in episode.trajectories))
+    metrics["response_tokens"] = float(sum(metrics[f"{t.name}/response_tokens"] for t in episode.trajectories))
+    return metrics
+
+
+class MultiTurnWorkflow(Workflow):
+    """One agent, one env, up to ``max_steps`` LLM calls: the loop of the architecture's rollout flow.
+
+    Ends with ``ENV_DONE`` when the env terminates, ``MAX_TURNS_EXCEEDED`` at ``max_steps`` or when the env is
+    truncated (its ``TimeLimit``), ``MAX_RESPONSE_LENGTH_EXCEEDED`` when a reply is cut off by the length limit and the
+    env did not end on it (the cut reply is still stepped, so the env grades it).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        env: str | Callable[..., gym.Env],
+        agent_cls: type[BaseAgent],
+        env_args: dict[str, Any] | None = None,
+        agent_args: dict[str, Any] | None = None,
+        max_steps: int = 10,
+        seed: int | None = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(policy, **kwargs)
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.env = make_env(env, env_args)
+        self.agent = agent_cls(**(agent_args or {}))
+        self.max_steps = max_steps
+        self.seed = seed
+
+    @property
+    def cheap_to_build(self) -> bool:
+        return bool(self.env.unwrapped.metadata.get(INLINE_STEP_KEY, False))
+
+    def reset_kwargs(self, task: Any, uid: str) -> dict[str, Any]:
+        """``env.reset`` arguments for a task: an int task is a seed; a dict pins the task (see the engine)."""
+        if isinstance(task, int):
+            return {"seed": task}
+        rollout = uid.rpartition(":")[2]
+        seed = self.seed + int(rollout) if self.seed is not None and rollout.isdigit() else None
+        return {"seed": seed, "options": {"task": task}}
+
+    async def run(self, task: Any, uid: str) -> None:
+        agent, env = self.agent, self.env
+        agent.reset()
+        self.commit(agent=agent)
+        observation, info = await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        agent.update_from_env(observation, 0.0, False, info)
+        for _ in range(self.max_steps):
+            output = await self.generate(agent, tools=agent.tools_schema)
+            action = agent.update_from_model(output)
+            observation, reward, terminated, truncated, info = await self.call_env(env, "step", action)
+            agent.update_from_env(observation, reward, terminated or truncated, info)
+            if terminated:
+                raise TerminationEvent(TerminationReason.ENV_DONE)
+            if truncated:
+                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
+            if output.finish_reason == "length":
+                raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED)
+        raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
+
+
+class SingleTurnWorkflow(MultiTurnWorkflow):
+    """One LLM call, one env step: the episode ends after it (``ENV_DONE`` if the env terminated)."""
+
+    def __init__(self, policy: Policy, **kwargs: Any):
+        kwargs["max_steps"] = 1
+        super().__init__(policy, **kwargs)

@@ -1,0 +1,219 @@
+"""What every policy backend shares: the Policy protocol, SamplingParams, and turning a completion into a ModelOutput.
+
+A policy takes chat messages (or prompt token ids) and sampling parameters and returns a
+:class:`~rllm_gym.types.ModelOutput`. The helpers here are pure functions used by all backends so that the same
+completion gives the same ModelOutput whichever backend produced it: reasoning is split out of ``<think>`` blocks,
+Hermes ``<tool_call>{json}</tool_call>`` blocks become :class:`~rllm_gym.types.ToolCall`, and the finish reason is
+``"tool_calls"`` when a reply calls a tool. The Hermes parser is a small private one on purpose: the tool-call
+parsers in ``rllm_gym.tools`` build on policies, so policies must not import them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from rllm_gym.types import ModelOutput, ToolCall
+
+__all__ = [
+    "Messages",
+    "Policy",
+    "PolicyError",
+    "SamplingParams",
+    "build_model_output",
+    "parse_hermes_tool_calls",
+    "split_reasoning",
+]
+
+Messages = list[dict[str, Any]]
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class PolicyError(RuntimeError):
+    """A policy could not produce a completion (server unreachable, request rejected, engine failure)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling parameters that every backend can map (vLLM, OpenAI-compatible servers, transformers).
+
+    ``temperature=0`` means greedy decoding. ``top_k=None`` and ``top_p=1.0`` disable those filters. ``stop`` strings
+    end the completion and are not part of its text. ``seed`` makes sampling reproducible where the backend can
+    (vLLM and HFPolicy per request batch; servers per request when they honour it).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"SamplingParams.top_k must be >= 1 or None (disabled), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            # A bare string would otherwise be read as a tuple of one-character stop strings.
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stop"] = list(self.stop)
+        return data
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Chat messages or prompt token ids in, one :class:`ModelOutput` out; async, and batched by the backend.
+
+    Call ``generate`` from many coroutines at once: concurrent calls are the normal case and every backend batches
+    them (vLLM continuous batching, a server's own batching, HFPolicy's request queue).
+
+    Example::
+
+        import asyncio
+        from rllm_gym.policies import ScriptedPolicy, SamplingParams
+
+        policy = ScriptedPolicy(["<think>easy</think>The answer is 4."])
+        out = asyncio.run(policy.generate([{"role": "user", "content": "2+2?"}], SamplingParams(temperature=0)))
+        assert (out.reasoning, out.content) == ("easy", "The answer is 4.")
+    """
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput: ...
+
+
+def check_request(messages: Messages | None, prompt_ids: Sequence[int] | None) -> None:
+    """Raise a clear error unless exactly one of ``messages`` and ``prompt_ids`` is given."""
+    if (messages is None) == (prompt_ids is None):
+        raise ValueError("generate() needs exactly one of `messages` (a chat) or `prompt_ids` (token ids)")
+    if messages is not None and (not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)):
+        raise TypeError(
+            "messages must be a list of dicts like {'role': 'user', 'content': '...'}, "
+            f"got {type(messages).__name__}"
+        )
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """Split ``text`` into ``(reasoning, rest)`` at its ``<think>...</think>`` block.
+
+    A completion may start inside the block when the chat template already opened it, so a ``</think>`` without an
+    opening tag ends the reasoning too; an unclosed ``<think>`` (a truncated reply) makes all of it reasoning.
+    Text before an opening ``<think>`` is kept in ``rest``.
+    """
+    close = text.find(_THINK_CLOSE)
+    open_ = text.find(_THINK_OPEN)
+    if close == -1 and open_ == -1:
+        return "", text
+    if close == -1:
+        return text[open_ + len(_THINK_OPEN) :].strip(), text[:open_]
+    if open_ == -1 or open_ > close:
+        return text[:close].strip(), text[close + len(_THINK_CLOSE) :]
+    reasoning = text[open_ + len(_THINK_OPEN) : close].strip()
+    return reasoning, text[:open_] + text[close + len(_THINK_CLOSE) :]
+
+
+def parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """Parse Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of ``text``.
+
+    Returns the text with the well-formed blocks removed and the calls. A block that is not a JSON object with a
+    string ``name`` stays in the text: malformed model output is normal input, the agent or env decides about it.
+    """
+    calls: list[ToolCall] = []
+
+    def _take(match: re.Match[str]) -> str:
+        try:
+            payload = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            return match.group(0)
+        arguments = payload.get("arguments", {})
+        if isinstance(arguments, str):
+            # Some models write the arguments as a JSON string, as the OpenAI API does.
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return match.group(0)
+        if not isinstance(arguments, dict):
+            return match.group(0)
+        calls.append(ToolCall(name=payload["name"], arguments=arguments))
+        return ""
+
+    rest = _TOOL_CALL_RE.sub(_take, text)
+    return rest, calls
+
+
+def build_model_output(
+    text: str,
+    *,
+    prompt_ids: Sequence[int] = (),
+    completion_ids: Sequence[int] = (),
+    logprobs: Sequence[float] = (),
+    finish_reason: str | None = None,
+) -> ModelOutput:
+    """The ModelOutput for a completion ``text``: reasoning and tool calls split out, content stripped.
+
+    ``finish_reason`` becomes ``"tool_calls"`` when the reply holds at least one well-formed tool call and it was not
+    cut off by the length limit.
+    """
+    reasoning, rest = split_reasoning(text)
+    content, tool_calls = parse_hermes_tool_calls(rest)
+    if tool_calls and finish_reason != "length":
+        finish_reason = "tool_calls"
+    return ModelOutput(
+        text=text,
+        content=content.strip(),
+        reasoning=reasoning,
+        tool_calls=tool_calls,
+        prompt_ids=list(prompt_ids),
+        completion_ids=list(completion_ids),
+        logprobs=list(logprobs),
+        prompt_length=len(prompt_ids),
+        completion_length=len(completion_ids),
+        finish_reason=finish_reason,
+    )
+
+
+def merge_template_kwargs(enable_thinking: bool | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``apply_chat_template``: ``enable_thinking`` only when set, so templates keep defaults."""
+    kwargs = dict(extra or {})
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    return kwargs
+
+
+def render_prompt_ids(
+    tokenizer: Any,
+    messages: Messages,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template, with the assistant generation prompt."""
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
+    )
+    return list(ids)

@@ -1,0 +1,234 @@
+"""HFPolicy: a policy on transformers ``generate``, on CPU or GPU, batching the requests that arrive together.
+
+This is the default backend (it runs the embedded tiny model when no model is named) and the CPU path of the
+trainer. Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within a few
+milliseconds of each other, groups them by sampling parameters, pads them on the left and runs one ``generate`` per
+group in a worker thread, so the event loop keeps serving envs meanwhile. Log-probabilities are those of the raw
+model distribution (before temperature and top-k/top-p), as vLLM returns them by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+
+from rllm_gym.policies.base import (
+    Messages,
+    PolicyError,
+    SamplingParams,
+    build_model_output,
+    check_request,
+    merge_template_kwargs,
+    render_prompt_ids,
+)
+from rllm_gym.types import ModelOutput
+
+__all__ = ["HFPolicy"]
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[ModelOutput]
+
+
+class HFPolicy:
+    """A policy on ``transformers`` ``generate``, batching concurrent requests.
+
+    Args:
+        model: a model folder or hub name, or a loaded ``PreTrainedModel``; ``None`` uses the embedded tiny model.
+        tokenizer: a tokenizer folder or object; defaults to the model's.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA when available).
+        dtype: torch dtype name for loading (``"auto"`` keeps the checkpoint's).
+        enable_thinking: passed to the chat template when set (Qwen3-style templates); ``None`` keeps its default.
+        max_batch_size: the most requests one ``generate`` call runs together.
+        batch_wait_s: how long the queue waits after the first request for others to join its batch.
+
+    Example::
+
+        policy = HFPolicy()                       # the embedded tiny model on CPU
+        out = await policy.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0))
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | PreTrainedModel | None = None,
+        *,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        enable_thinking: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.005,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"HFPolicy(max_batch_size=...) must be >= 1, got {max_batch_size}")
+        if model is None:
+            from rllm_gym.tiny_model import default_model_path
+
+            model = default_model_path()
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(model, PreTrainedModel):
+            self.model = model
+            if tokenizer is None:
+                raise ValueError("HFPolicy(model=<PreTrainedModel>) also needs tokenizer=<folder or tokenizer object>")
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            tokenizer = tokenizer if tokenizer is not None else model
+        self.model.to(device).eval()
+        self.tokenizer = (
+            AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str | os.PathLike) else tokenizer
+        )
+        self.device = torch.device(device)
+        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Batches observed, for tests and metrics: the number of requests in each generate call.
+        self.batch_sizes: list[int] = []
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput:
+        check_request(messages, prompt_ids)
+        params = sampling_params or SamplingParams()
+        if prompt_ids is None:
+            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        loop = asyncio.get_running_loop()
+        queue = self._ensure_worker(loop)
+        future: asyncio.Future[ModelOutput] = loop.create_future()
+        queue.put_nowait(_Request(list(prompt_ids), params, future))
+        return await future
+
+    async def aclose(self) -> None:
+        """Stop the batching worker (it restarts on the next ``generate``)."""
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+
+    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request]:
+        # One worker per event loop: a policy reused across asyncio.run() calls gets a fresh queue each time.
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._run_worker(self._queue))
+        assert self._queue is not None
+        return self._queue
+
+    async def _run_worker(self, queue: asyncio.Queue[_Request]) -> None:
+        while True:
+            batch = [await queue.get()]
+            await asyncio.sleep(self.batch_wait_s)
+            while len(batch) < self.max_batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
+            groups: dict[SamplingParams, list[_Request]] = {}
+            for request in batch:
+                groups.setdefault(request.params, []).append(request)
+            for params, requests in groups.items():
+                live = [r for r in requests if not r.future.cancelled()]
+                if not live:
+                    continue
+                try:
+                    outputs = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in live], params)
+                except Exception as error:  # the whole batch failed: every caller gets the error
+                    for request in live:
+                        if not request.future.done():
+                            request.future.set_exception(
+                                PolicyError(f"HFPolicy generate failed: {type(error).__name__}: {error}")
+                            )
+                    continue
+                for request, output in zip(live, outputs, strict=True):
+                    if not request.future.done():
+                        request.future.set_result(output)
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        self.batch_sizes.append(len(prompts))
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        config = self._generation_config(params)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                tokenizer=self.tokenizer if params.stop else None,
+            )
+        tokens = out.sequences[:, width:]  # (B, T)
+        logits = torch.stack(out.logits, dim=1).float()  # (B, T, V)
+        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        outputs = []
+        for row, prompt in enumerate(prompts):
+            ids, finish_reason, text = self._finish(tokens[row].tolist(), params)
+            outputs.append(
+                build_model_output(
+                    text,
+                    prompt_ids=prompt,
+                    completion_ids=ids,
+                    logprobs=token_logprobs[row, : len(ids)].tolist(),
+                    finish_reason=finish_reason,
+                )
+            )
+        return outputs
+
+    def _generation_config(self, params: SamplingParams) -> GenerationConfig:
+        sampling: dict[str, Any] = {"do_sample": False}
+        if not params.greedy:
+            # top_k=0 and top_p=1.0 switch the filters off explicitly, so a checkpoint's defaults do not leak in.
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p}
+            sampling["top_k"] = params.top_k or 0
+        return GenerationConfig(
+            max_new_tokens=params.max_tokens,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            stop_strings=list(params.stop) or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **sampling,
+        )
+
+    def _finish(self, tokens: list[int], params: SamplingParams) -> tuple[list[int], str, str]:
+        """Cut a generated row at its end: EOS (kept, as vLLM keeps it), a stop string, or the length limit."""
+        for k, token in enumerate(tokens):
+            if token in self.eos_token_ids:
+                ids = tokens[: k + 1]
+                return ids, "stop", self.tokenizer.decode(ids, skip_special_tokens=True)
+            if params.stop:
+                text = self.tokenizer.decode(tokens[: k + 1], skip_special_tokens=True)
+                cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    return tokens[: k + 1], "stop", text[:cut]
+        return tokens, "length", self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("HFPolicy needs an EOS token: set generation_config.eos_token_id or tokenizer.eos_token")
+    return ids

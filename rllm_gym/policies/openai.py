@@ -1,0 +1,359 @@
+"""OpenAIPolicy: a policy on any OpenAI-compatible server (``vllm serve``, SGLang, ``transformers serve``).
+
+Requests go over one pooled ``httpx.AsyncClient`` with a concurrency limit. 429s, 5xx, timeouts, dropped
+connections and unreadable bodies are retried with exponential backoff (and ``Retry-After`` when the server sends
+it); other 4xx answers fail at once with the server's message. With several base URLs (a fleet of replicas) each
+request goes to the replica with the fewest requests in flight, and a replica that fails with a connection error or
+a 5xx leaves the rotation for a cool-down. Token ids and log-probabilities come from the server when it returns them
+(vLLM with ``return_token_ids=True``); otherwise the prompt is rendered and the reply tokenized locally with the
+model's tokenizer, and ``logprobs`` stays empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from rllm_gym.policies.base import (
+    Messages,
+    PolicyError,
+    SamplingParams,
+    build_model_output,
+    check_request,
+    merge_template_kwargs,
+    render_prompt_ids,
+)
+from rllm_gym.types import ModelOutput
+
+__all__ = ["OpenAIPolicy", "chat_request_body", "reply_text"]
+
+_RETRY_STATUS = frozenset({408, 429})
+
+
+def chat_request_body(
+    model: str,
+    messages: Messages,
+    params: SamplingParams,
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+    request_logprobs: bool = False,
+    return_token_ids: bool = False,
+) -> dict[str, Any]:
+    """The JSON body of a ``/chat/completions`` request; optional fields only when set.
+
+    Servers differ in what they accept (``transformers serve`` rejects unknown fields such as ``top_k`` with a 422),
+    so nothing beyond the standard fields is sent unless asked for.
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+    }
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.top_k is not None:
+        body["top_k"] = params.top_k  # a vLLM/SGLang extension
+    if tools:
+        body["tools"] = tools
+    if template_kwargs:
+        body["chat_template_kwargs"] = template_kwargs
+    if request_logprobs or return_token_ids:
+        body["logprobs"] = True
+    if return_token_ids:
+        # vLLM extensions: token ids of prompt and reply, and logprob entries keyed "token_id:N".
+        body["return_token_ids"] = True
+        body["return_tokens_as_token_ids"] = True
+    return body
+
+
+def reply_text(message: dict[str, Any]) -> str:
+    """The raw completion text behind a chat ``message``: reasoning in ``<think>``, tool calls as Hermes blocks.
+
+    Servers parse a reply into content, ``reasoning_content`` and ``tool_calls``; writing them back in the model's own
+    markup lets every backend go through the same :func:`~rllm_gym.policies.base.build_model_output`.
+    """
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    text = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
+    text += message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            # Unparseable arguments stay a string: the block then stays in the content, like any malformed call.
+            with contextlib.suppress(json.JSONDecodeError):
+                arguments = json.loads(arguments)
+        payload = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+        text += f"\n<tool_call>\n{payload}\n</tool_call>"
+    return text
+
+
+def _logprob_entries(choice: dict[str, Any]) -> tuple[list[float], list[int] | None]:
+    """Log-probabilities of a choice, and its token ids when they are written as ``token_id:N`` tokens."""
+    entries = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = [float(e["logprob"]) for e in entries]
+    tokens = [e.get("token", "") for e in entries]
+    if entries and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return logprobs, [int(t.removeprefix("token_id:")) for t in tokens]
+    return logprobs, None
+
+
+@dataclass
+class _Replica:
+    base_url: str
+    in_flight: int = 0
+    down_until: float = 0.0
+    requests: int = 0
+
+
+class OpenAIPolicy:
+    """A policy on one or more OpenAI-compatible servers.
+
+    Args:
+        model: the model name the server expects (``vllm serve NAME``; ``transformers serve PATH`` wants ``PATH``).
+        base_url: the API root, e.g. ``"http://127.0.0.1:8000/v1"``, or a list of them (replicas).
+        tokenizer: a tokenizer (folder, hub name or object) for local prompt rendering and reply tokenization when
+            the server returns no token ids; ``None`` leaves ids empty in that case.
+        enable_thinking: sent as ``chat_template_kwargs`` (and used for local rendering) when set.
+        return_token_ids: ask for token ids and logprobs with vLLM's extensions (only vLLM accepts them).
+        request_logprobs: send the standard ``logprobs: true``.
+        max_concurrency: the most requests in flight from this policy, over all replicas.
+        timeout_s: per-attempt timeout of a request.
+        max_retries: retries after the first attempt for 429/5xx/timeouts/connection errors/unreadable replies.
+        backoff_s, max_backoff_s: exponential backoff base and cap (with jitter).
+        cooldown_s: how long a replica that failed stays out of the rotation.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | Sequence[str] = "http://127.0.0.1:8000/v1",
+        *,
+        api_key: str | None = None,
+        tokenizer: Any = None,
+        enable_thinking: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        return_token_ids: bool = False,
+        request_logprobs: bool = False,
+        max_concurrency: int = 64,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        cooldown_s: float = 30.0,
+    ) -> None:
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ValueError("OpenAIPolicy(base_url=...) needs at least one URL, e.g. 'http://127.0.0.1:8000/v1'")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"OpenAIPolicy(base_url=...) must be an http(s) URL like 'http://host:8000/v1', got {url!r}"
+                )
+        if max_concurrency < 1 or max_retries < 0:
+            raise ValueError("OpenAIPolicy needs max_concurrency >= 1 and max_retries >= 0")
+        self.model = model
+        self.replicas = [_Replica(url.rstrip("/")) for url in urls]
+        if isinstance(tokenizer, str | os.PathLike):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        self.return_token_ids = return_token_ids
+        self.request_logprobs = request_logprobs
+        self.max_concurrency = max_concurrency
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.cooldown_s = cooldown_s
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._turn = 0
+        # Attempts that were retried, for tests and metrics.
+        self.retries = 0
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput:
+        check_request(messages, prompt_ids)
+        params = sampling_params or SamplingParams()
+        if prompt_ids is not None:
+            return await self._generate_from_ids(list(prompt_ids), params)
+        body = chat_request_body(
+            self.model,
+            messages,
+            params,
+            tools=tools,
+            template_kwargs=self.template_kwargs,
+            request_logprobs=self.request_logprobs,
+            return_token_ids=self.return_token_ids,
+        )
+        data = await self._post("/chat/completions", body)
+        choice = data["choices"][0]
+        text = reply_text(choice.get("message") or {})
+        server_prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if server_prompt_ids is None and self.tokenizer is not None:
+            server_prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        return self._to_output(data, choice, text, server_prompt_ids, params)
+
+    async def _generate_from_ids(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
+        # Token-id prompts on /completions are a vLLM/SGLang feature; transformers serve wants a string prompt.
+        body = chat_request_body(
+            self.model, [], params, request_logprobs=self.request_logprobs, return_token_ids=self.return_token_ids
+        )
+        del body["messages"]
+        body["prompt"] = prompt_ids
+        data = await self._post("/completions", body)
+        choice = data["choices"][0]
+        return self._to_output(data, choice, choice.get("text") or "", prompt_ids, params)
+
+    def _to_output(
+        self,
+        data: dict[str, Any],
+        choice: dict[str, Any],
+        text: str,
+        prompt_ids: Sequence[int] | None,
+        params: SamplingParams,
+    ) -> ModelOutput:
+        logprobs, ids_from_logprobs = _logprob_entries(choice)
+        completion_ids = choice.get("token_ids") or ids_from_logprobs
+        finish_reason = choice.get("finish_reason")
+        if completion_ids is not None and self.tokenizer is not None:
+            text = self.tokenizer.decode(completion_ids, skip_special_tokens=True)
+            for stop in params.stop:
+                text = text.split(stop, 1)[0]
+        if completion_ids is None and self.tokenizer is not None:
+            completion_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            # The server dropped the EOS token from the text; HFPolicy and vLLM keep it in the ids.
+            if finish_reason in ("stop", "tool_calls") and not params.stop and self.tokenizer.eos_token_id is not None:
+                completion_ids.append(self.tokenizer.eos_token_id)
+        completion_ids = list(completion_ids or [])
+        if len(logprobs) != len(completion_ids):
+            logprobs = []  # locally re-tokenized text does not line up with the server's tokens
+        output = build_model_output(
+            text,
+            prompt_ids=prompt_ids or [],
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+        )
+        usage = data.get("usage") or {}
+        if not prompt_ids and usage.get("prompt_tokens") is not None:
+            output.prompt_length = int(usage["prompt_tokens"])
+        if not completion_ids and usage.get("completion_tokens") is not None:
+            output.completion_length = int(usage["completion_tokens"])
+        return output
+
+    # HTTP -----------------------------------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def __aenter__(self) -> OpenAIPolicy:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _ensure_client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            # A client is bound to the event loop it was created on; a new loop (a new asyncio.run) needs a new one.
+            self._loop = loop
+            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            timeout = httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s))
+            self._client = httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers)
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        assert self._semaphore is not None
+        return self._client, self._semaphore
+
+    def _pick_replica(self) -> _Replica:
+        now = time.monotonic()
+        up = [r for r in self.replicas if r.down_until <= now]
+        if not up:
+            # Every replica is cooling down: try the one that has rested longest rather than fail outright.
+            return min(self.replicas, key=lambda r: r.down_until)
+        fewest = min(r.in_flight for r in up)
+        candidates = [r for r in up if r.in_flight == fewest]
+        self._turn += 1
+        return candidates[self._turn % len(candidates)]
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after is not None:
+            try:
+                return min(float(retry_after), self.max_backoff_s)
+            except ValueError:
+                pass  # an HTTP-date Retry-After: fall back to our own schedule
+        delay = min(self.max_backoff_s, self.backoff_s * 2**attempt)
+        return delay * (0.5 + random.random() / 2)
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        client, semaphore = self._ensure_client()
+        attempts = self.max_retries + 1
+        last_error = ""
+        async with semaphore:
+            for attempt in range(attempts):
+                replica = self._pick_replica()
+                url = replica.base_url + path
+                retry_after = None
+                replica.in_flight += 1
+                replica.requests += 1
+                try:
+                    response = await client.post(url, json=body)
+                except (httpx.TimeoutException, httpx.TransportError) as error:
+                    replica.down_until = time.monotonic() + self.cooldown_s
+                    last_error = f"{url}: {type(error).__name__}: {error}"
+                else:
+                    status = response.status_code
+                    if status == 200:
+                        try:
+                            data = response.json()
+                            if not data.get("choices"):
+                                raise ValueError("no 'choices' in the reply")
+                            return data
+                        except ValueError as error:
+                            last_error = f"{url}: unreadable reply ({error}): {response.text[:200]!r}"
+                    elif status in _RETRY_STATUS or status >= 500:
+                        if status >= 500:
+                            replica.down_until = time.monotonic() + self.cooldown_s
+                        retry_after = response.headers.get("retry-after")
+                        last_error = f"{url}: HTTP {status}: {response.text[:300]}"
+                    else:
+                        raise PolicyError(
+                            f"{url} rejected the request with HTTP {status}: {response.text[:500]} "
+                            f"(model={self.model!r}; check the model name and the request fields the server accepts)"
+                        )
+                finally:
+                    replica.in_flight -= 1
+                if attempt + 1 < attempts:
+                    self.retries += 1
+                    await asyncio.sleep(self._backoff(attempt, retry_after))
+        urls = ", ".join(r.base_url for r in self.replicas)
+        raise PolicyError(
+            f"POST {path} failed after {attempts} attempts ({self.max_retries} retries) on [{urls}]; "
+            f"last error: {last_error}. Is the server up and reachable?"
+        )

@@ -1,0 +1,120 @@
+"""ScriptedPolicy: canned or function-generated replies with fake token ids and logprobs, for tests and demos.
+
+Envs, agents, engines and trainers are tested with it instead of a model: replies come from a list (in order) or a
+function of the messages, and go through the same ModelOutput construction as the real backends, so reasoning and
+tool calls are split out exactly as they would be from a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rllm_gym.policies.base import Messages, PolicyError, SamplingParams, build_model_output, check_request
+from rllm_gym.types import ModelOutput
+
+__all__ = ["ScriptedPolicy"]
+
+Reply = str | ModelOutput
+
+
+class ScriptedPolicy:
+    """A policy that plays a script.
+
+    Args:
+        replies: a list of replies used in order (``str`` or a full ``ModelOutput``), or a function
+            ``(messages) -> reply`` (sync or async) called for every request.
+        cycle: start the list over when it runs out instead of raising.
+        tokenizer: used for real token ids when given; otherwise ids are the UTF-8 bytes of the text (prompt: of the
+            last message) and each logprob is ``fake_logprob``.
+
+    ``calls`` records the messages of every request. The length limit is honoured like a model would: with fake
+    ids, a reply longer than ``max_tokens`` bytes is cut and its finish reason is ``"length"``.
+
+    Example::
+
+        policy = ScriptedPolicy(lambda messages: f"you said {messages[-1]['content']}")
+        out = await policy.generate([{"role": "user", "content": "hi"}])
+        assert out.content == "you said hi"
+    """
+
+    def __init__(
+        self,
+        replies: Sequence[Reply] | Callable[[Messages], Any],
+        *,
+        cycle: bool = False,
+        tokenizer: Any = None,
+        fake_logprob: float = -0.5,
+    ) -> None:
+        if isinstance(replies, str):
+            raise TypeError("ScriptedPolicy(replies=...) takes a list of replies or a function, not a single string")
+        self._replies = replies if callable(replies) else list(replies)
+        if not callable(replies) and not self._replies:
+            raise ValueError("ScriptedPolicy(replies=[]) has nothing to say: give at least one reply")
+        self.cycle = cycle
+        self.tokenizer = tokenizer
+        self.fake_logprob = fake_logprob
+        self.calls: list[Messages] = []
+        self._index = 0
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput:
+        check_request(messages, prompt_ids)
+        params = sampling_params or SamplingParams()
+        messages = messages if messages is not None else [{"role": "user", "content": "", "prompt_ids": prompt_ids}]
+        self.calls.append(messages)
+        reply = await self._next_reply(messages)
+        if isinstance(reply, ModelOutput):
+            return reply
+        if not isinstance(reply, str):
+            raise PolicyError(f"ScriptedPolicy replies must be str or ModelOutput, got {type(reply).__name__}")
+        return self._to_output(reply, messages, prompt_ids, params)
+
+    async def _next_reply(self, messages: Messages) -> Reply:
+        if callable(self._replies):
+            reply = self._replies(messages)
+            return await reply if asyncio.iscoroutine(reply) else reply
+        if self._index >= len(self._replies):
+            if not self.cycle:
+                raise PolicyError(
+                    f"ScriptedPolicy ran out of replies after {len(self._replies)} calls; "
+                    "add more replies or pass cycle=True"
+                )
+            self._index = 0
+        reply = self._replies[self._index]
+        self._index += 1
+        return reply
+
+    def _encode(self, text: str) -> list[int]:
+        if self.tokenizer is not None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(text.encode("utf-8"))
+
+    def _to_output(
+        self, reply: str, messages: Messages, prompt_ids: Sequence[int] | None, params: SamplingParams
+    ) -> ModelOutput:
+        if prompt_ids is None:
+            prompt_ids = self._encode(str(messages[-1].get("content", ""))) if messages else []
+        completion_ids = self._encode(reply)
+        finish_reason = "stop"
+        if len(completion_ids) > params.max_tokens:
+            completion_ids = completion_ids[: params.max_tokens]
+            finish_reason = "length"
+            if self.tokenizer is not None:
+                reply = self.tokenizer.decode(completion_ids)
+            else:
+                reply = bytes(completion_ids).decode("utf-8", errors="ignore")
+        return build_model_output(
+            reply,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            logprobs=[self.fake_logprob] * len(completion_ids),
+            finish_reason=finish_reason,
+        )

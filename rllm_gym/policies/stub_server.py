@@ -1,0 +1,171 @@
+"""A minimal OpenAI-compatible HTTP server with a fixed latency and scripted failures, for benchmarks and tests.
+
+It answers ``/v1/chat/completions`` and ``/v1/completions`` with a canned reply after ``latency_s`` seconds, so
+that the client side of :class:`~rllm_gym.policies.OpenAIPolicy` (pooling, concurrency, retries, load balancing)
+can be measured and tested against a real socket without a model. Failures are queued with
+:meth:`StubOpenAIServer.fail_next`: ``"429"``, ``"500"``, ``"400"``, ``"garbage"`` (a 200 with a body that is not
+JSON) or ``"drop"`` (the connection closes without an answer). Run it as a process with
+``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["FAILURE_MODES", "StubOpenAIServer"]
+
+FAILURE_MODES = ("429", "500", "400", "garbage", "drop")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Benchmarks open hundreds of connections at once; the default backlog of 5 would refuse some of them.
+    request_queue_size = 1024
+    stub: StubOpenAIServer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as real servers do, so the client's pool is exercised
+    # Headers and body go out in two writes; with Nagle on, the body waits ~40 ms for a delayed ACK.
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet: tests and benchmarks read stdout
+        return
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") in ("/health", "/v1/models"):
+            self._send(200, json.dumps({"object": "list", "data": [{"id": self.server.stub.model}]}).encode())
+        else:
+            self._send(404, b'{"error": "not found"}')
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        stub = self.server.stub
+        failure = stub._next_failure()
+        time.sleep(stub.latency_s)
+        if failure == "drop":
+            self.close_connection = True
+            self.connection.shutdown(2)
+            return
+        if failure == "garbage":
+            self._send(200, b"<html>this is not json")
+            return
+        if failure in ("429", "500", "400"):
+            self._send(int(failure), json.dumps({"error": {"message": f"scripted {failure}"}}).encode(), retry=True)
+            return
+        path = self.path.rstrip("/")
+        if stub.response is not None:
+            self._send(200, json.dumps(stub.response).encode())
+            return
+        if path == "/v1/chat/completions":
+            users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
+            last = users[-1] if users else ""
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": stub.reply or f"echo: {last}"},
+                "finish_reason": "stop",
+            }
+        elif path == "/v1/completions":
+            choice = {"index": 0, "text": stub.reply or "echo", "finish_reason": "stop"}
+        else:
+            self._send(404, b'{"error": "not found"}')
+            return
+        data = {"id": "stub", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
+        data["usage"] = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        self._send(200, json.dumps(data).encode())
+
+    def _send(self, status: int, payload: bytes, retry: bool = False) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        if retry and status == 429:
+            self.send_header("Retry-After", "0")
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class StubOpenAIServer:
+    """An OpenAI-compatible server on a background thread (``port=0`` picks a free port).
+
+    Example::
+
+        with StubOpenAIServer(latency_s=0.01) as server:
+            policy = OpenAIPolicy("stub", server.url)
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        latency_s: float = 0.0,
+        reply: str = "",
+        model: str = "stub",
+        response: dict[str, Any] | None = None,
+    ) -> None:
+        self.latency_s = latency_s
+        self.reply = reply
+        # A full JSON reply to send instead of the canned one, e.g. with vLLM's token-id extensions.
+        self.response = response
+        self.model = model
+        self.hits = 0
+        self._failures: deque[str] = deque()
+        self._lock = threading.Lock()
+        self._httpd = _Server((host, port), _Handler)
+        self._httpd.stub = self
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def fail_next(self, *modes: str) -> None:
+        """Answer the next requests with these failures, in order, then normally again."""
+        for mode in modes:
+            if mode not in FAILURE_MODES:
+                raise ValueError(f"unknown failure mode {mode!r}; choose from {FAILURE_MODES}")
+        with self._lock:
+            self._failures.extend(modes)
+
+    def _next_failure(self) -> str | None:
+        with self._lock:
+            self.hits += 1
+            return self._failures.popleft() if self._failures else None
+
+    def start(self) -> StubOpenAIServer:
+        # A short poll interval makes stop() quick; the default 0.5 s would dominate short tests.
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> StubOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve a stub OpenAI-compatible API with a fixed latency.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds each request takes")
+    args = parser.parse_args(argv)
+    server = StubOpenAIServer(args.host, args.port, latency_s=args.latency)
+    print(server.url, flush=True)
+    server._httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""VLLMPolicy: in-process vLLM (its async engine) with continuous batching across concurrent episodes.
+
+vLLM is an optional, GPU-only dependency (``pip install 'rllm-gym[vllm]'``), imported only when a VLLMPolicy is
+built. The vLLM-specific code is kept thin: the mapping from :class:`SamplingParams` to ``vllm.SamplingParams``
+keyword arguments and from a ``vllm.RequestOutput`` to a :class:`ModelOutput` are pure functions, unit-tested with
+stand-in objects on machines without vLLM. Prompts are rendered with the model's chat template by transformers and
+sent as token ids, so the ids in the ModelOutput are exactly the ones the engine saw.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from rllm_gym.policies.base import (
+    Messages,
+    PolicyError,
+    SamplingParams,
+    build_model_output,
+    check_request,
+    merge_template_kwargs,
+    render_prompt_ids,
+)
+from rllm_gym.types import ModelOutput
+
+__all__ = ["VLLMPolicy", "model_output_from_vllm", "vllm_sampling_kwargs"]
+
+
+def vllm_sampling_kwargs(params: SamplingParams, *, logprobs: bool = True) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.SamplingParams`` that mean the same as ``params``.
+
+    ``logprobs=0`` asks vLLM for the log-probability of each sampled token only (no alternatives).
+    """
+    kwargs: dict[str, Any] = {
+        "n": 1,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_tokens,
+        "skip_special_tokens": True,
+    }
+    if params.top_k is not None:
+        kwargs["top_k"] = params.top_k
+    if params.stop:
+        kwargs["stop"] = list(params.stop)
+    if params.seed is not None:
+        kwargs["seed"] = params.seed
+    if logprobs:
+        kwargs["logprobs"] = 0
+    return kwargs
+
+
+def model_output_from_vllm(request_output: Any) -> ModelOutput:
+    """The ModelOutput of a finished ``vllm.RequestOutput`` (its first completion).
+
+    vLLM's completion text leaves out EOS and stop strings while ``token_ids`` keep the EOS token, the same
+    convention as HFPolicy. Each ``logprobs`` entry maps token ids to objects with a ``.logprob``; the sampled
+    token's value is taken.
+    """
+    if not request_output.outputs:
+        raise PolicyError(f"vLLM returned no completion for request {request_output.request_id!r}")
+    completion = request_output.outputs[0]
+    completion_ids = list(completion.token_ids)
+    logprobs: list[float] = []
+    if completion.logprobs is not None:
+        entries = zip(completion_ids, completion.logprobs, strict=True)
+        logprobs = [float(entry[token].logprob) for token, entry in entries]
+    return build_model_output(
+        completion.text,
+        prompt_ids=list(request_output.prompt_token_ids or []),
+        completion_ids=completion_ids,
+        logprobs=logprobs,
+        finish_reason=completion.finish_reason,
+    )
+
+
+class VLLMPolicy:
+    """A policy on an in-process vLLM ``AsyncLLM`` engine.
+
+    Args:
+        model: a model folder or hub name; ``None`` uses the embedded tiny model.
+        tokenizer: tokenizer folder for the chat template (defaults to the model's).
+        enable_thinking: passed to the chat template when set.
+        lora_path: a LoRA adapter folder applied to every request (``enable_lora`` is switched on for it).
+        return_logprobs: ask for each sampled token's log-probability.
+        **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization=0.5``,
+            ``max_model_len=4096``, ``tensor_parallel_size=2``.
+
+    Example::
+
+        policy = VLLMPolicy("Qwen/Qwen3-0.6B", enable_thinking=False, gpu_memory_utilization=0.6)
+        outs = await asyncio.gather(*(policy.generate(chat, SamplingParams(temperature=1.0)) for chat in chats))
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        tokenizer: str | os.PathLike[str] | None = None,
+        enable_thinking: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        lora_path: str | os.PathLike[str] | None = None,
+        return_logprobs: bool = True,
+        **engine_kwargs: Any,
+    ) -> None:
+        try:
+            import vllm
+            from vllm.lora.request import LoRARequest
+            from vllm.sampling_params import RequestOutputKind
+        except ImportError as error:
+            raise ImportError(
+                "VLLMPolicy needs vLLM, a CUDA-only package: pip install 'rllm-gym[vllm]' on a GPU machine, "
+                "or use HFPolicy (transformers) / OpenAIPolicy (a running server) instead"
+            ) from error
+        from transformers import AutoTokenizer
+
+        if model is None:
+            from rllm_gym.tiny_model import default_model_path
+
+            model = default_model_path()
+        model = str(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
+        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        self.return_logprobs = return_logprobs
+        self._vllm = vllm
+        self._final_only = RequestOutputKind.FINAL_ONLY
+        self.lora_request = None
+        if lora_path is not None:
+            engine_kwargs.setdefault("enable_lora", True)
+            self.lora_request = LoRARequest("rllm_gym_adapter", 1, str(lora_path))
+        args = vllm.AsyncEngineArgs(model=model, tokenizer=str(tokenizer or model), **engine_kwargs)
+        self.engine = _async_engine_class().from_engine_args(args)
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput:
+        check_request(messages, prompt_ids)
+        params = sampling_params or SamplingParams()
+        if prompt_ids is None:
+            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        vllm_params = self._vllm.SamplingParams(
+            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
+        )
+        prompt = self._vllm.TokensPrompt(prompt_token_ids=list(prompt_ids))
+        final = None
+        async for output in self.engine.generate(
+            prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
+        ):
+            final = output
+        if final is None:
+            raise PolicyError("vLLM finished the request without any output")
+        return model_output_from_vllm(final)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _async_engine_class() -> Any:
+    # vLLM >= 0.8 (V1 engine) names it AsyncLLM; older releases only export AsyncLLMEngine.
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError:
+        from vllm import AsyncLLMEngine as AsyncLLM
+    return AsyncLLM

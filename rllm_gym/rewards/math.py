@@ -1,0 +1,456 @@
+"""Math answer grading: pull the final answer out of a model reply, then decide whether it equals the ground truth.
+
+Grading runs three paths, cheapest first: an exact match of the normalized strings, an exact rational comparison
+when both answers are plain numbers (integers, decimals, fractions, percentages), and only then math-verify for
+everything symbolic (LaTeX expressions, sets, intervals, tuples, equations). math-verify times itself out with
+``signal.alarm``, which only works in a main thread, so it runs in a small pool of worker processes
+(:class:`MathVerifyPool`) that the caller can kill: grading is safe from any thread and from an asyncio loop, each
+answer has a hard wall-clock limit, and one pathological answer never stalls the others.
+
+Use :func:`math_reward_fn` as a :class:`~rllm_gym.rewards.RewardFunction`, or :class:`MathGrader` to choose the
+rewards and limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import math
+import re
+import select
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from rllm_gym.types import RewardOutput
+
+__all__ = [
+    "MathGrader",
+    "MathVerifyPool",
+    "extract_answer",
+    "last_boxed",
+    "math_reward_fn",
+    "normalize_answer",
+    "parse_number",
+]
+
+# Extraction
+
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
+_HASHES = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+_ANSWER_IS = re.compile(
+    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:\.\s|\.?\s*$|\n)", re.IGNORECASE
+)
+_MARKUP = " \t\n$*`"
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (braces balanced), or None.
+
+    ``\\boxed 5`` (no braces) gives ``"5"``; an unclosed ``\\boxed{`` gives None.
+    """
+    matches = list(_BOXED.finditer(text))
+    for match in reversed(matches):
+        start = match.end()
+        if start < len(text) and text[start] == "{":
+            depth = 0
+            for index in range(start, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[index], 0)
+                if depth == 0:
+                    return text[start + 1 : index].strip()
+            continue  # unbalanced: try an earlier box
+        token = re.match(r"[^\s$]+", text[start:])
+        if token:
+            return token.group(0)
+    return None
+
+
+def extract_answer(text: str) -> tuple[str | None, str | None]:
+    """``(answer, None)`` for the final answer of a model reply, or ``(None, why)`` when it gives none.
+
+    Only the text after the last ``</think>`` counts; a ``<think>`` without its ``</think>`` gives no answer. Looked
+    for in this order: the last ``\\boxed{}``/``\\fbox{}``, the last ``#### N`` line, the last "The answer is N" /
+    "Answer: N", and finally a reply that is nothing but one short answer (``42``, ``$\\frac{1}{2}$``).
+    """
+    if not isinstance(text, str):
+        return None, f"the reply must be a string, got {type(text).__name__}"
+    if "</think>" in text:
+        text = text.rpartition("</think>")[2]
+    elif "<think>" in text:
+        return None, "the reply opens <think> but never closes it, so it has no final answer"
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed, None
+    for pattern in (_HASHES, _ANSWER_IS):
+        found = pattern.findall(text)
+        if found and found[-1].strip(_MARKUP):
+            return found[-1].strip(_MARKUP), None
+    bare = text.strip(_MARKUP).rstrip(".")
+    if (
+        re.fullmatch(r"\S+(?:\s\S+){0,3}", bare)
+        and len(bare) <= 64
+        and (re.search(r"[\d\\]", bare) or re.fullmatch(r"\(?[A-Ea-e]\)?", bare))
+    ):
+        return bare, None  # a reply that is just the answer, not a sentence
+    return None, "no final answer found: put it in \\boxed{...}, after '####', or after 'The answer is'"
+
+
+# Normalization and the numeric path
+
+
+_DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |~|\\displaystyle|\^\s*\{?\\circ\}?|\\\$|\s+")
+_UNITS = re.compile(r"(?:\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z\s.]*\}|\s+(?!pi\b)[A-Za-z]{2,}\.?)\s*$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=(?!=)")
+_INTEGER = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)"
+_DECIMAL = re.compile(rf"^{_INTEGER}(?:\.\d*)?$|^[+-]?\.\d+$")
+_SLASH = re.compile(r"^([+-]?\d+)/([+-]?\d+)$")
+_FRAC = re.compile(r"^([+-]?)\\frac(?:\{([+-]?\d+)\}|(\d))(?:\{([+-]?\d+)\}|(\d))$")
+
+
+def normalize_answer(answer: str) -> str:
+    """A canonical string for cheap exact matching: no ``$``, spacing macros, ``\\left``/``\\right``, degree signs,
+    dollar signs, trailing units (``10\\text{ cm}``, ``18 dollars``), or a leading single-letter assignment
+    (``x = 3`` -> ``3``); ``\\dfrac``/``\\tfrac`` become ``\\frac``."""
+    text = answer.strip().rstrip(".").strip("$").strip().rstrip(".")
+    text = re.sub(r"\\text\{\s*\}", "", text)
+    if re.match(r"^[+-]?(?:\d|\.\d|\\d?frac)", text):
+        text = _UNITS.sub("", text)
+    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    text = _DROP.sub("", text)
+    return _ASSIGNMENT.sub("", text)
+
+
+def parse_number(answer: str) -> tuple[Fraction, bool, bool] | None:
+    """``(value, exact, percent)`` for a normalized plain number, or None for anything else.
+
+    Accepts integers (``1,000`` with thousands separators), decimals, ``a/b``, ``\\frac{a}{b}``, ``\\frac12``, each
+    optionally followed by ``%``/``\\%``. ``exact`` is False for decimals, which math-verify compares after rounding.
+    """
+    percent = answer.endswith("%")
+    if percent:
+        answer = answer.removesuffix("%").removesuffix("\\")
+    if _DECIMAL.match(answer):
+        return Fraction(answer.replace(",", "")), "." not in answer, percent
+    match = _SLASH.match(answer)
+    if match and int(match.group(2)) != 0:
+        return Fraction(int(match.group(1)), int(match.group(2))), True, percent
+    match = _FRAC.match(answer)
+    if match:
+        numerator, denominator = int(match.group(2) or match.group(3)), int(match.group(4) or match.group(5))
+        if denominator != 0:
+            value = Fraction(numerator, denominator)
+            return (-value if match.group(1) == "-" else value), True, percent
+    return None
+
+
+def _numeric_verdict(gold: tuple[Fraction, bool, bool], answer: tuple[Fraction, bool, bool]) -> bool | None:
+    """True/False when two plain numbers decide it, None when it is too close to call without math-verify."""
+    gold_values = {gold[0], gold[0] / 100} if gold[2] else {gold[0]}
+    answer_values = {answer[0], answer[0] / 100} if answer[2] else {answer[0]}
+    if gold_values & answer_values:
+        return True
+    if gold[1] and answer[1]:
+        return False
+    # Decimals: math-verify rounds before comparing, so near misses (0.333333 vs 1/3) are its call.
+    scale = max(1, *(abs(value) for value in gold_values | answer_values))
+    if all(abs(g - a) > scale * Fraction(1, 10_000) for g in gold_values for a in answer_values):
+        return False
+    return None
+
+
+_SURD = re.compile(r"^(\d*)\\sqrt(?:\{(\d+)\}|(\d))$")
+_PI = re.compile(r"^(\d*)\\pi$")
+_OVER = re.compile(r"^\\frac\{(.+)\}\{(\d+)\}$|^(.+)/(\d+)$")
+_INTERVAL = re.compile(r"^([(\[])([^,()\[\]]+),([^,()\[\]]+)([)\]])$")
+
+
+def _squarefree(coefficient: int, radicand: int) -> tuple[int, int]:
+    """``c * sqrt(r)`` rewritten with ``r`` square-free, e.g. ``sqrt(28) -> 2 * sqrt(7)``."""
+    factor = 2
+    while factor * factor <= radicand:
+        while radicand % (factor * factor) == 0:
+            coefficient, radicand = coefficient * factor, radicand // (factor * factor)
+        factor += 1
+    return coefficient, radicand
+
+
+def _simple_term(text: str) -> tuple[Fraction, int | str] | None:
+    """``(q, basis)`` for ``q * basis`` with q rational and basis 1, ``"pi"`` or a square-free radicand, else None.
+
+    Covers the exact forms math answers take most often: ``-3``, ``\\frac{3}{4}``, ``2\\sqrt{7}``, ``\\sqrt{28}``,
+    ``\\frac{\\sqrt{2}}{2}``, ``\\pi/3``, ``\\frac{2\\pi}{3}``. 1, pi and square roots of distinct square-free
+    integers are linearly independent over the rationals, so two such terms are equal exactly when these match.
+    """
+    sign = -1 if text.startswith("-") else 1
+    text = text.removeprefix("-").removeprefix("+")
+    number = parse_number(text)
+    if number is not None:
+        return (sign * number[0], 1) if number[1] and not number[2] else None
+    over = _OVER.match(text)
+    if over:
+        numerator = _simple_term(over.group(1) or over.group(3))
+        denominator = int(over.group(2) or over.group(4))
+        if numerator is None or denominator == 0:
+            return None
+        return sign * numerator[0] / denominator, numerator[1]
+    surd = _SURD.match(text)
+    if surd:
+        coefficient, radicand = _squarefree(int(surd.group(1) or 1), int(surd.group(2) or surd.group(3)))
+        return Fraction(sign * coefficient), radicand if radicand > 1 else 1
+    pi = _PI.match(text)
+    if pi:
+        return Fraction(sign * int(pi.group(1) or 1)), "pi"
+    return None
+
+
+def _simple_verdict(gold: str, answer: str) -> bool | None:
+    """Exact verdict for simple terms and for intervals of plain numbers, None when neither fits."""
+    gold_interval, answer_interval = _INTERVAL.match(gold), _INTERVAL.match(answer)
+    if gold_interval and answer_interval:
+        gold_ends = [_simple_term(gold_interval.group(i)) for i in (2, 3)]
+        answer_ends = [_simple_term(answer_interval.group(i)) for i in (2, 3)]
+        if None in gold_ends or None in answer_ends:
+            return None
+        same_brackets = (gold_interval.group(1), gold_interval.group(4)) == (
+            answer_interval.group(1),
+            answer_interval.group(4),
+        )
+        # "(a, b)" is an open interval or a pair: both readings agree on equality of exact endpoints.
+        return same_brackets and gold_ends == answer_ends
+    gold_term, answer_term = _simple_term(gold), _simple_term(answer)
+    if gold_term is None or answer_term is None:
+        return None
+    return gold_term == answer_term or (gold_term[0] == answer_term[0] == 0)
+
+
+# The math-verify worker pool
+
+
+_WORKER = str(Path(__file__).with_name("_math_worker.py"))
+# Run the worker file without putting its folder (or the cwd) on sys.path: this folder's math.py would shadow the
+# standard library's math module, and the worker needs nothing from rllm-gym.
+_LAUNCH = "import sys, runpy; del sys.path[0]; runpy.run_path(sys.argv[1], run_name='__main__')"
+_STARTUP_TIMEOUT = 120.0  # importing sympy on a loaded 2-core machine can take seconds
+
+
+class MathVerifyPool:
+    """Long-lived math-verify worker processes; :meth:`verify` is thread-safe and has a hard time limit.
+
+    At most ``max_workers`` answers are graded at once; more callers wait for a free worker. A worker that runs
+    past the time limit is killed (a new one is started on demand), so a pathological answer costs one worker for
+    ``time_limit`` seconds and nothing else. Workers are started lazily and stopped by :meth:`close` or at exit.
+    """
+
+    def __init__(self, max_workers: int = 2):
+        if not isinstance(max_workers, int) or isinstance(max_workers, bool) or max_workers < 1:
+            raise ValueError(f"MathVerifyPool max_workers must be a positive int, got {max_workers!r}")
+        self.max_workers = max_workers
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self._lock = threading.Lock()
+        self._idle: list[subprocess.Popen[bytes]] = []
+        self.workers_killed = 0
+
+    def _start_worker(self) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, "-u", "-c", _LAUNCH, _WORKER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        # Warm the worker up (imports, sympy caches) outside any answer's time limit.
+        verdict, outcome = self._ask(process, {"gold": "1", "answer": "1", "timeout": 5}, _STARTUP_TIMEOUT)
+        if outcome != "ok" or not verdict:
+            self._kill(process)
+            raise RuntimeError(f"the math-verify worker did not start ({outcome}); is math-verify installed?")
+        return process
+
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+        process.kill()
+        process.wait()
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+    @staticmethod
+    def _ask(process: subprocess.Popen[bytes], request: dict[str, Any], limit: float) -> tuple[bool, str]:
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write((json.dumps(request) + "\n").encode())
+            process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return False, "error: the math-verify worker exited"
+        ready, _, _ = select.select([process.stdout], [], [], limit)
+        if not ready:
+            return False, "timeout"
+        line = process.stdout.readline()
+        if not line:
+            return False, "error: the math-verify worker exited"
+        reply = json.loads(line)
+        return bool(reply["verdict"]), "ok" if reply["error"] is None else f"error: {reply['error']}"
+
+    def verify(self, gold: str, answer: str, time_limit: float) -> tuple[bool, str]:
+        """``(verdict, outcome)``: outcome is ``"ok"``, ``"timeout"`` or ``"error: ..."`` (then verdict is False)."""
+        with self._slots:
+            with self._lock:
+                process = self._idle.pop() if self._idle else None
+            if process is None or process.poll() is not None:
+                process = self._start_worker()
+            request = {"gold": gold, "answer": answer, "timeout": max(1, math.ceil(time_limit))}
+            verdict, outcome = self._ask(process, request, time_limit)
+            if outcome == "timeout" or process.poll() is not None:
+                self._kill(process)
+                self.workers_killed += outcome == "timeout"
+            else:
+                with self._lock:
+                    self._idle.append(process)
+            return verdict, outcome
+
+    def close(self) -> None:
+        """Stop every idle worker (workers busy in another thread stop when they are handed back)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for process in idle:
+            self._kill(process)
+
+
+_shared_pool: MathVerifyPool | None = None
+_shared_pool_lock = threading.Lock()
+
+
+def shared_pool() -> MathVerifyPool:
+    """The process-wide pool every :class:`MathGrader` uses unless it is given its own."""
+    global _shared_pool
+    with _shared_pool_lock:
+        if _shared_pool is None:
+            _shared_pool = MathVerifyPool(max_workers=2)
+            atexit.register(_shared_pool.close)
+        return _shared_pool
+
+
+# The grader
+
+
+def _ground_truths(task_info: dict[str, Any]) -> list[str]:
+    if not isinstance(task_info, dict):
+        raise TypeError(f"task_info must be a dict with a 'ground_truth', got {type(task_info).__name__}")
+    key = "ground_truth" if task_info.get("ground_truth") is not None else "answer"
+    value = task_info.get(key)
+    if value is None:
+        raise ValueError(
+            f"task_info has no 'ground_truth' (or 'answer'): got keys {sorted(task_info)}; "
+            "add the reference answer, e.g. {'question': ..., 'ground_truth': '42'}"
+        )
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    golds = []
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, (str, int, float, Fraction)):
+            raise ValueError(f"task_info[{key!r}] must be a string or number (or a list of them), got {item!r}")
+        text = str(item)
+        golds.append(last_boxed(text) or (_HASHES.findall(text) or [text])[-1].strip())
+    return golds
+
+
+@dataclass(frozen=True)
+class MathGrader:
+    """A configurable math :class:`~rllm_gym.rewards.RewardFunction`: ``grader(task_info, action) -> RewardOutput``.
+
+    Example::
+
+        >>> grader = MathGrader(correct_reward=1.0, incorrect_reward=0.0, format_error_reward=-0.1)
+        >>> grader({"ground_truth": "\\\\frac{1}{2}"}, "So the answer is \\\\boxed{0.5}.").reward
+        1.0
+        >>> grader({"ground_truth": "3"}, "I am not sure.").metadata["format_error"]
+        True
+
+    ``metadata`` holds ``extracted_answer``, ``ground_truth`` (the first reference answer), ``path`` (which path
+    decided: ``exact``, ``numeric``, ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
+    and, for format errors and failures, ``error``.
+
+    Args:
+        correct_reward / incorrect_reward / format_error_reward: the reward for a correct answer, a wrong one, and a
+            reply with no extractable answer (or one longer than ``max_answer_chars``).
+        time_limit: hard wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong.
+        max_answer_chars: longer extracted answers are format errors and never reach the parser.
+        use_math_verify: False keeps to the exact and numeric paths (symbolic answers then only match exactly).
+        pool: the worker pool; by default one shared by every grader in the process.
+    """
+
+    correct_reward: float = 1.0
+    incorrect_reward: float = 0.0
+    format_error_reward: float = 0.0
+    time_limit: float = 5.0
+    max_answer_chars: int = 1000
+    use_math_verify: bool = True
+    pool: MathVerifyPool | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("correct_reward", "incorrect_reward", "format_error_reward", "time_limit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"MathGrader {name} must be a finite number, got {value!r}")
+        if not 0.1 <= self.time_limit <= 600:
+            raise ValueError(f"MathGrader time_limit must lie in [0.1, 600] seconds, got {self.time_limit!r}")
+        if not isinstance(self.max_answer_chars, int) or self.max_answer_chars < 1:
+            raise ValueError(f"MathGrader max_answer_chars must be a positive int, got {self.max_answer_chars!r}")
+
+    def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
+        """``(is_correct, path)`` for a bare answer against one reference answer."""
+        norm_answer, norm_gold = normalize_answer(answer), normalize_answer(ground_truth)
+        if norm_answer and norm_answer == norm_gold:
+            return True, "exact"
+        number_answer, number_gold = parse_number(norm_answer), parse_number(norm_gold)
+        if number_answer is not None and number_gold is not None:
+            verdict = _numeric_verdict(number_gold, number_answer)
+            if verdict is not None:
+                return verdict, "numeric"
+        verdict = _simple_verdict(norm_gold, norm_answer)
+        if verdict is not None:
+            return verdict, "numeric"
+        if not self.use_math_verify:
+            return False, "exact"
+        verdict, outcome = (self.pool or shared_pool()).verify(ground_truth, answer, self.time_limit)
+        return verdict, "math_verify" if outcome == "ok" else outcome
+
+    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+        golds = _ground_truths(task_info)
+        answer, error = extract_answer(action)
+        if answer is not None and len(answer) > self.max_answer_chars:
+            answer, error = None, f"the answer is longer than {self.max_answer_chars} characters"
+        metadata: dict[str, Any] = {"extracted_answer": answer, "ground_truth": golds[0], "format_error": False}
+        if answer is None:
+            metadata.update(format_error=True, path="format_error", error=error)
+            return RewardOutput(reward=self.format_error_reward, is_correct=False, metadata=metadata)
+        is_correct, path = False, "exact"
+        for gold in golds:
+            is_correct, path = self.grade_answer(answer, gold)
+            if is_correct:
+                break
+        metadata["path"] = path.partition(":")[0]
+        if path.startswith("error"):
+            metadata["error"] = path.partition(": ")[2]
+        reward = self.correct_reward if is_correct else self.incorrect_reward
+        return RewardOutput(reward=reward, is_correct=is_correct, metadata=metadata)
+
+    async def agrade(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+        """:meth:`__call__` off the event loop, so a slow answer never blocks other coroutines."""
+        return await asyncio.to_thread(self, task_info, action)
+
+
+_DEFAULT_GRADER = MathGrader()
+
+
+def math_reward_fn(task_info: dict[str, Any], action: str) -> RewardOutput:
+    """Grade ``action`` against ``task_info["ground_truth"]`` (or ``task_info["answer"]``): 1.0 if correct, else 0.0.
+
+    Example::
+
+        >>> math_reward_fn({"ground_truth": "42"}, "... so the answer is \\\\boxed{42}").is_correct
+        True
+    """
+    return _DEFAULT_GRADER(task_info, action)

@@ -1,0 +1,207 @@
+import asyncio
+import re
+import threading
+
+import gymnasium as gym
+import pytest
+
+from rllm_gym.agents.frozenlake import FrozenLakeAgent
+from rllm_gym.engine import AgentExecutionEngine, AgentWorkflowEngine, MultiTurnWorkflow, task_id_of
+from rllm_gym.policies.base import PolicyError, SamplingParams
+from rllm_gym.policies.scripted import ScriptedPolicy
+from rllm_gym.spaces import TextSpace
+from rllm_gym.store import read_episodes
+from rllm_gym.types import TerminationReason
+
+MAP = ["SFFF", "FHFH", "FFFH", "HFFG"]
+SOLUTION = ["down", "down", "right", "right", "down", "right"]
+
+
+def solver_policy() -> ScriptedPolicy:
+    """Plays the solution of MAP: the move index is the number of grids the agent has seen."""
+
+    def reply(messages):
+        turn = sum(1 for m in messages if m["role"] == "user") - 1
+        return f"Action: {SOLUTION[turn]}" if turn < len(SOLUTION) else "Action: up"
+
+    return ScriptedPolicy(reply)
+
+
+def frozen_engine(policy, **kwargs) -> AgentExecutionEngine:
+    return AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, **kwargs)
+
+
+async def test_episodes_solve_and_carry_token_fields_and_returns():
+    engine = frozen_engine(solver_policy(), n_parallel=4, gamma=0.5)
+    episodes = await engine.run([{"id": "classic", "map": MAP}], n_rollouts=3)
+    assert [e.id for e in episodes] == ["classic:0", "classic:1", "classic:2"]
+    for episode in episodes:
+        assert episode.termination_reason is TerminationReason.ENV_DONE and episode.is_correct
+        (trajectory,) = episode.trajectories
+        assert trajectory.reward == 1.0 and len(trajectory.steps) == 6
+        assert [s.mc_return for s in trajectory.steps] == [0.5**5, 0.5**4, 0.5**3, 0.25, 0.5, 1.0]
+        for step in trajectory.steps:
+            output = step.model_output
+            assert step.response_ids == output.completion_ids == list(output.text.encode())
+            assert step.logprobs == output.logprobs and len(step.logprobs) == len(step.response_ids)
+            assert step.prompt_ids == output.prompt_ids
+        assert episode.metrics["agent/turns"] == 6.0 and episode.metrics["turns"] == 6.0
+
+
+async def test_limits_become_termination_reasons():
+    wander = ScriptedPolicy(["Action: left"], cycle=True)
+    (episode,) = await frozen_engine(wander, max_steps=3).run([{"map": MAP}])
+    assert episode.termination_reason is TerminationReason.MAX_TURNS_EXCEEDED
+    assert len(episode.trajectories[0].steps) == 3 and not episode.is_correct
+
+    long_replies = ScriptedPolicy(["Action: " + "left " * 50], cycle=True)
+    engine = frozen_engine(long_replies, max_response_length=8)
+    (episode,) = await engine.run([{"map": MAP}])
+    assert episode.termination_reason is TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED
+    assert len(episode.trajectories[0].steps[0].response_ids) == 8
+
+    (episode,) = await frozen_engine(wander, max_prompt_length=3).run([{"map": MAP}])
+    assert episode.termination_reason is TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED
+
+    async def slow(messages):
+        await asyncio.sleep(10)
+        return "Action: up"
+
+    (episode,) = await frozen_engine(ScriptedPolicy(slow), timeout_s=0.2).run([{"map": MAP}])
+    assert episode.termination_reason is TerminationReason.TIMEOUT
+
+
+async def test_policy_failing_on_10_percent_of_calls_is_retried_and_the_rest_unaffected():
+    clean = await frozen_engine(solver_policy(), n_parallel=8).run(list(range(20)), n_rollouts=2)
+    calls = 0
+    inner = solver_policy()
+
+    async def flaky(messages):
+        nonlocal calls
+        calls += 1
+        if calls % 10 == 3:
+            raise PolicyError("server hiccup")
+        return await inner._next_reply(messages)
+
+    episodes = await frozen_engine(ScriptedPolicy(flaky), n_parallel=8).run(list(range(20)), n_rollouts=2)
+    assert len(episodes) == 40
+    retried = [e for e in episodes if e.metadata["attempts"] > 1]
+    assert retried, "some episodes should have needed a retry"
+    assert all(e.termination_reason is not TerminationReason.ERROR for e in episodes)
+    for before, after in zip(clean, episodes, strict=True):
+        assert before.id == after.id
+        assert before.termination_reason == after.termination_reason
+        assert [s.action for s in before.trajectories[0].steps] == [s.action for s in after.trajectories[0].steps]
+
+
+class ExplodingEnv(gym.Env):
+    metadata = {"rllm_gym.inline_step": False}
+
+    def __init__(self):
+        self.observation_space = TextSpace(100)
+        self.action_space = TextSpace(100)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "go", {}
+
+    def step(self, action):
+        raise RuntimeError("env exploded")
+
+
+async def test_env_error_ends_only_that_episode_with_a_recorded_error():
+    engine = AgentExecutionEngine(
+        env_id=ExplodingEnv,
+        agent_cls=FrozenLakeAgent,
+        retry_limit=2,
+        policy=ScriptedPolicy(["Action: up"], cycle=True),
+    )
+    episodes = await engine.run([{"id": "x"}, {"id": "y"}])
+    for episode in episodes:
+        assert episode.termination_reason is TerminationReason.ERROR
+        assert episode.metadata["error"]["type"] == "RuntimeError"
+        assert episode.metadata["error"]["message"] == "env exploded"
+        assert episode.metadata["attempts"] == 2
+        assert len(episode.trajectories[0].steps) == 1  # the partial trajectory is kept
+
+
+class ThreadRecordingEnv(ExplodingEnv):
+    threads: list[int] = []
+
+    def step(self, action):
+        self.threads.append(threading.get_ident())
+        return "done", 1.0, True, False, {"is_correct": True}
+
+
+async def test_slow_envs_run_off_the_loop_fast_envs_inline():
+    policy = ScriptedPolicy(["Action: up"], cycle=True)
+    engine = AgentExecutionEngine(env_id=ThreadRecordingEnv, agent_cls=FrozenLakeAgent, policy=policy)
+    episodes = await engine.run(list(range(4)))
+    loop_thread = threading.get_ident()
+    assert all(e.is_correct for e in episodes)
+    assert ThreadRecordingEnv.threads and loop_thread not in ThreadRecordingEnv.threads
+
+    seen = []
+    original = MultiTurnWorkflow.call_env
+
+    async def spy(self, env, method, *args, **kwargs):
+        seen.append(threading.get_ident())
+        return await original(self, env, method, *args, **kwargs)
+
+    MultiTurnWorkflow.call_env = spy
+    try:
+        await frozen_engine(solver_policy()).run([{"map": MAP}])
+    finally:
+        MultiTurnWorkflow.call_env = original
+    assert set(seen) == {loop_thread}
+
+
+async def test_out_file_streams_and_resumes_without_redoing(tmp_path):
+    out = tmp_path / "episodes.jsonl"
+    policy = solver_policy()
+    first = await frozen_engine(policy, out=out).run(list(range(3)), n_rollouts=2)
+    assert {e.id for e in read_episodes(out)} == {e.id for e in first}
+    n_calls = len(policy.calls)
+    again = await frozen_engine(policy, out=out).run(list(range(5)), n_rollouts=2)
+    assert len(again) == 10 and len({e.id for e in again}) == 10
+    assert [e.id for e in read_episodes(out)].count("seed-0:0") == 1
+    new_calls = len(policy.calls) - n_calls
+    assert 0 < new_calls <= 4 * 20  # only the 4 new episodes ran
+
+
+async def test_stream_yields_as_episodes_finish():
+    engine = frozen_engine(solver_policy(), n_parallel=2)
+    seen = [episode.id async for episode in engine.stream([{"id": "t", "map": MAP}], n_rollouts=3)]
+    assert sorted(seen) == ["t:0", "t:1", "t:2"]
+
+
+def test_task_ids_and_bad_arguments():
+    assert task_id_of({"id": "gsm8k:7"}, 0) == "gsm8k:7"
+    assert task_id_of({"question": "?"}, 3) == "task-3"
+    assert task_id_of(5, 0) == "seed-5"
+    with pytest.raises(TypeError, match=re.escape("tasks[2] must be a task dict or an int seed, got str")):
+        task_id_of("oops", 2)
+    with pytest.raises(ValueError, match=re.escape("n_parallel must be >= 1, got 0")):
+        AgentWorkflowEngine(MultiTurnWorkflow, ScriptedPolicy(["x"]), n_parallel=0)
+    with pytest.raises(ValueError, match=re.escape("gamma must lie in [0, 1]")):
+        asyncio.run(frozen_engine(ScriptedPolicy(["x"]), gamma=2.0).run([0]))
+    with pytest.raises(ValueError, match=re.escape("max_steps must be >= 1, got 0")):
+        asyncio.run(frozen_engine(ScriptedPolicy(["x"]), max_steps=0).run([0]))
+
+
+async def test_sampling_params_reach_the_policy():
+    seen = []
+
+    class Recorder(ScriptedPolicy):
+        async def generate(self, messages=None, sampling_params=None, **kwargs):
+            seen.append(sampling_params)
+            return await super().generate(messages, sampling_params, **kwargs)
+
+    engine = frozen_engine(
+        Recorder(["Action: up"], cycle=True),
+        max_steps=1,
+        max_response_length=7,
+        sampling_params=SamplingParams(temperature=0.3),
+    )
+    await engine.run([0])
+    assert seen[0].temperature == 0.3 and seen[0].max_tokens == 7

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rllm_gym.policies import HFPolicy, SamplingParams
+
+CHAT = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir) -> HFPolicy:
+    return HFPolicy(tiny_model_dir)
+
+
+async def test_greedy_output_has_ids_logprobs_and_lengths(policy):
+    out = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=10))
+    again = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=10))
+    assert out == again
+    assert out.prompt_ids == policy.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
+    assert len(out.completion_ids) == len(out.logprobs) == out.completion_length == 10
+    assert out.prompt_length == len(out.prompt_ids)
+    assert all(lp <= 0 for lp in out.logprobs)
+    assert out.finish_reason == "length"
+    assert out.text == policy.tokenizer.decode(out.completion_ids, skip_special_tokens=True)
+
+
+async def test_concurrent_requests_are_batched_and_match_solo_results(policy):
+    chats = [[{"role": "user", "content": f"question {i}"}] for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=6)
+    solo = [await policy.generate(chat, params) for chat in chats]
+    policy.batch_sizes.clear()
+    together = await asyncio.gather(*(policy.generate(chat, params) for chat in chats))
+    assert policy.batch_sizes == [8]
+    assert [o.completion_ids for o in together] == [o.completion_ids for o in solo]
+    for batched, alone in zip(together, solo, strict=True):
+        assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
+async def test_requests_with_different_params_run_in_separate_batches(policy):
+    policy.batch_sizes.clear()
+    short, long = await asyncio.gather(
+        policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=2)),
+        policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=5)),
+    )
+    assert sorted(policy.batch_sizes) == [1, 1]
+    assert (len(short.completion_ids), len(long.completion_ids)) == (2, 5)
+    assert long.completion_ids[:2] == short.completion_ids
+
+
+async def test_sampling_with_a_seed_is_reproducible(policy):
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=7)
+    first = await policy.generate(CHAT, params)
+    second = await policy.generate(CHAT, params)
+    other = await policy.generate(CHAT, SamplingParams(temperature=1.0, max_tokens=12, seed=8))
+    assert first.completion_ids == second.completion_ids
+    assert other.completion_ids != first.completion_ids
+
+
+async def test_stop_strings_end_the_completion_and_are_left_out(policy):
+    greedy = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=12))
+    stop = greedy.text.strip()[3:5]  # a piece of text the model is known to produce
+    out = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=12, stop=[stop]))
+    assert out.finish_reason == "stop"
+    assert stop not in out.text
+    assert greedy.text.startswith(out.text)
+    assert len(out.completion_ids) < 12
+
+
+async def test_prompt_ids_and_thinking_switch(tiny_model_dir, policy):
+    no_think = HFPolicy(tiny_model_dir, enable_thinking=False)
+    out = await no_think.generate(CHAT, SamplingParams(temperature=0, max_tokens=3))
+    assert no_think.tokenizer.decode(out.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    params = SamplingParams(temperature=0, max_tokens=3)
+    same = await policy.generate(prompt_ids=out.prompt_ids, sampling_params=params)
+    assert same.completion_ids == out.completion_ids
+
+
+async def test_exactly_one_of_messages_and_prompt_ids(policy):
+    with pytest.raises(ValueError, match="exactly one of `messages`"):
+        await policy.generate(CHAT, prompt_ids=[1, 2])
+    with pytest.raises(ValueError, match="exactly one of `messages`"):
+        await policy.generate()

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import importlib.util
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from rllm_gym.policies import PolicyError, SamplingParams, VLLMPolicy
+from rllm_gym.policies.vllm import model_output_from_vllm, vllm_sampling_kwargs
+from rllm_gym.types import ToolCall
+
+
+def test_sampling_kwargs_default_and_full():
+    assert vllm_sampling_kwargs(SamplingParams(temperature=0, max_tokens=32)) == {
+        "n": 1,
+        "temperature": 0,
+        "top_p": 1.0,
+        "max_tokens": 32,
+        "skip_special_tokens": True,
+        "logprobs": 0,
+    }
+    full = vllm_sampling_kwargs(
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=20, stop=["\n\n"], seed=5), logprobs=False
+    )
+    assert full == {
+        "n": 1,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "max_tokens": 256,
+        "skip_special_tokens": True,
+        "top_k": 20,
+        "stop": ["\n\n"],
+        "seed": 5,
+    }
+
+
+def _request_output(text, token_ids, logprobs, finish_reason="stop", prompt_token_ids=(1, 2, 3)):
+    # Stand-ins with the attributes of vllm.RequestOutput / CompletionOutput / Logprob.
+    entries = None
+    if logprobs is not None:
+        entries = [
+            {tok: SimpleNamespace(logprob=lp), 999: SimpleNamespace(logprob=-9.0)}
+            for tok, lp in zip(token_ids, logprobs, strict=True)
+        ]
+    completion = SimpleNamespace(text=text, token_ids=tuple(token_ids), logprobs=entries, finish_reason=finish_reason)
+    return SimpleNamespace(request_id="r1", prompt_token_ids=list(prompt_token_ids), outputs=[completion])
+
+
+def test_request_output_becomes_model_output():
+    out = model_output_from_vllm(
+        _request_output("<think>a</think>The answer", [10, 11, 12, 2], [-0.1, -0.2, -0.3, -0.4])
+    )
+    assert (out.reasoning, out.content) == ("a", "The answer")
+    assert out.prompt_ids == [1, 2, 3] and out.completion_ids == [10, 11, 12, 2]
+    assert out.logprobs == [-0.1, -0.2, -0.3, -0.4]  # the sampled token's entry, not the alternatives
+    assert (out.prompt_length, out.completion_length, out.finish_reason) == (3, 4, "stop")
+
+
+def test_tool_calls_length_and_missing_logprobs():
+    call = '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+    out = model_output_from_vllm(_request_output(call, [5, 6], None))
+    assert out.tool_calls == [ToolCall(name="f", arguments={"a": 1})]
+    assert out.finish_reason == "tool_calls" and out.logprobs == []
+    cut = model_output_from_vllm(_request_output("partial", [5, 6], [-1.0, -1.0], finish_reason="length"))
+    assert cut.finish_reason == "length"
+
+
+def test_request_without_completions_is_an_error():
+    empty = SimpleNamespace(request_id="r9", prompt_token_ids=[1], outputs=[])
+    with pytest.raises(PolicyError, match=re.escape("vLLM returned no completion for request 'r9'")):
+        model_output_from_vllm(empty)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_vllm_policy_without_vllm_says_how_to_install_it():
+    with pytest.raises(ImportError, match=re.escape("pip install 'rllm-gym[vllm]'")):
+        VLLMPolicy("any-model")

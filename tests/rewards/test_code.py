@@ -1,0 +1,117 @@
+"""Code grading: code extraction, output comparison, the three test formats, options and sandbox failures."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rllm_gym.rewards import RewardFunction
+from rllm_gym.rewards.code import CodeReward, acode_reward_fn, code_reward_fn, extract_code, outputs_match, parse_tests
+from rllm_gym.sandbox import Sandbox
+
+ADD_STDIO = {"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4", "output": "6"}]}
+ADD_CODE = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+
+
+def test_extract_code_takes_the_last_fenced_block():
+    reply = "First try:\n```python\nprint(1)\n```\nBetter:\n```py\nprint(2)\n```\nDone."
+    assert extract_code(reply) == "print(2)\n"
+    assert extract_code("```\nx = 1\n```") == "x = 1\n"
+    assert extract_code("no code at all") is None
+    assert extract_code(None) is None
+
+
+def test_outputs_match_tolerates_whitespace_and_float_noise():
+    assert outputs_match("1 2\n3  \n\n", "1 2 3")
+    assert outputs_match("0.3333333\n", "0.33333333333")
+    assert not outputs_match("0.34", "0.33")
+    assert not outputs_match("1 2", "1 2 3")
+    assert not outputs_match("YES", "yes")
+
+
+def test_stdio_tests_all_pass_and_per_test_results_are_kept():
+    result = code_reward_fn(ADD_STDIO, ADD_CODE)
+    assert result.reward == 1.0 and result.is_correct is True
+    assert result.metadata["passed"] == 2 and [t["passed"] for t in result.metadata["tests"]] == [True, True]
+    assert result.metadata["tests"][0]["got"] == "3\n"
+
+
+def test_wrong_answer_and_fraction():
+    wrong = "```python\na, b = map(int, input().split())\nprint(a + b if a == 1 else 0)\n```"
+    assert code_reward_fn(ADD_STDIO, wrong).reward == 0.0
+    partial = CodeReward(fraction=True)(ADD_STDIO, wrong)
+    assert partial.reward == 0.5 and partial.is_correct is False
+    assert partial.metadata["tests"][1] == {
+        "input": "10 -4",
+        "expected": "6",
+        "status": "ok",
+        "passed": False,
+        "got": "0\n",
+    }
+
+
+def test_stop_on_first_failure_skips_the_rest():
+    tests = {"tests": [{"input": str(i), "output": str(i)} for i in range(5)]}
+    result = CodeReward(stop_on_first_failure=True)(tests, "```python\nprint(0)\n```")
+    assert result.reward == 0.0 and len(result.metadata["tests"]) == 2 and result.metadata["total"] == 5
+
+
+def test_function_call_tests_taco_style_and_solution_class():
+    task = {"fn_name": "add", "tests": {"inputs": [[1, 2], [0.1, 0.2]], "outputs": [[3], 0.3]}}
+    assert code_reward_fn(task, "```python\ndef add(a, b):\n    return a + b\n```").reward == 1.0
+    leetcode = "```python\nclass Solution:\n    def add(self, a, b):\n        return a + b\n```"
+    assert code_reward_fn(task, leetcode).reward == 1.0
+    bad = code_reward_fn(task, "```python\ndef add(a, b):\n    return a - b\n```")
+    assert bad.reward == 0.0 and bad.metadata["tests"][0]["got"] == "-1"
+
+
+def test_assert_tests_mbpp_and_humaneval():
+    mbpp = {"test_list": ["assert sq(2) == 4", "assert sq(3) == 9"]}
+    assert code_reward_fn(mbpp, "```python\ndef sq(x):\n    return x * x\n```").reward == 1.0
+    result = CodeReward(fraction=True)(mbpp, "```python\ndef sq(x):\n    return 4\n```")
+    assert result.reward == 0.5 and result.metadata["tests"][1]["error"].startswith("AssertionError")
+    humaneval = {"test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n", "entry_point": "total"}
+    assert code_reward_fn(humaneval, "```python\ndef total(xs):\n    return sum(xs)\n```").reward == 1.0
+    assert code_reward_fn(humaneval, "```python\ndef total(xs):\n    return 0\n```").reward == 0.0
+
+
+def test_crashing_and_looping_code_fails_its_tests():
+    crash = code_reward_fn(ADD_STDIO, "```python\nraise SystemExit(2)\n```")
+    assert crash.reward == 0.0 and crash.metadata["tests"][0]["status"] == "runtime_error"
+    loop = CodeReward(timeout=0.5)(ADD_STDIO, "```python\nwhile True:\n    pass\n```")
+    assert loop.reward == 0.0 and loop.metadata["tests"][0]["status"] == "timeout"
+
+
+def test_reply_without_code_is_wrong_but_graded():
+    result = code_reward_fn(ADD_STDIO, "The answer is 3.")
+    assert result.reward == 0.0 and result.is_correct is False and result.metadata["graded"] is True
+    assert "no fenced code block" in result.metadata["error"]
+
+
+def test_sandbox_failure_is_not_scored_as_wrong():
+    class BrokenSandbox(Sandbox):
+        def start(self) -> None:
+            raise RuntimeError("zygote cannot start here")
+
+    result = CodeReward(sandbox=BrokenSandbox())(ADD_STDIO, ADD_CODE)
+    assert result.is_correct is None and result.metadata["graded"] is False
+    assert result.metadata["error"] == "sandbox_error: zygote cannot start here"
+
+
+async def test_async_grading_matches_sync():
+    result = await acode_reward_fn(ADD_STDIO, ADD_CODE, fraction=True)
+    assert result.reward == 1.0 and result.is_correct is True
+
+
+def test_bad_tasks_name_the_field():
+    with pytest.raises(ValueError, match=re.escape("a code task needs tests: 'tests'")):
+        parse_tests({"prompt": "x"})
+    with pytest.raises(ValueError, match=re.escape("task['test_list'] must be a non-empty list of assert statements")):
+        parse_tests({"test_list": []})
+    with pytest.raises(ValueError, match=re.escape("stdin/stdout tests need string 'input' and 'output'")):
+        parse_tests({"tests": [{"input": [1], "output": 2}]})
+
+
+def test_code_reward_fn_is_a_reward_function():
+    assert isinstance(code_reward_fn, RewardFunction) and isinstance(CodeReward(), RewardFunction)

@@ -1,0 +1,279 @@
+"""The sandbox against hostile programs: each contained, with the right status, the host unharmed, nothing left."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult, arun_python, run_python
+
+LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(max_parallel=8) as box:
+        box.start()
+        yield box
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Pids of live processes owned by ``uid`` (read from /proc, so it sees every namespace's processes)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
+            if match and int(match.group(1)) == uid:
+                pids.append(int(entry.name))
+    return pids
+
+
+def _needs(box: Sandbox, *layers: str) -> None:
+    missing = [layer for layer in layers if layer not in box.isolation]
+    if missing:
+        pytest.skip(f"isolation layers {missing} are not available here: {box.isolation}")
+
+
+def test_full_isolation_is_in_effect_as_root_on_linux(sandbox):
+    if not LINUX_ROOT:
+        pytest.skip("namespaces need root on Linux")
+    result = sandbox.run("print('hi')")
+    assert set(result.isolation) >= {
+        "rlimits",
+        "tmpdir",
+        "scrubbed_env",
+        "netns",
+        "readonly_fs",
+        "pidns",
+        "unprivileged_uid",
+        "seccomp",
+        "hidepid_proc",
+    }
+
+
+def test_stdout_stdin_and_exit_codes(sandbox):
+    result = sandbox.run(
+        "import sys\nname = input()\nprint('hello', name)\nprint('warn', file=sys.stderr)", stdin="ada\n"
+    )
+    assert result.status is ExecutionStatus.OK and result.exit_code == 0
+    assert result.stdout == "hello ada\n" and result.stderr == "warn\n" and not result.truncated
+    assert sandbox.run("import sys; sys.exit(3)").exit_code == 3
+    crash = sandbox.run("def f():\n    raise ValueError('boom')\nf()")
+    assert crash.status is ExecutionStatus.RUNTIME_ERROR and crash.exit_code == 1
+    assert crash.stderr.strip().endswith("ValueError: boom") and "_zygote" not in crash.stderr
+
+
+def test_big_stdin_and_extra_files(sandbox):
+    data = "\n".join(str(i) for i in range(200_000)) + "\n"
+    result = sandbox.run(
+        "import sys\nprint(sum(map(int, sys.stdin)), open('n.txt').read())", stdin=data, files={"n.txt": "seven"}
+    )
+    assert result.stdout == f"{sum(range(200_000))} seven\n"
+
+
+def test_infinite_loop_times_out_on_wall_clock(sandbox):
+    start = time.monotonic()
+    result = sandbox.run("while True:\n    pass", timeout=1.0)
+    assert result.status is ExecutionStatus.TIMEOUT and result.exit_code is None
+    assert 0.9 < time.monotonic() - start < 5
+
+
+def test_sleep_past_the_timeout(sandbox):
+    result = sandbox.run("import time\nprint('started', flush=True)\ntime.sleep(30)", timeout=0.5)
+    assert result.status is ExecutionStatus.TIMEOUT and result.stdout == "started\n" and result.duration_s < 3
+
+
+def test_cpu_time_limit_is_a_timeout(sandbox):
+    result = sandbox.run("while True:\n    pass", timeout=10, cpu_time_s=1)
+    assert result.status is ExecutionStatus.TIMEOUT and result.exit_code == -signal.SIGXCPU
+
+
+def test_memory_bomb(sandbox):
+    result = sandbox.run("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))", memory_mb=200)
+    assert result.status is ExecutionStatus.MEMORY_LIMIT
+
+
+def test_printing_gigabytes_is_cut_at_the_cap(sandbox):
+    start = time.monotonic()
+    result = sandbox.run("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", max_output_bytes=100_000)
+    assert result.status is ExecutionStatus.OUTPUT_LIMIT and result.truncated
+    assert result.stdout == "x" * 100_000 and time.monotonic() - start < 5
+
+
+def test_huge_file_hits_the_file_size_limit(sandbox):
+    result = sandbox.run("f = open('big.bin', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))", file_size_mb=4)
+    assert result.status is ExecutionStatus.OUTPUT_LIMIT
+    assert "File too large" in result.stderr or "No space left" in result.stderr
+
+
+def test_fork_bomb_is_contained_and_leaves_nothing(sandbox):
+    _needs(sandbox, "unprivileged_uid", "pidns")  # root ignores RLIMIT_NPROC: never run a fork bomb without a uid
+    code = (
+        "import os, resource\n"
+        "cap = min(64, resource.getrlimit(resource.RLIMIT_NPROC)[1])\n"
+        "resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))  # bound the bomb even if the sandbox did not\n"
+        "print(os.getuid(), flush=True)\n"
+        "while True:\n"
+        "    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    result = sandbox.run(code, timeout=2, max_processes=32)
+    assert result.status is ExecutionStatus.TIMEOUT
+    uid = int(result.stdout.split()[0])
+    assert uid != 0 and _uid_processes(uid) == []
+
+
+def test_daemon_does_not_outlive_the_run(sandbox):
+    code = (
+        "import os, sys, time\n"
+        "print(os.getuid(), flush=True)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        sys.stdout.close(); sys.stderr.close(); os.close(1); os.close(2)\n"
+        "        time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "print('parent exits')\n"
+    )
+    result = sandbox.run(code, timeout=5)
+    assert result.status is ExecutionStatus.OK and result.stdout.endswith("parent exits\n")
+    assert result.duration_s < 3  # the sandbox did not wait for the daemon's 30 s
+    uid = int(result.stdout.split()[0])
+    if "unprivileged_uid" in sandbox.isolation:
+        assert _uid_processes(uid) == []
+    zygote = sandbox._proc.pid
+    children = Path(f"/proc/{zygote}/task/{zygote}/children").read_text().split()
+    assert children == []
+
+
+def test_killing_the_parent_harms_nobody(sandbox):
+    code = (
+        "import os, signal\n"
+        f"for pid in (os.getppid(), {os.getpid()}, {sandbox._proc.pid}):\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError as exc:\n        print(pid, type(exc).__name__)\n"
+        "print('still here')\n"
+    )
+    result = sandbox.run(code)
+    assert result.status is ExecutionStatus.OK and result.stdout.endswith("still here\n")
+    assert sandbox._proc.poll() is None and sandbox.run("print(1)").stdout == "1\n"
+
+
+def test_secrets_are_invisible(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-planted-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf-planted-secret")
+    code = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        f"for path in ('/proc/self/environ', '/proc/{os.getpid()}/environ', '/proc/{os.getpid()}/cmdline', "
+        "'/proc/1/environ'):\n"
+        "    try:\n        print(path, open(path, 'rb').read())\n"
+        "    except OSError as exc:\n        print(path, exc)\n"
+    )
+    with Sandbox(max_parallel=2) as box:  # started after the secrets were planted
+        result = box.run(code)
+    assert result.status is ExecutionStatus.OK
+    assert "planted-secret" not in result.stdout and "OPENAI_API_KEY" not in result.stdout
+    assert "HF_TOKEN" not in result.stdout
+
+
+def test_writes_outside_the_workdir_are_impossible(sandbox, tmp_path):
+    _needs(sandbox, "readonly_fs")
+    target = tmp_path / "escaped"
+    attempts = [
+        f"open({str(target)!r}, 'w').write('x')",
+        f"os.close(os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY))",
+        f"pathlib.Path({str(target)!r}).write_text('x')",
+        f"os.mkdir({str(target)!r})",
+        f"os.symlink('/etc/passwd', {str(target)!r})",
+        "open('mine.txt', 'w').write('x'); os.link('mine.txt', " + repr(str(target)) + ")",
+        "open('mine2.txt', 'w').write('x'); shutil.move('mine2.txt', " + repr(str(target)) + ")",
+        f"subprocess.run(['touch', {str(target)!r}], check=True)",
+        "open('/tmp/escaped-to-tmp', 'w').write('x')",
+        "open('/dev/shm/escaped', 'w').write('x')",
+    ]
+    code = "import os, pathlib, shutil, subprocess\nopen('inside.txt', 'w').write('ok')\nprint(os.getcwd())\n"
+    for attempt in attempts:
+        code += (
+            f"try:\n    {attempt}\n    print('WROTE', {attempt!r})\nexcept Exception as exc:\n    print('blocked')\n"
+        )
+    result = sandbox.run(code)
+    assert result.status is ExecutionStatus.OK, result.stderr
+    assert "WROTE" not in result.stdout and result.stdout.count("blocked") == len(attempts)
+    assert not target.exists() and not Path("/dev/shm/escaped").exists()
+    workdir = result.stdout.splitlines()[0]
+    assert not Path(f"/proc/{sandbox._proc.pid}/root{workdir}").exists()  # removed afterwards, in the zygote's view
+
+
+def test_network_connections_fail(sandbox):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    code = (
+        "import socket\n"
+        f"for family, address in ((socket.AF_INET, ('127.0.0.1', {port})), (socket.AF_INET, ('1.1.1.1', 80)), "
+        f"(socket.AF_INET6, ('::1', {port}))):\n"
+        "    try:\n"
+        "        s = socket.socket(family)\n        s.settimeout(1)\n        s.connect(address)\n"
+        "        print('CONNECTED')\n"
+        "    except OSError as exc:\n        print('refused', exc.errno)\n"
+    )
+    try:
+        result = sandbox.run(code)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+    assert result.status is ExecutionStatus.OK and result.stdout.count("refused") == 3
+
+
+def test_zygote_death_is_a_sandbox_error_then_it_restarts():
+    with Sandbox(max_parallel=2) as box:
+        future = box.submit("import time\ntime.sleep(10)", timeout=20)
+        time.sleep(0.3)
+        box._proc.kill()  # our own child, started by this Sandbox
+        result = future.result(timeout=10)
+        assert result.status is ExecutionStatus.SANDBOX_ERROR and "zygote exited" in result.error
+        assert box.run("print(2)").stdout == "2\n"
+
+
+def test_bad_arguments_name_the_field():
+    with pytest.raises(ValueError, match=re.escape("sandbox argument 'timeout' must be a number > 0.0, got -1")):
+        run_python("pass", timeout=-1)
+    with pytest.raises(ValueError, match=re.escape("sandbox file names must be plain names inside the workdir")):
+        run_python("pass", files={"../x": ""})
+    with pytest.raises(TypeError, match=re.escape("sandbox code must be a str, got bytes")):
+        run_python(b"pass")
+
+
+async def test_many_concurrent_runs_do_not_block_the_loop():
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    start = time.monotonic()
+    results = await asyncio.gather(*(arun_python(f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(24)))
+    elapsed = time.monotonic() - start
+    task.cancel()
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(24)]
+    assert all(isinstance(r, SandboxResult) and r.ok for r in results)
+    assert elapsed < 0.3 * 24 / 2  # ran in parallel
+    assert ticks > elapsed / 0.01 / 3  # the loop kept ticking while we waited
