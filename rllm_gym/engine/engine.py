@@ -97,21 +97,33 @@ class AgentWorkflowEngine:
                 episode.metadata["attempts"] = attempts
                 return episode, workflow
 
-    async def stream(self, tasks: Sequence[Any], n_rollouts: int = 1) -> AsyncIterator[Episode]:
-        """Yield each newly finished Episode as soon as it is done (episodes already in ``out`` are skipped)."""
-        async for episode in self._stream(tasks, n_rollouts, {episode.id for episode in self._previous()}):
-            yield episode
-
-    async def _stream(self, tasks: Sequence[Any], n_rollouts: int, done: set[str]) -> AsyncIterator[Episode]:
+    @staticmethod
+    def pairs(tasks: Sequence[Any], n_rollouts: int = 1) -> list[tuple[Any, str]]:
+        """``(task, episode id)`` for every rollout of every task, in order."""
         if n_rollouts < 1:
             raise ValueError(f"n_rollouts must be >= 1, got {n_rollouts}")
+        return [(task, f"{task_id_of(task, i)}:{r}") for i, task in enumerate(tasks) for r in range(n_rollouts)]
+
+    async def stream(self, tasks: Sequence[Any], n_rollouts: int = 1) -> AsyncIterator[Episode]:
+        """Yield each newly finished Episode as soon as it is done (episodes already in ``out`` are skipped)."""
+        done = {episode.id for episode in self._previous()}
+        async for episode in self.stream_pairs([p for p in self.pairs(tasks, n_rollouts) if p[1] not in done]):
+            yield episode
+
+    async def run_pairs(self, pairs: Sequence[tuple[Any, str]]) -> list[Episode]:
+        """Run one episode per ``(task, episode id)`` pair and return them in the pairs' order (the trainer uses this
+        to give each prompt slot its own id); ``out`` is appended to but not consulted."""
+        episodes = {episode.id: episode async for episode in self.stream_pairs(pairs)}
+        return [episodes[uid] for _, uid in pairs]
+
+    async def stream_pairs(self, pairs: Sequence[tuple[Any, str]]) -> AsyncIterator[Episode]:
+        """Yield the episode of each ``(task, episode id)`` pair as soon as it finishes."""
+        uids = [uid for _, uid in pairs]
+        if len(set(uids)) != len(uids):
+            raise ValueError("episode ids must be unique within one run; got duplicates")
         work: asyncio.Queue[tuple[Any, str]] = asyncio.Queue()
-        for index, task in enumerate(tasks):
-            task_id = task_id_of(task, index)
-            for rollout in range(n_rollouts):
-                uid = f"{task_id}:{rollout}"
-                if uid not in done:
-                    work.put_nowait((task, uid))
+        for pair in pairs:
+            work.put_nowait(pair)
         if work.empty():
             return
         results: asyncio.Queue[Any] = asyncio.Queue()
@@ -164,12 +176,12 @@ class AgentWorkflowEngine:
     async def run(self, tasks: Sequence[Any], n_rollouts: int = 1, progress: Callable[[Episode], None] | None = None):
         """Every episode of every task (those read back from ``out`` included), in task and rollout order."""
         episodes = {episode.id: episode for episode in self._previous()}
-        async for episode in self._stream(tasks, n_rollouts, set(episodes)):
+        pairs = self.pairs(tasks, n_rollouts)
+        async for episode in self.stream_pairs([p for p in pairs if p[1] not in episodes]):
             episodes[episode.id] = episode
             if progress is not None:
                 progress(episode)
-        order = [f"{task_id_of(task, i)}:{r}" for i, task in enumerate(tasks) for r in range(n_rollouts)]
-        return [episodes[uid] for uid in order if uid in episodes]
+        return [episodes[uid] for _, uid in pairs if uid in episodes]
 
     def _previous(self) -> list[Episode]:
         if self.out is None:

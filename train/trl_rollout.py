@@ -1,0 +1,294 @@
+"""TRL's GRPOTrainer with generation through rllm-gym's envs, agents and engine, and our advantages in its loss.
+
+:class:`EpisodeRollout` is TRL's ``rollout_func``: each prompt slot TRL hands it is a task (the prompt string is the
+task as JSON, see :func:`encode_prompt`), and it answers with one token sequence per slot, built from one trajectory
+of one episode run by :class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory becomes ONE sequence:
+the first step's prompt, then each reply (``env_mask`` 1, trained) followed by the tokens the chat template adds for
+the next observation (``env_mask`` 0, never trained). Each step's prompt must extend the previous prompt plus reply
+token for token; where the template re-tokenizes differently, the sequence stops before that step and the mismatch
+is counted (``rollout/prefix_mismatch``) rather than trained on wrong tokens.
+
+:class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: after TRL has built the batch, it gathers
+the episodes of every process, computes :func:`~rllm_gym.train.advantages.compute_advantages` over the groups
+``{task_id}:{trajectory.name}`` (so roles are compared only with themselves), and replaces TRL's advantages with ours,
+per sequence (``broadcast``) or per token (``per_step``); masked trajectories get ``env_mask`` 0 throughout. Tested
+with TRL 1.16 (the ``rollout_func`` hook is experimental there, hence the pinned range in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
+
+from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.hf import HFPolicy
+from rllm_gym.registry import default_agent, load
+from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
+from rllm_gym.types import Episode, Trajectory
+
+__all__ = [
+    "EnvSetup",
+    "EpisodeRollout",
+    "RLLMGRPOTrainer",
+    "TrainingSequence",
+    "decode_prompt",
+    "encode_prompt",
+    "trajectory_to_sequence",
+]
+
+
+def encode_prompt(env_id: str, task: Any, slot: int = 0) -> str:
+    """The dataset ``prompt`` for a task: which env, which task (a dict or an int seed), which trajectory slot."""
+    return json.dumps({"env": env_id, "task": task, "slot": slot}, sort_keys=True)
+
+
+def decode_prompt(prompt: Any) -> tuple[str, Any, int]:
+    try:
+        data = json.loads(prompt)
+        return data["env"], data["task"], int(data.get("slot", 0))
+    except (TypeError, ValueError, KeyError) as error:
+        raise ValueError(
+            f"a training prompt must be made by rllm_gym.train.trl_rollout.encode_prompt(env_id, task), got {prompt!r}"
+        ) from error
+
+
+@dataclass
+class TrainingSequence:
+    """One trajectory as TRL's batch row: ``env_mask`` 1 on model tokens; ``spans[i]`` are step i's reply tokens."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    prefix_mismatch: bool = False
+
+
+def trajectory_to_sequence(trajectory: Trajectory) -> TrainingSequence:
+    """Join a trajectory's steps into one sequence, observation tokens masked (see the module docstring)."""
+    steps = trajectory.steps
+    sequence = TrainingSequence(prompt_ids=list(steps[0].prompt_ids) if steps else [])
+    context = list(sequence.prompt_ids)
+    for index, step in enumerate(steps):
+        if index > 0:
+            if step.prompt_ids[: len(context)] != context:
+                sequence.prefix_mismatch = True
+                break
+            observation = step.prompt_ids[len(context) :]
+            sequence.completion_ids += observation
+            sequence.env_mask += [0] * len(observation)
+            sequence.logprobs += [0.0] * len(observation)
+        start = len(sequence.completion_ids)
+        sequence.completion_ids += step.response_ids
+        sequence.env_mask += [1] * len(step.response_ids)
+        logprobs = step.logprobs if len(step.logprobs) == len(step.response_ids) else [0.0] * len(step.response_ids)
+        sequence.logprobs += logprobs
+        sequence.spans.append((start, len(sequence.completion_ids)))
+        context = sequence.prompt_ids + sequence.completion_ids
+    return sequence
+
+
+@dataclass
+class EnvSetup:
+    """How episodes of one env are run in training: the agent (default: the env's registered one) and arguments."""
+
+    env_id: str
+    agent: str | None = None
+    agent_args: dict[str, Any] = field(default_factory=dict)
+    env_args: dict[str, Any] = field(default_factory=dict)
+
+
+class EpisodeRollout:
+    """TRL's ``rollout_func``: runs one episode per prompt slot through our engine and returns token sequences."""
+
+    def __init__(
+        self,
+        envs: list[EnvSetup],
+        *,
+        max_steps: int = 8,
+        n_parallel: int = 256,
+        gamma: float = 1.0,
+        timeout_s: float | None = None,
+    ):
+        if not envs:
+            raise ValueError("EpisodeRollout needs at least one EnvSetup")
+        self.envs = {setup.env_id: setup for setup in envs}
+        self.max_steps = max_steps
+        self.n_parallel = n_parallel
+        self.gamma = gamma
+        self.timeout_s = timeout_s
+        self.calls = 0
+        self.last_episodes: list[Episode] = []  # aligned with the last call's prompts
+        self.last_slots: list[int] = []
+        self.last_sequences: list[TrainingSequence] = []
+
+    def sampling_params(self, trainer: GRPOTrainer) -> SamplingParams:
+        args = trainer.args
+        return SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k or None,
+            max_tokens=args.max_completion_length or 256,
+        )
+
+    def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
+        decoded = [decode_prompt(prompt) for prompt in prompts]
+        unknown = sorted({env_id for env_id, _, _ in decoded} - set(self.envs))
+        if unknown:
+            raise ValueError(f"prompts name envs {unknown} that this rollout was not set up for: {sorted(self.envs)}")
+        # Each slot gets its own episode id: the task's id, then the process and the slot's position.
+        process = trainer.accelerator.process_index
+        by_env: dict[str, list[tuple[int, Any, str]]] = defaultdict(list)
+        for position, (env_id, task, _) in enumerate(decoded):
+            task_id = str(task["id"]) if isinstance(task, dict) and task.get("id") else f"seed-{task}"
+            by_env[env_id].append((position, task, f"{task_id}:p{process}s{self.calls}r{position}"))
+        self.calls += 1
+        model = trainer.model_wrapped
+        was_training = model.training
+        with unwrap_model_for_generation(
+            model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+        ) as unwrapped:
+            policy = HFPolicy(unwrapped, tokenizer=trainer.processing_class, device=str(trainer.accelerator.device))
+            episodes = asyncio.run(self._run(by_env, policy, self.sampling_params(trainer), len(prompts)))
+        model.train(was_training)
+        slots = [slot for _, _, slot in decoded]
+        trajectories = [
+            ep.trajectories[slot] if slot < len(ep.trajectories) else Trajectory()
+            for ep, slot in zip(episodes, slots, strict=True)
+        ]
+        sequences = [trajectory_to_sequence(t) for t in trajectories]
+        for episode, (env_id, _, _) in zip(episodes, decoded, strict=True):
+            episode.metadata["env"] = env_id
+        self.last_episodes, self.last_slots, self.last_sequences = episodes, slots, sequences
+        return {
+            "prompt_ids": [s.prompt_ids for s in sequences],
+            "completion_ids": [s.completion_ids for s in sequences],
+            "logprobs": [s.logprobs for s in sequences],
+            "env_mask": [s.env_mask for s in sequences],
+            "trajectory_reward": [float(t.reward or 0.0) for t in trajectories],
+        }
+
+    async def _run(
+        self, by_env: dict[str, list[tuple[int, Any, str]]], policy: Any, sampling: SamplingParams, n: int
+    ) -> list[Episode]:
+        async def run_env(env_id: str, items: list[tuple[int, Any, str]]) -> list[tuple[int, Episode]]:
+            setup = self.envs[env_id]
+            engine = AgentExecutionEngine(
+                env_id=env_id,
+                agent_cls=load(setup.agent) if setup.agent else default_agent(env_id),
+                agent_args=setup.agent_args,
+                env_args=setup.env_args,
+                policy=policy,
+                max_steps=self.max_steps,
+                n_parallel=self.n_parallel,
+                sampling_params=sampling,
+                gamma=self.gamma,
+                timeout_s=self.timeout_s,
+            )
+            episodes = await engine.run_pairs([(task, uid) for _, task, uid in items])
+            return [(position, episode) for (position, _, _), episode in zip(items, episodes, strict=True)]
+
+        results = await asyncio.gather(*(run_env(env_id, items) for env_id, items in by_env.items()))
+        ordered: list[Episode | None] = [None] * n
+        for pairs in results:
+            for position, episode in pairs:
+                ordered[position] = episode
+        return ordered  # type: ignore[return-value]
+
+
+def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
+    """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
+    return list(trajectory_reward)
+
+
+def _training_view(episode: Episode, slot: int) -> Episode:
+    """The episode as advantage computation needs it: id, termination reason and the trained trajectory's rewards."""
+    trajectory = episode.trajectories[slot] if slot < len(episode.trajectories) else Trajectory()
+    steps = [step.model_copy(update={"chat_completions": [], "model_output": None}) for step in trajectory.steps]
+    trimmed = trajectory.model_copy(update={"steps": steps, "task": None})
+    return Episode(
+        id=episode.id,
+        termination_reason=episode.termination_reason,
+        trajectories=[trimmed],
+        metadata={"env": episode.metadata.get("env")},
+    )
+
+
+class RLLMGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages."""
+
+    def __init__(self, *args: Any, rollout: EpisodeRollout, advantage_config: AdvantageConfig, **kwargs: Any):
+        kwargs.setdefault("reward_funcs", [episode_reward])
+        super().__init__(*args, rollout_func=rollout, **kwargs)
+        self.rollout = rollout
+        self.advantage_config = advantage_config
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        from accelerate.utils import gather_object
+
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        rollout = self.rollout
+        local = [_training_view(e, s) for e, s in zip(rollout.last_episodes, rollout.last_slots, strict=True)]
+        everyone = gather_object(local)
+        result = compute_advantages(everyone, self.advantage_config)
+
+        device = output["completion_ids"].device
+        width = output["completion_ids"].size(1)
+        per_token = torch.zeros(len(local), width, device=device)  # (B, T)
+        mask = output.get("tool_mask")
+        if mask is None:
+            mask = output["completion_mask"].clone()
+        for row, (view, sequence) in enumerate(zip(local, rollout.last_sequences, strict=True)):
+            entry = result.by_uid[view.trajectories[0].uid]
+            for (start, end), advantage, trained in zip(sequence.spans, entry.advantages, entry.mask, strict=False):
+                per_token[row, start:end] = advantage
+                if not trained:
+                    mask[row, start:end] = 0
+        if self.advantage_config.mode == "broadcast":
+            # One advantage per sequence: TRL's (B,) form, the first span's value (all spans share it).
+            output["advantages"] = torch.tensor(
+                [
+                    result.by_uid[v.trajectories[0].uid].advantages[0] if v.trajectories[0].steps else 0.0
+                    for v in local
+                ],
+                device=device,
+            )
+        else:
+            output["advantages"] = per_token
+        output["tool_mask"] = mask
+        loss_mask = output["completion_mask"] * mask
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._log_rollout(mode, everyone, result.metrics)
+        return output
+
+    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            self._metrics[mode][name].append(value)
+        rollout = self.rollout
+        n = max(len(episodes), 1)
+        self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
+        self._metrics[mode]["rollout/prefix_mismatch"].append(
+            sum(s.prefix_mismatch for s in rollout.last_sequences) / max(len(rollout.last_sequences), 1)
+        )
+        by_role: dict[str, list[float]] = defaultdict(list)
+        for episode in episodes:
+            for trajectory in episode.trajectories:
+                by_role[trajectory.name].append(float(trajectory.reward or 0.0))
+        by_env: dict[str, list[float]] = defaultdict(list)
+        for episode in episodes:
+            by_env[str(episode.metadata.get("env"))].extend(float(t.reward or 0.0) for t in episode.trajectories)
+        for prefix, groups in (("role", by_role), ("env", by_env)):
+            for name, rewards in groups.items():
+                self._metrics[mode][f"train/reward/{prefix}/{name}"].append(sum(rewards) / len(rewards))
+        reasons = Counter(e.termination_reason.value if e.termination_reason else "unknown" for e in episodes)
+        for reason, count in reasons.items():
+            self._metrics[mode][f"rollout/termination/{reason}"].append(count / n)
