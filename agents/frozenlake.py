@@ -15,10 +15,20 @@ Reply with your move as the last line, exactly: Action: <up|down|left|right>"""
 
 
 class FrozenLakeAgent(BaseAgent):
-    """Plays ``rllm/FrozenLake-v0``: the grid as the user message, the reply's last ``Action:`` as the move."""
+    """Plays ``rllm/FrozenLake-v0``: the grid as the user message, the reply's last ``Action:`` as the move.
+
+    ``observation_template`` shapes the user message (``{observation}`` is the env's text); a bare
+    ``"{observation}"`` keeps sequences short for small models.
+    """
 
     name = "agent"
     system_prompt = SYSTEM_PROMPT
 
+    def __init__(self, *args: Any, observation_template: str = "Current grid:\n{observation}\nYour move?", **kwargs):
+        if "{observation}" not in observation_template:
+            raise ValueError(f"observation_template must contain '{{observation}}', got {observation_template!r}")
+        self.observation_template = observation_template
+        super().__init__(*args, **kwargs)
+
     def format_observation(self, observation: Any, info: dict[str, Any]) -> str:
-        return f"Current grid:\n{observation}\nYour move?"
+        return self.observation_template.format(observation=observation)

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from rllm_gym.registry import env_ids
+
+    if args.env not in env_ids():
+        parser.error(f"--env {args.env!r} is not a registered id; choose from {', '.join(env_ids())}")
     for name in ("tasks", "n", "max_steps", "max_tokens", "n_parallel"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -67,6 +71,8 @@ def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--out {args.out} already holds episodes: pass --resume to continue it, or choose another file")
     if args.resume and not args.out:
         parser.error("--resume needs --out (the file to continue)")
+    if args.agent and args.env in env_ids(multi_agent=True):
+        parser.error(f"--agent is for single-agent envs; {args.env} plays its registered agent per role")
     if args.data and not args.data.exists():
         parser.error(f"--data {args.data} does not exist")
 
@@ -102,27 +108,30 @@ def load_tasks(args: argparse.Namespace) -> list[Any]:
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from rllm_gym.engine import AgentExecutionEngine
+    from rllm_gym.engine import AgentExecutionEngine, AgentWorkflowEngine, MultiAgentWorkflow
     from rllm_gym.metrics import summarize
     from rllm_gym.policies.base import SamplingParams
-    from rllm_gym.registry import default_agent, load
+    from rllm_gym.registry import default_agent, env_ids, load
 
-    agent_cls = load(args.agent) if args.agent else default_agent(args.env)
     policy = make_policy(args)
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
-    engine = AgentExecutionEngine(
-        env_id=args.env,
-        agent_cls=agent_cls,
-        policy=policy,
-        max_steps=args.max_steps,
-        n_parallel=args.n_parallel,
-        out=args.out,
-        sampling_params=sampling,
-        timeout_s=args.timeout,
-        seed=args.seed,
-    )
+    limits = {"sampling_params": sampling, "timeout_s": args.timeout, "seed": args.seed, "max_steps": args.max_steps}
+    if args.env in env_ids(multi_agent=True):
+        # PettingZoo envs: one agent per role (the env's registered ones), one policy shared by every role.
+        engine = AgentWorkflowEngine(
+            MultiAgentWorkflow,
+            policy,
+            workflow_args={"env": args.env, **limits},
+            n_parallel=args.n_parallel,
+            out=args.out,
+        )
+    else:
+        agent_cls = load(args.agent) if args.agent else default_agent(args.env)
+        engine = AgentExecutionEngine(
+            env_id=args.env, agent_cls=agent_cls, policy=policy, n_parallel=args.n_parallel, out=args.out, **limits
+        )
     tasks = load_tasks(args)
     bar = tqdm(total=len(tasks) * args.n, desc=f"eval {args.env}", unit="ep", dynamic_ncols=True)
     correct = [0, 0]

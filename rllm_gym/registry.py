@@ -46,6 +46,12 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
     EnvSpec(
         "rllm/Code-v0", "rllm_gym.envs.code:CodeEnv", max_episode_steps=10, agent="rllm_gym.agents.code:CodeAgent"
     ),
+    EnvSpec(
+        "rllm/SolverJudge-v0",
+        "rllm_gym.envs.solver_judge:env",
+        multi_agent=True,
+        agent="rllm_gym.engine.multi_agent:SOLVER_JUDGE_AGENTS",  # {role: agent class}
+    ),
 )
 
 

@@ -117,3 +117,16 @@ def test_existing_out_file_needs_resume(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--out", str(out)])
     assert "pass --resume to continue it" in capsys.readouterr().err
+
+
+def test_eval_runs_multi_agent_envs(tiny_model_dir, capsys):
+    args = ["eval", "--env", "rllm/SolverJudge-v0", "--model", str(tiny_model_dir), "--tasks", "2", "--n", "2"]
+    assert main([*args, "--max-tokens", "4", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 4 and summary["mean_turns"] == 3.0  # two solvers and a judge per episode
+
+
+def test_unknown_env_is_named(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--env", "rllm/FrozenLak-v0"])
+    assert "--env 'rllm/FrozenLak-v0' is not a registered id" in capsys.readouterr().err

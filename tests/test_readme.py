@@ -24,10 +24,10 @@ def expected_output(block: str) -> list[str]:
     return expected
 
 
-@pytest.mark.parametrize(("index", "min_claims"), [(0, 4), (1, 2)], ids=["tour", "custom-env"])
+@pytest.mark.parametrize(("index", "min_claims"), [(0, 4), (1, 2), (3, 1)], ids=["tour", "custom-env", "multi-agent"])
 def test_block_runs_and_prints_what_it_says(index, min_claims):
     block = python_blocks()[index]
-    assert "gym.make(" in block
+    assert "make(" in block
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(block, "README.md", "exec"), {})

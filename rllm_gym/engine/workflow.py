@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import traceback
 from abc import ABC, abstractmethod
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -217,16 +218,26 @@ class Workflow(ABC):
 
 
 def episode_metrics(episode: Episode) -> dict[str, float]:
-    """Per-episode numbers the eval table and the trainer aggregate: turns, tokens, reward, per role."""
-    metrics: dict[str, float] = {}
+    """Per-role numbers (several trajectories may share a role, e.g. two solvers): ``<role>/reward`` and
+    ``<role>/accuracy`` are means over the role's trajectories, ``<role>/turns`` and the token counts are totals,
+    ``<role>/count`` is the number of trajectories; ``turns`` and ``response_tokens`` are episode totals."""
+    by_role = defaultdict(list)
     for trajectory in episode.trajectories:
-        prefix = trajectory.name
-        metrics[f"{prefix}/reward"] = float(trajectory.reward or 0.0)
-        metrics[f"{prefix}/turns"] = float(len(trajectory.steps))
-        metrics[f"{prefix}/prompt_tokens"] = float(sum(len(step.prompt_ids) for step in trajectory.steps))
-        metrics[f"{prefix}/response_tokens"] = float(sum(len(step.response_ids) for step in trajectory.steps))
+        by_role[trajectory.name].append(trajectory)
+    metrics: dict[str, float] = {}
+    for role, trajectories in by_role.items():
+        steps = [step for trajectory in trajectories for step in trajectory.steps]
+        metrics[f"{role}/count"] = float(len(trajectories))
+        metrics[f"{role}/reward"] = sum(t.reward or 0.0 for t in trajectories) / len(trajectories)
+        metrics[f"{role}/turns"] = float(len(steps))
+        metrics[f"{role}/prompt_tokens"] = float(sum(len(step.prompt_ids) for step in steps))
+        metrics[f"{role}/response_tokens"] = float(sum(len(step.response_ids) for step in steps))
+        finals = [t.steps[-1].info for t in trajectories if t.steps]
+        verdicts = [info["is_correct"] for info in finals if "is_correct" in info]
+        if verdicts:
+            metrics[f"{role}/accuracy"] = sum(map(bool, verdicts)) / len(verdicts)
     metrics["turns"] = float(sum(len(t.steps) for t in episode.trajectories))
-    metrics["response_tokens"] = float(sum(metrics[f"{t.name}/response_tokens"] for t in episode.trajectories))
+    metrics["response_tokens"] = float(sum(metrics[f"{role}/response_tokens"] for role in by_role))
     return metrics
 
 

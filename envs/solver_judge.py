@@ -1,0 +1,416 @@
+"""The solver-judge game as a PettingZoo environment: ``rllm/SolverJudge-v0``, in the AEC and the parallel API.
+
+Like a PettingZoo module, this one exposes ``env()`` (the AEC env wrapped with PettingZoo's ``OrderEnforcingWrapper``),
+``raw_env`` (the unwrapped AEC class) and ``parallel_env()``; ``rllm_gym.make("rllm/SolverJudge-v0")`` and
+``rllm_gym.make("rllm/SolverJudge-v0", parallel=True)`` build them by id. Both APIs share the rules in
+:class:`_SolverJudgeRules`, so the same seed poses the same task and the same replies earn the same rewards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.utils import seeding
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils import wrappers
+
+from rllm_gym.agents.solver_judge import judge_observation
+from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
+from rllm_gym.rewards import RewardFunction
+from rllm_gym.rewards.math import MathGrader
+from rllm_gym.spaces import TextSpace
+from rllm_gym.types import RewardOutput
+
+__all__ = [
+    "MAX_TEXT_CHARS",
+    "SolverJudgeEnv",
+    "SolverJudgeParallelEnv",
+    "env",
+    "parallel_env",
+    "parse_verdict",
+    "raw_env",
+    "read_verdict",
+]
+
+MAX_TEXT_CHARS = 1_000_000  # longest question, and longest solution shown to the judge
+MAX_SOLVERS = 64
+JUDGE = "judge_0"
+
+_VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.IGNORECASE | re.DOTALL)
+_NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only; nine of them keep int() cheap and far from its limits
+
+
+def read_verdict(text: Any, n_solutions: int) -> tuple[int | None, str | None]:
+    """``(k, None)`` when ``text`` names solution ``k`` (1-based) with ``<verdict>k</verdict>``, else ``(None, why)``.
+
+    Only the text after the last ``</think>`` counts, and a reply that ends inside an unclosed ``<think>`` has no
+    verdict (as in the math grader). Tags are case-insensitive and may pad the number with whitespace; repeating the
+    same verdict is fine, but two different ones, a tag that holds no number, or a number outside
+    ``1..n_solutions`` are malformed: the verdict is rejected, never clamped to a guess.
+    """
+    if not isinstance(text, str):
+        return None, f"the reply must be text, got {type(text).__name__}"
+    final = text.rpartition("</think>")[2]
+    if "<think>" in final:
+        return None, "the reply ends inside an unclosed <think> block"
+    found = _VERDICT.findall(final)
+    if not found:
+        return None, "no <verdict>k</verdict> tag"
+    named = {int(c.strip()) if _NUMBER.fullmatch(c.strip()) else c.strip() for c in found}
+    if len(named) > 1:
+        shown = ", ".join(sorted(repr(v)[:20] if isinstance(v, str) else str(v) for v in named))
+        return None, f"conflicting verdicts: {shown}"
+    (verdict,) = named
+    if isinstance(verdict, str):
+        return None, f"verdict {verdict[:20]!r} is not a solution number"
+    if not 1 <= verdict <= n_solutions:
+        return None, f"verdict {verdict} is out of range: the solutions are numbered 1 to {n_solutions}"
+    return verdict, None
+
+
+def parse_verdict(text: Any, n_solutions: int) -> int | None:
+    """The solution number (1-based) a judge's reply names, or None when its verdict is malformed."""
+    return read_verdict(text, n_solutions)[0]
+
+
+def _role(agent: str) -> str:
+    return agent.rpartition("_")[0]
+
+
+class _SolverJudgeRules:
+    """The game both APIs share: arguments, task drawing, grading, observations and infos."""
+
+    metadata: dict[str, Any] = {"name": "solver_judge_v0", "render_modes": ["ansi"], "rllm_gym.inline_step": False}
+
+    def __init__(
+        self,
+        tasks: Dataset | Sequence[Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+        grader: RewardFunction | None = None,
+        n_solvers: int = 2,
+        invalid_verdict_reward: float = 0.0,
+        render_mode: str | None = None,
+    ):
+        if not isinstance(n_solvers, int) or isinstance(n_solvers, bool) or not 1 <= n_solvers <= MAX_SOLVERS:
+            raise ValueError(f"n_solvers must be an int in [1, {MAX_SOLVERS}], got {n_solvers!r}")
+        if grader is not None and not callable(grader):
+            raise TypeError(f"grader must be callable as grader(task_info, action) -> RewardOutput, got {grader!r}")
+        if (
+            isinstance(invalid_verdict_reward, bool)
+            or not isinstance(invalid_verdict_reward, (int, float))
+            or not math.isfinite(invalid_verdict_reward)
+        ):
+            raise ValueError(f"invalid_verdict_reward must be a finite number, got {invalid_verdict_reward!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
+        self.tasks: Sequence[dict[str, Any]] = MathTaskGenerator() if tasks is None else load_dataset(tasks)
+        if len(self.tasks) == 0:
+            raise ValueError("tasks is empty: pass at least one task dict, or None for the built-in math tasks")
+        self._default_grader = grader is None  # the math grader needs a ground truth; checked at reset
+        self.grader: RewardFunction = MathGrader() if grader is None else grader
+        self.n_solvers = n_solvers
+        self.invalid_verdict_reward = float(invalid_verdict_reward)
+        self.render_mode = render_mode
+        self.solvers = [f"solver_{i}" for i in range(n_solvers)]
+        self.possible_agents = [*self.solvers, JUDGE]
+        observation_space = TextSpace(max_length=(n_solvers + 1) * MAX_TEXT_CHARS + 1024 * (n_solvers + 1))
+        self.observation_spaces = {agent: observation_space for agent in self.possible_agents}
+        self.action_spaces = {agent: TextSpace(max_length=MAX_TEXT_CHARS) for agent in self.possible_agents}
+        self._np_random: np.random.Generator | None = None
+        self.task: dict[str, Any] = {}
+        self.solutions: dict[str, str] = {}
+        self.grades: dict[str, RewardOutput] = {}
+        self.verdict: int | None = None
+        self.judged = False
+
+    def observation_space(self, agent: str) -> TextSpace:
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent: str) -> TextSpace:
+        return self.action_spaces[agent]
+
+    # The task
+
+    def validate_task(self, task: Any) -> dict[str, Any]:
+        """Check a task dict (math rows in GSM8K/MATH/DeepScaleR form are mapped) and return a copy."""
+        if not isinstance(task, Mapping):
+            raise ValueError(f"a task must be a dict like {{'question': ..., ...}}, got {type(task).__name__}")
+        task = dict(task)
+        if "question" not in task and "problem" in task:
+            task = map_math_row(task, "auto", source="task")
+        question = task.get("question")
+        if not isinstance(question, str) or len(question) > MAX_TEXT_CHARS:
+            raise ValueError(
+                f"task['question'] must be a string of at most {MAX_TEXT_CHARS} characters, got keys {sorted(task)}"
+            )
+        if self._default_grader and task.get("ground_truth") is None and task.get("answer") is None:
+            raise ValueError(
+                f"a math task needs 'ground_truth' (the reference answer), got keys {sorted(task)}; "
+                "e.g. {'question': 'What is 2+2?', 'ground_truth': '4'}, or pass your own grader="
+            )
+        return task
+
+    def _start(self, seed: int | None, options: dict[str, Any] | None) -> None:
+        if seed is not None or self._np_random is None:
+            self._np_random, _ = seeding.np_random(seed)
+        task = (options or {}).get("task")
+        if task is None:
+            task = self.tasks[int(self._np_random.integers(len(self.tasks)))]
+        self.task = self.validate_task(task)
+        self.solutions, self.grades, self.verdict, self.judged = {}, {}, None, False
+
+    # The rules
+
+    @property
+    def judging(self) -> bool:
+        """Every solver has answered and the judge has not: the judge's turn."""
+        return len(self.solutions) == self.n_solvers and not self.judged
+
+    def _active(self, agent: str) -> bool:
+        return self.judging if agent == JUDGE else agent not in self.solutions
+
+    def observe(self, agent: str) -> str:
+        if agent == JUDGE:
+            if not self.judging:
+                return ""
+            shown = [self.solutions[s][:MAX_TEXT_CHARS] for s in self.solvers]
+            return judge_observation(self.task["question"], shown)
+        return "" if agent in self.solutions else self.task["question"]
+
+    def _waiting_info(self, agent: str) -> dict[str, Any]:
+        """The info of an agent that has not acted yet."""
+        return {
+            "role": _role(agent),
+            "task_id": str(self.task.get("id", "")),
+            "task": dict(self.task),
+            "active": self._active(agent),
+        }
+
+    def _play(self, agent: str, action: Any) -> tuple[float, dict[str, Any]]:
+        """Apply one agent's move: ``(reward, info)``."""
+        if not isinstance(action, str):
+            raise TypeError(f"the action of {agent} must be a str (the model's reply), got {type(action).__name__}")
+        return self._judge(action) if agent == JUDGE else self._solve(agent, action)
+
+    def _solve(self, agent: str, action: str) -> tuple[float, dict[str, Any]]:
+        """Grade one solver's reply on its own."""
+        grade = self.grader(self.task, action)
+        self.solutions[agent], self.grades[agent] = action, grade
+        info = {
+            "role": "solver",
+            "task_id": str(self.task.get("id", "")),
+            "active": False,
+            "is_correct": bool(grade.is_correct),
+            "reward_metadata": dict(grade.metadata),
+        }
+        return float(grade.reward), info
+
+    def _judge(self, action: str) -> tuple[float, dict[str, Any]]:
+        """The judge earns the grade of the solution it names; a malformed verdict earns invalid_verdict_reward."""
+        verdict, error = read_verdict(action, self.n_solvers)
+        self.verdict, self.judged = verdict, True
+        if verdict is None:
+            chosen = RewardOutput(reward=self.invalid_verdict_reward, is_correct=False)
+        else:
+            chosen = self.grades[self.solvers[verdict - 1]]
+        info = {
+            "role": "judge",
+            "task_id": str(self.task.get("id", "")),
+            "active": False,
+            "is_correct": bool(chosen.is_correct),
+            "verdict": verdict,
+            "invalid_verdict": verdict is None,
+            "verdict_error": error,
+            "solutions_correct": [bool(self.grades[s].is_correct) for s in self.solvers],
+        }
+        return float(chosen.reward), info
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        lines = [f"Task {self.task.get('id', '')}: {self.task.get('question', '')}"]
+        for solver in self.solvers:
+            if solver in self.grades:
+                lines.append(f"{solver} (reward {self.grades[solver].reward}): {self.solutions[solver]}")
+        if self.judged:
+            lines.append(f"{JUDGE} verdict: {self.verdict}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Nothing to release: the grader's worker pool is shared by the process."""
+
+
+class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
+    """Several solvers answer a problem on their own; a judge reads every solution and names the one it trusts.
+
+    ## Description
+    A two-phase cooperative game for training LLM solvers and an LLM judge together (the solver-judge setup of
+    rLLM). Each episode poses one task. ``n_solvers`` solvers answer it independently, without seeing each other;
+    then the judge sees the problem and every solution, numbered from 1, and replies with
+    ``<verdict>k</verdict>``. This class is the raw AEC env (``raw_env``); ``env()`` wraps it with PettingZoo's
+    ``OrderEnforcingWrapper`` and :class:`SolverJudgeParallelEnv` (``parallel_env()``) plays the same game in the
+    parallel API.
+
+    ## Agents
+    ``possible_agents = ["solver_0", ..., "solver_{n-1}", "judge_0"]`` (PettingZoo's ``<role>_<n>`` naming; the
+    role is the part before the last ``_``). AEC order: ``solver_0``, ``solver_1``, ... then ``judge_0``; each
+    agent acts once, and right after acting it is terminated and selected once more for its ``None`` step
+    (PettingZoo's dead step), where ``last()`` shows its reward.
+
+    ## Action Space
+    ``TextSpace(max_length=1_000_000)`` for every agent: the model's reply. Non-string actions are a programming
+    error (``TypeError``); any text, malformed or not, is normal input.
+
+    ## Observation Space
+    ``TextSpace`` (long enough for the judge's view): a solver sees the task's ``question`` until it has answered,
+    then ``""``. The judge sees ``""`` until every solver has answered, then
+    :func:`rllm_gym.agents.solver_judge.judge_observation` of the question and the solutions (each cut at 1,000,000
+    characters), then ``""`` after its verdict. Example judge observation::
+
+        Problem:
+        What is 17 + 25?
+
+        Solution 1:
+        17 + 25 = \\boxed{42}
+
+        Solution 2:
+        17 + 25 = \\boxed{32}
+
+        Which solution is correct? End with <verdict>k</verdict>, k from 1 to 2.
+
+    ## Prompt Format
+    Observations hold no instructions beyond the judge's last line: agents (:mod:`rllm_gym.agents.solver_judge`)
+    add the system prompts ("put your final answer within \\boxed{}", "end with <verdict>k</verdict>").
+
+    ## Action Parsing
+    Solvers: the grader's own (for the math grader, the last ``\\boxed{}`` after any ``</think>``). Judge:
+    :func:`read_verdict`: exactly one distinct ``<verdict>k</verdict>`` (case-insensitive, repeated tags allowed
+    if they agree) after the last ``</think>``, with ``k`` from 1 to ``n_solvers``.
+
+    ## Starting State
+    ``reset(options={"task": {"question": ..., "ground_truth": ...}})`` poses that task (GSM8K, MATH and
+    DeepScaleR rows are mapped); otherwise a task is drawn from ``tasks`` with the env's seeded generator, so
+    ``reset(seed=s)`` always poses the same task.
+
+    ## Rewards
+    Solver ``i``: ``grader(task, reply_i).reward`` (math grader: 1.0 correct, 0.0 wrong or no answer), given when it
+    answers. Judge: the reward of the solution it names (the same number its solver earned), so picking a correct
+    solution earns 1.0 and a wrong one 0.0 under the math grader. A malformed verdict (no tag, a number out of range,
+    conflicting tags, no number) earns ``invalid_verdict_reward`` (default 0.0), never the grade of a guessed
+    solution.
+
+    ## Episode End
+    Each solver is terminated right after it answers; the judge right after its verdict, which ends the episode.
+    Never truncated: the game has ``n_solvers + 1`` moves.
+
+    ## Information
+    After ``reset`` every agent's info is ``role`` (``"solver"``/``"judge"``), ``task_id``, ``task`` (the task
+    dict) and ``active`` (whether the agent's next action is used: False for the judge until every solver has
+    answered; the parallel runner reads it). After a solver answers: ``role``, ``task_id``, ``active`` (False),
+    ``is_correct``, ``reward_metadata`` (the grader's metadata). After the verdict: ``role``, ``task_id``, ``active``,
+    ``is_correct`` (the named solution is correct), ``verdict`` (int or None), ``invalid_verdict`` (bool),
+    ``verdict_error`` (why it was rejected, or None), ``solutions_correct`` (each solution's correctness).
+
+    ## Arguments
+    ``tasks``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path or a name
+    :func:`rllm_gym.data.load_dataset` understands, or None for the built-in offline math generator.
+    ``grader`` (RewardFunction, default :class:`rllm_gym.rewards.math.MathGrader`): grades ``(task, reply)``.
+    ``n_solvers`` (int, 2; 1 to 64). ``invalid_verdict_reward`` (float, 0.0): the judge's reward for a malformed
+    verdict, e.g. -0.5 to penalise format errors. ``render_mode`` (``"ansi"`` or None).
+
+    ## Version History
+    * v0: initial version.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        AECEnv.__init__(self)
+        _SolverJudgeRules.__init__(self, *args, **kwargs)
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self._start(seed, options)
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {agent: self._waiting_info(agent) for agent in self.agents}
+        self._skip_agent_selection = None
+        self.agent_selection = self.agents[0]
+
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        self._cumulative_rewards[agent] = 0.0
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        reward, info = self._play(agent, action)
+        self.rewards[agent] = reward
+        self.terminations[agent] = True
+        self.infos[agent] = info
+        if agent != JUDGE:
+            position = self.solvers.index(agent)
+            self.agent_selection = self.solvers[position + 1] if position + 1 < self.n_solvers else JUDGE
+            self.infos[JUDGE] = self._waiting_info(JUDGE)  # a new dict: infos handed out earlier stay as they were
+        self._accumulate_rewards()
+        self._deads_step_first()  # the agent that just finished takes its None step before the next one acts
+
+
+class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
+    """The solver-judge game in PettingZoo's parallel API: every solver in round one, the judge in round two.
+
+    Rules, spaces, rewards, info keys and arguments are those of :class:`SolverJudgeEnv`. Round one takes an action
+    for every solver (a missing one is a ``ValueError``); the judge is a live agent with an empty observation and
+    ``info["active"] == False``, and its round-one action, if given, is ignored. The round ends the solvers (their
+    rewards, ``terminated=True``) and gives the judge its view. Round two takes the judge's verdict and ends the
+    episode. ``step`` after the end raises ``RuntimeError``: call ``reset()``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        _SolverJudgeRules.__init__(self, *args, **kwargs)
+        self.agents: list[str] = []
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+        self._start(seed, options)
+        self.agents = list(self.possible_agents)
+        return {a: self.observe(a) for a in self.agents}, {a: self._waiting_info(a) for a in self.agents}
+
+    def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if not self.agents:
+            raise RuntimeError("SolverJudgeParallelEnv.step called after the episode ended: call reset() first")
+        acting = [JUDGE] if self.judging else self.solvers
+        missing = [agent for agent in acting if agent not in actions]
+        if missing:
+            raise ValueError(f"step() needs an action for {', '.join(missing)} (the agents whose turn it is)")
+        live = list(self.agents)
+        rewards = dict.fromkeys(live, 0.0)
+        infos: dict[str, dict[str, Any]] = {}
+        for agent in acting:
+            rewards[agent], infos[agent] = self._play(agent, actions[agent])
+        terminations = {agent: agent in acting for agent in live}
+        if JUDGE not in acting:
+            infos[JUDGE] = self._waiting_info(JUDGE)
+        self.agents = [agent for agent in live if not terminations[agent]]
+        observations = {agent: self.observe(agent) for agent in live}
+        return observations, rewards, terminations, dict.fromkeys(live, False), infos
+
+
+raw_env = SolverJudgeEnv
+
+
+def env(**kwargs: Any) -> AECEnv:
+    """The AEC env, wrapped with PettingZoo's ``OrderEnforcingWrapper`` (errors on calls before ``reset``)."""
+    return wrappers.OrderEnforcingWrapper(SolverJudgeEnv(**kwargs))
+
+
+def parallel_env(**kwargs: Any) -> SolverJudgeParallelEnv:
+    """The parallel-API env: every solver acts in round one, the judge in round two."""
+    return SolverJudgeParallelEnv(**kwargs)

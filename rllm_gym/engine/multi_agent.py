@@ -1,0 +1,319 @@
+"""The PettingZoo multi-agent runner: one LLM agent per PettingZoo agent, one Episode with a Trajectory per agent.
+
+:class:`MultiAgentWorkflow` plays any PettingZoo env, AEC or parallel, as a :class:`~rllm_gym.engine.Workflow`, so
+:class:`~rllm_gym.engine.AgentWorkflowEngine` runs many episodes concurrently with retries, limits and termination
+reasons. The AEC loop is PettingZoo's own::
+
+    for agent_id in env.agent_iter():
+        observation, reward, terminated, truncated, info = env.last()
+        agent = agents[agent_id]                                   # a BaseAgent, e.g. SolverAgent
+        agent.update_from_env(observation, reward, terminated or truncated, info)
+        action = None if terminated or truncated else agent.update_from_model(await policy.generate(...))
+        env.step(action)
+
+PettingZoo agent ids follow ``"<role>_<n>"`` (``solver_0``, ``solver_1``, ``judge_0``): every agent of a role gets an
+agent object of that role's class, one policy per role (or one shared policy) answers it, and its trajectory is named
+after the role, so training groups trajectories by ``{task_id}:{role}``. :class:`SolverJudgeWorkflow` is the runner for
+``rllm/SolverJudge-v0``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pettingzoo import AECEnv, ParallelEnv
+
+from rllm_gym.agents.base import BaseAgent
+from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent
+from rllm_gym.engine.engine import task_id_of
+from rllm_gym.engine.workflow import TerminationEvent, Workflow, make_env
+from rllm_gym.policies.base import Messages, Policy, SamplingParams
+from rllm_gym.registry import default_agent
+from rllm_gym.types import Episode, ModelOutput, TerminationReason
+
+__all__ = [
+    "SOLVER_JUDGE_AGENTS",
+    "MultiAgentWorkflow",
+    "RolePolicies",
+    "SolverJudgeWorkflow",
+    "role_of",
+    "run_multi_agent_episode",
+]
+
+SOLVER_JUDGE_AGENTS: dict[str, type[BaseAgent]] = {"solver": SolverAgent, "judge": JudgeAgent}
+"""The default agents of ``rllm/SolverJudge-v0``, by role (``registry.default_agent`` returns this dict)."""
+
+AnyEnv = AECEnv | ParallelEnv
+
+
+def role_of(agent_id: str) -> str:
+    """The role of a PettingZoo agent id: ``"solver_1"`` -> ``"solver"``; an id without a ``_<n>`` suffix is its own
+    role."""
+    head, sep, tail = agent_id.rpartition("_")
+    return head if sep and head and tail.isdigit() else agent_id
+
+
+class RolePolicies:
+    """One policy per role behind the :class:`~rllm_gym.policies.Policy` interface.
+
+    ``generate(..., role="judge")`` asks the judge's policy; roles not in ``policies`` use ``default``. Example::
+
+        policies = RolePolicies({"judge": judge_policy}, default=solver_policy)
+        output = await policies.generate(messages, role="judge")
+    """
+
+    def __init__(self, policies: Mapping[str, Policy], default: Policy | None = None):
+        self.policies = dict(policies)
+        self.default = default
+
+    @classmethod
+    def of(cls, policy: Policy | Mapping[str, Policy] | RolePolicies) -> RolePolicies:
+        """Routing for one shared policy, a ``{role: policy}`` dict, or an existing RolePolicies."""
+        if isinstance(policy, RolePolicies):
+            return policy
+        if isinstance(policy, Mapping):
+            return cls(policy)
+        return cls({}, default=policy)
+
+    def for_role(self, role: str) -> Policy:
+        policy = self.policies.get(role, self.default)
+        if policy is None:
+            raise ValueError(
+                f"no policy for role {role!r}: pass a policy for every role ({{{role!r}: policy, ...}}, "
+                f"roles given: {sorted(self.policies)}) or one shared policy"
+            )
+        return policy
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        role: str | None = None,
+        **kwargs: Any,
+    ) -> ModelOutput:
+        if role is None:
+            if self.default is None:
+                raise ValueError("RolePolicies.generate needs role= when there is no default policy")
+            return await self.default.generate(messages, sampling_params, **kwargs)
+        return await self.for_role(role).generate(messages, sampling_params, **kwargs)
+
+
+class MultiAgentWorkflow(Workflow):
+    """Plays a PettingZoo env (AEC or parallel) with one LLM agent per PettingZoo agent.
+
+    Args:
+        policy: one shared Policy, or ``{role: policy}`` (see :class:`RolePolicies`).
+        env: a registered multi-agent id (``"rllm/SolverJudge-v0"``), a factory (``solver_judge.parallel_env``),
+            or an env instance; built once and reused across episodes.
+        env_args: keyword arguments of the env (ids and factories only).
+        parallel: with an id, build the parallel-API env. With a factory or an instance, the env's type decides.
+        agent_classes: ``{role: BaseAgent subclass}``; by default the agents registered for the id.
+        agent_args: ``{role: {keyword: value}}`` for the agent constructors.
+        max_steps: at most this many LLM calls per episode (all agents together), then ``MAX_TURNS_EXCEEDED``.
+        seed: with a task dict, episode ``k`` resets with ``seed + k``; an int task is the reset seed itself.
+        **kwargs: the :class:`~rllm_gym.engine.Workflow` options (``sampling_params``, ``max_prompt_length``,
+            ``timeout_s``, ``gamma``, ...).
+
+    In the parallel API, all agents whose info does not say ``"active": False`` act at once (their replies are
+    generated concurrently); a waiting agent gets no message and sends no action, and any reward it receives waits
+    for its next turn. The episode ends with ``ENV_DONE`` when every agent terminated, ``MAX_TURNS_EXCEEDED`` if any
+    was truncated or ``max_steps`` was reached.
+    """
+
+    def __init__(
+        self,
+        policy: Policy | Mapping[str, Policy],
+        *,
+        env: str | Callable[..., AnyEnv] | AnyEnv,
+        env_args: dict[str, Any] | None = None,
+        parallel: bool = False,
+        agent_classes: Mapping[str, type[BaseAgent]] | None = None,
+        agent_args: Mapping[str, dict[str, Any]] | None = None,
+        max_steps: int = 32,
+        seed: int | None = 0,
+        **kwargs: Any,
+    ):
+        super().__init__(RolePolicies.of(policy), **kwargs)
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.env = self._build_env(env, env_args, parallel)
+        if agent_classes is None:
+            if not isinstance(env, str):
+                raise ValueError("agent_classes={role: AgentClass, ...} is needed unless env is a registered id")
+            agent_classes = default_agent(env)
+        self.agents: dict[str, BaseAgent] = {}
+        for agent_id in self.env.possible_agents:
+            role = role_of(agent_id)
+            if role not in agent_classes:
+                raise ValueError(
+                    f"no agent class for role {role!r} (PettingZoo agent {agent_id!r}): "
+                    f"pass agent_classes={{{role!r}: AgentClass, ...}}"
+                )
+            self.agents[agent_id] = agent_classes[role](name=role, **dict((agent_args or {}).get(role, {})))
+            self.policy.for_role(role)  # a missing policy fails here, before any episode runs
+        self.max_steps = max_steps
+        self.seed = seed
+
+    @staticmethod
+    def _build_env(env: str | Callable[..., AnyEnv] | AnyEnv, env_args: dict[str, Any] | None, parallel: bool):
+        if isinstance(env, (AECEnv, ParallelEnv)):
+            if env_args:
+                raise ValueError("env_args only apply when env is an id or a factory, not an env instance")
+            return env
+        args = dict(env_args or {})
+        if isinstance(env, str) and parallel:
+            args["parallel"] = True
+        built = make_env(env, args)
+        if not isinstance(built, (AECEnv, ParallelEnv)):
+            raise TypeError(
+                f"{env!r} made a {type(built).__name__}, not a PettingZoo AECEnv or ParallelEnv; "
+                "single-agent envs run with MultiTurnWorkflow"
+            )
+        return built
+
+    @property
+    def parallel(self) -> bool:
+        return isinstance(self.env, ParallelEnv)
+
+    def reset_kwargs(self, task: Any, uid: str) -> dict[str, Any]:
+        """``env.reset`` arguments: an int task is the seed; a dict pins the task, seeded by the rollout index."""
+        if isinstance(task, int):
+            return {"seed": task}
+        rollout = uid.rpartition(":")[2]
+        seed = self.seed + int(rollout) if self.seed is not None and rollout.isdigit() else None
+        return {"seed": seed, "options": {"task": task} if task is not None else None}
+
+    async def _reply(self, agent: BaseAgent) -> str:
+        output = await self.generate(agent, role=agent.name, tools=agent.tools_schema)
+        return agent.update_from_model(output)
+
+    async def run(self, task: Any, uid: str) -> None:
+        for agent_id, agent in self.agents.items():
+            agent.reset()
+            agent.trajectory.metadata = {"agent_id": agent_id}
+            self.commit(agent=agent)
+        truncated = await (self._run_parallel(task, uid) if self.parallel else self._run_aec(task, uid))
+        raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED if truncated else TerminationReason.ENV_DONE)
+
+    async def _run_aec(self, task: Any, uid: str) -> bool:
+        env, calls, truncated_any = self.env, 0, False
+        await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        for agent_id in env.agent_iter():
+            observation, reward, terminated, truncated, info = env.last()
+            agent = self.agents[agent_id]
+            done = terminated or truncated
+            truncated_any |= truncated
+            agent.update_from_env(observation, reward, done, info)
+            action = None
+            if not done:
+                calls += 1
+                if calls > self.max_steps:
+                    raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_steps={self.max_steps} reached")
+                action = await self._reply(agent)
+            await self.call_env(env, "step", action)
+        return truncated_any
+
+    async def _run_parallel(self, task: Any, uid: str) -> bool:
+        env, calls = self.env, 0
+        observations, infos = await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        owed = dict.fromkeys(env.possible_agents, 0.0)  # rewards that reached an agent while it was waiting
+        no_reward = dict.fromkeys(observations, 0.0)
+        acting = self._deliver(observations, no_reward, {}, {}, infos, owed)
+        truncated_any = False
+        while env.agents:
+            if not acting:
+                raise RuntimeError(f"live agents {env.agents} are all waiting (info 'active' False): nobody can act")
+            calls += len(acting)
+            if calls > self.max_steps:
+                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_steps={self.max_steps} reached")
+            replies = await asyncio.gather(*(self._reply(self.agents[agent_id]) for agent_id in acting))
+            step = await self.call_env(env, "step", dict(zip(acting, replies, strict=True)))
+            observations, rewards, terminations, truncations, infos = step
+            truncated_any |= any(truncations.values())
+            acting = self._deliver(observations, rewards, terminations, truncations, infos, owed)
+        return truncated_any
+
+    def _deliver(
+        self,
+        observations: Mapping[str, Any],
+        rewards: Mapping[str, float],
+        terminations: Mapping[str, bool],
+        truncations: Mapping[str, bool],
+        infos: Mapping[str, dict[str, Any]],
+        owed: dict[str, float],
+    ) -> list[str]:
+        """Hand one parallel step's results to the agents; return the agents that act next, in env order."""
+        acting = []
+        for agent_id in observations:
+            info = infos.get(agent_id, {})
+            done = terminations.get(agent_id, False) or truncations.get(agent_id, False)
+            owed[agent_id] += rewards.get(agent_id, 0.0)
+            if done or info.get("active", True):
+                self.agents[agent_id].update_from_env(observations[agent_id], owed[agent_id], done, info)
+                owed[agent_id] = 0.0
+                if not done:
+                    acting.append(agent_id)
+        return acting
+
+
+class SolverJudgeWorkflow(MultiAgentWorkflow):
+    """Runs ``rllm/SolverJudge-v0``: SolverAgents answer, a JudgeAgent picks one; one Episode per (task, rollout).
+
+    The episode is correct when the judge picked a correct solution (the system's final answer); metrics add
+    ``judge/invalid_verdict``. Example::
+
+        engine = AgentWorkflowEngine(SolverJudgeWorkflow, {"solver": solver_policy, "judge": judge_policy},
+                                     workflow_args={"env_args": {"n_solvers": 2}, "parallel": True})
+        episodes = await engine.run(tasks, n_rollouts=4)
+        groups = TrajectoryGroup.from_episodes(episodes)   # "{task_id}:solver" (8 each) and "{task_id}:judge" (4)
+    """
+
+    def __init__(
+        self,
+        policy: Policy | Mapping[str, Policy],
+        *,
+        env: str | Callable[..., AnyEnv] | AnyEnv = "rllm/SolverJudge-v0",
+        agent_classes: Mapping[str, type[BaseAgent]] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(policy, env=env, agent_classes=agent_classes or SOLVER_JUDGE_AGENTS, **kwargs)
+
+    @staticmethod
+    def is_correct(episode: Episode) -> bool:
+        judges = [t for t in episode.trajectories if t.name == "judge" and t.steps]
+        return (
+            bool(judges)
+            and all(bool(t.steps[-1].info.get("is_correct")) for t in judges)
+            and episode.termination_reason is not TerminationReason.ERROR
+        )
+
+    def postprocess_episode(self, episode: Episode) -> None:
+        super().postprocess_episode(episode)
+        verdicts = [t.steps[-1].info for t in episode.trajectories if t.name == "judge" and t.steps]
+        if verdicts:
+            invalid = sum(bool(info.get("invalid_verdict")) for info in verdicts)
+            episode.metrics["judge/invalid_verdict"] = invalid / len(verdicts)
+
+
+async def run_multi_agent_episode(
+    env: str | Callable[..., AnyEnv] | AnyEnv,
+    policy: Policy | Mapping[str, Policy],
+    task: dict[str, Any] | int,
+    *,
+    rollout_idx: int = 0,
+    workflow_cls: type[MultiAgentWorkflow] = MultiAgentWorkflow,
+    **workflow_args: Any,
+) -> Episode:
+    """One episode of a PettingZoo env, outside the engine: ``task`` is a task dict or a reset seed.
+
+    The episode id is ``"{task_id}:{rollout_idx}"``; errors end the episode with ``ERROR`` (see ``metadata["error"]``)
+    rather than raise, as in the engine. Example::
+
+        episode = await run_multi_agent_episode("rllm/SolverJudge-v0", policy, {"id": "t", "question": "1+1?",
+                                                "ground_truth": "2"}, workflow_cls=SolverJudgeWorkflow)
+    """
+    workflow = workflow_cls(policy, env=env, **workflow_args)
+    return await workflow.run_with_termination_handling(task, f"{task_id_of(task, 0)}:{rollout_idx}")
