@@ -105,8 +105,11 @@ def default_agent(env_id: str) -> Any:
 def make(env_id: str, **kwargs: Any) -> Any:
     """Make any rllm-gym env by id: a Gymnasium env for single-agent ids, a PettingZoo env for multi-agent ones.
 
-    Multi-agent ids take ``parallel=True`` for the parallel API; the default is the (wrapped) AEC env.
+    Multi-agent ids take ``parallel=True`` for the parallel API; the default is the (wrapped) AEC env. Ids that users
+    registered with Gymnasium themselves (``gym.register("my/Env-v0", ...)``) are made with ``gym.make``.
     """
+    if env_id not in env_ids() and env_id in gym.registry:
+        return gym.make(env_id, **kwargs)
     spec = _spec(env_id)
     if not spec.multi_agent:
         register_envs()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,7 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine import AgentExecutionEngine
-from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.registry import default_agent, load
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
@@ -72,10 +73,16 @@ class TrainingSequence:
     prefix_mismatch: bool = False
 
 
-def trajectory_to_sequence(trajectory: Trajectory) -> TrainingSequence:
-    """Join a trajectory's steps into one sequence, observation tokens masked (see the module docstring)."""
+def trajectory_to_sequence(trajectory: Trajectory, filler_id: int = 0) -> TrainingSequence:
+    """Join a trajectory's steps into one sequence, observation tokens masked (see the module docstring).
+
+    A trajectory without steps (its episode failed before the first LLM call) becomes a one-token placeholder
+    (``filler_id``) with ``env_mask`` 0: TRL needs a row per prompt slot, and nothing of it is trained.
+    """
     steps = trajectory.steps
-    sequence = TrainingSequence(prompt_ids=list(steps[0].prompt_ids) if steps else [])
+    if not steps:
+        return TrainingSequence(prompt_ids=[filler_id], completion_ids=[filler_id], env_mask=[0], logprobs=[0.0])
+    sequence = TrainingSequence(prompt_ids=list(steps[0].prompt_ids))
     context = list(sequence.prompt_ids)
     for index, step in enumerate(steps):
         if index > 0:
@@ -107,7 +114,12 @@ class EnvSetup:
 
 
 class EpisodeRollout:
-    """TRL's ``rollout_func``: runs one episode per prompt slot through our engine and returns token sequences."""
+    """TRL's ``rollout_func``: runs one episode per prompt slot through our engine and returns token sequences.
+
+    Generation uses the trainer's own model through :class:`~rllm_gym.policies.HFPolicy` (DeepSpeed ZeRO-3 parameters
+    gathered for it); ``policy_factory(trainer)`` substitutes another policy, e.g. one on an inference server that
+    the trainer keeps in sync.
+    """
 
     def __init__(
         self,
@@ -117,6 +129,8 @@ class EpisodeRollout:
         n_parallel: int = 256,
         gamma: float = 1.0,
         timeout_s: float | None = None,
+        stop_on_truncation: bool = True,
+        policy_factory: Callable[[GRPOTrainer], Policy] | None = None,
     ):
         if not envs:
             raise ValueError("EpisodeRollout needs at least one EnvSetup")
@@ -125,6 +139,8 @@ class EpisodeRollout:
         self.n_parallel = n_parallel
         self.gamma = gamma
         self.timeout_s = timeout_s
+        self.stop_on_truncation = stop_on_truncation
+        self.policy_factory = policy_factory
         self.calls = 0
         self.last_episodes: list[Episode] = []  # aligned with the last call's prompts
         self.last_slots: list[int] = []
@@ -151,20 +167,26 @@ class EpisodeRollout:
             task_id = str(task["id"]) if isinstance(task, dict) and task.get("id") else f"seed-{task}"
             by_env[env_id].append((position, task, f"{task_id}:p{process}s{self.calls}r{position}"))
         self.calls += 1
-        model = trainer.model_wrapped
-        was_training = model.training
-        with unwrap_model_for_generation(
-            model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
-        ) as unwrapped:
-            policy = HFPolicy(unwrapped, tokenizer=trainer.processing_class, device=str(trainer.accelerator.device))
-            episodes = asyncio.run(self._run(by_env, policy, self.sampling_params(trainer), len(prompts)))
-        model.train(was_training)
+        sampling = self.sampling_params(trainer)
+        if self.policy_factory is not None:
+            episodes = asyncio.run(self._run(by_env, self.policy_factory(trainer), sampling, len(prompts)))
+        else:
+            model = trainer.model_wrapped
+            was_training = model.training
+            with unwrap_model_for_generation(
+                model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
+            ) as unwrapped:
+                device = str(trainer.accelerator.device)
+                policy = HFPolicy(unwrapped, tokenizer=trainer.processing_class, device=device)
+                episodes = asyncio.run(self._run(by_env, policy, sampling, len(prompts)))
+            model.train(was_training)
         slots = [slot for _, _, slot in decoded]
         trajectories = [
             ep.trajectories[slot] if slot < len(ep.trajectories) else Trajectory()
             for ep, slot in zip(episodes, slots, strict=True)
         ]
-        sequences = [trajectory_to_sequence(t) for t in trajectories]
+        filler = trainer.processing_class.eos_token_id or 0
+        sequences = [trajectory_to_sequence(t, filler) for t in trajectories]
         for episode, (env_id, _, _) in zip(episodes, decoded, strict=True):
             episode.metadata["env"] = env_id
         self.last_episodes, self.last_slots, self.last_sequences = episodes, slots, sequences
@@ -192,6 +214,7 @@ class EpisodeRollout:
                 sampling_params=sampling,
                 gamma=self.gamma,
                 timeout_s=self.timeout_s,
+                stop_on_truncation=self.stop_on_truncation,
             )
             episodes = await engine.run_pairs([(task, uid) for _, task, uid in items])
             return [(position, episode) for (position, _, _), episode in zip(items, episodes, strict=True)]

@@ -246,7 +246,8 @@ class MultiTurnWorkflow(Workflow):
 
     Ends with ``ENV_DONE`` when the env terminates, ``MAX_TURNS_EXCEEDED`` at ``max_steps`` or when the env is
     truncated (its ``TimeLimit``), ``MAX_RESPONSE_LENGTH_EXCEEDED`` when a reply is cut off by the length limit and the
-    env did not end on it (the cut reply is still stepped, so the env grades it).
+    env did not end on it (the cut reply is still stepped, so the env grades it); with ``stop_on_truncation=False``
+    the episode goes on after a cut reply instead.
     """
 
     def __init__(
@@ -259,11 +260,13 @@ class MultiTurnWorkflow(Workflow):
         agent_args: dict[str, Any] | None = None,
         max_steps: int = 10,
         seed: int | None = 0,
+        stop_on_truncation: bool = True,
         **kwargs: Any,
     ):
         super().__init__(policy, **kwargs)
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        self.stop_on_truncation = stop_on_truncation
         self.env = make_env(env, env_args)
         self.agent = agent_cls(**(agent_args or {}))
         self.max_steps = max_steps
@@ -296,7 +299,7 @@ class MultiTurnWorkflow(Workflow):
                 raise TerminationEvent(TerminationReason.ENV_DONE)
             if truncated:
                 raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
-            if output.finish_reason == "length":
+            if output.finish_reason == "length" and self.stop_on_truncation:
                 raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED)
         raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
 

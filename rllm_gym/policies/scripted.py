@@ -26,8 +26,9 @@ class ScriptedPolicy:
         replies: a list of replies used in order (``str`` or a full ``ModelOutput``), or a function
             ``(messages) -> reply`` (sync or async) called for every request.
         cycle: start the list over when it runs out instead of raising.
-        tokenizer: used for real token ids when given; otherwise ids are the UTF-8 bytes of the text (prompt: of the
-            last message) and each logprob is ``fake_logprob``.
+        tokenizer: used for real token ids when given (the prompt rendered by its chat template, when it has one);
+            otherwise ids are the UTF-8 bytes of the text (prompt: of the last message). Each logprob is
+            ``fake_logprob``.
 
     ``calls`` records the messages of every request. The length limit is honoured like a model would: with fake
     ids, a reply longer than ``max_tokens`` bytes is cut and its finish reason is ``"length"``.
@@ -69,7 +70,7 @@ class ScriptedPolicy:
         check_request(messages, prompt_ids)
         params = sampling_params or SamplingParams()
         messages = messages if messages is not None else [{"role": "user", "content": "", "prompt_ids": prompt_ids}]
-        self.calls.append(messages)
+        self.calls.append(list(messages))  # a copy: the caller's chat keeps growing
         reply = await self._next_reply(messages)
         if isinstance(reply, ModelOutput):
             return reply
@@ -100,7 +101,14 @@ class ScriptedPolicy:
     def _to_output(
         self, reply: str, messages: Messages, prompt_ids: Sequence[int] | None, params: SamplingParams
     ) -> ModelOutput:
-        if prompt_ids is None:
+        if prompt_ids is None and self.tokenizer is not None and self.tokenizer.chat_template:
+            # As a real backend does: the whole chat through the chat template, ready for the assistant's reply.
+            prompt_ids = list(
+                self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
+        elif prompt_ids is None:
             prompt_ids = self._encode(str(messages[-1].get("content", ""))) if messages else []
         completion_ids = self._encode(reply)
         finish_reason = "stop"

@@ -1,0 +1,400 @@
+"""GRPO training of an LLM agent in rllm-gym's environments, on TRL + Accelerate (+ DeepSpeed).
+
+    accelerate launch --config_file train/accelerate/cpu_1.yaml train/grpo.py --config train/configs/demo_cpu.yaml
+    python -m rllm_gym.train.grpo --config train/configs/demo_cpu.yaml --max_steps 50      # CLI flags override
+
+Reads top to bottom: config, model, environments and data, a format warm start, the trainer, the run (with a greedy
+evaluation before and after), and the reward curve. Generation goes through our envs, agents and engine
+(:mod:`rllm_gym.train.trl_rollout`), advantages through :mod:`rllm_gym.train.advantages`, the loss through TRL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; we pin its range
+
+import torch
+import yaml
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
+from transformers.trainer_callback import PrinterCallback
+from trl import GRPOConfig
+
+from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.hf import HFPolicy
+from rllm_gym.policies.scripted import ScriptedPolicy
+from rllm_gym.registry import default_agent, env_ids
+from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
+from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+
+# Config
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a run; YAML files in train/configs/ set these fields and CLI flags override them."""
+
+    # Environments and data
+    env: list[str] = field(
+        default_factory=lambda: ["rllm/FrozenLake-v0"],
+        metadata={"help": "Env ids to train on; several ids mix environments in one run (see env_weights)."},
+    )
+    env_weights: list[float] | None = field(
+        default=None, metadata={"help": "Share of the prompts drawn from each env (default: equal)."}
+    )
+    tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Per env, where its tasks come from: a JSONL file of task dicts, or 'seeds:N' for N reset seeds "
+            "(the env draws its own tasks). Default: seeds:64 for every env."
+        },
+    )
+    agent_args: str = field(default="{}", metadata={"help": "JSON dict of agent arguments, e.g. a system prompt."})
+    env_args: str = field(default="{}", metadata={"help": "JSON dict of env constructor arguments."})
+    max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
+    # Model
+    model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
+    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of all weights (needs peft)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank (16 is a common start)."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (usually 2 x rank)."})
+    # Format warm start
+    warm_start_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Supervised steps on replies drawn at random from warm_start_replies, before RL: teaches the "
+            "reply FORMAT only (random valid moves, not solutions). 0 = off; ~300 suits the tiny model."
+        },
+    )
+    warm_start_replies: list[str] = field(
+        default_factory=lambda: ["up", "down", "left", "right"],
+        metadata={"help": "Replies the warm start imitates, one drawn uniformly per turn."},
+    )
+    warm_start_lr: float = field(default=3e-3, metadata={"help": "Learning rate of the warm start."})
+    # GRPO
+    num_generations: int = field(default=8, metadata={"help": "Group size G: rollouts per task (GRPO uses 8-64)."})
+    prompts_per_step: int = field(default=8, metadata={"help": "Distinct tasks per optimizer step."})
+    max_completion_length: int = field(default=16, metadata={"help": "Tokens per reply (per turn)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts (1.0 for GRPO)."})
+    estimator: str = field(
+        default="grpo", metadata={"help": f"Advantage estimator, one of {list(ESTIMATORS)} (see train/advantages.py)."}
+    )
+    advantage_mode: str = field(
+        default="broadcast", metadata={"help": f"Multi-turn advantages, one of {list(MODES)}."}
+    )
+    norm_adv_by_std: bool = field(default=True, metadata={"help": "Divide GRPO advantages by the group std."})
+    drop_uniform_groups: bool = field(default=False, metadata={"help": "Drop groups whose rewards are all equal."})
+    exclude_termination: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (used by per_step)."})
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "TRL loss aggregation: grpo, dr_grpo, dapo, bnpo (Liu et al. 2025 for dr_grpo)."},
+    )
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 needs no reference model (recommended)."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "Learning rate (1e-6 for 1B+ models; 1e-3 tiny)."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule (cosine recommended)."})
+    max_steps: int = field(default=100, metadata={"help": "Optimizer steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of the data order, sampling and warm start."})
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations to save memory (on for billion-parameter models)."}
+    )
+    # Running
+    output_dir: str = field(default="runs/grpo", metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."})
+    save_steps: int = field(default=100, metadata={"help": "Checkpoint every N steps (resume with --resume)."})
+    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in output_dir."})
+    logging_steps: int = field(default=10, metadata={"help": "Log metrics every N steps."})
+    report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
+    eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
+    use_vllm: bool = field(default=False, metadata={"help": "Generate with TRL's vLLM integration (GPU only)."})
+    vllm_mode: str = field(default="colocate", metadata={"help": "colocate or server (`trl vllm-serve`)."})
+
+    def __post_init__(self) -> None:
+        unknown = [env_id for env_id in self.env if env_id not in env_ids(multi_agent=False)]
+        if unknown:
+            raise ValueError(f"env {unknown} is not a registered single-agent id; choose from {env_ids(False)}")
+        if self.env_weights is not None and len(self.env_weights) != len(self.env):
+            raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
+        if self.tasks is not None and len(self.tasks) != len(self.env):
+            raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
+        if self.use_vllm:
+            raise ValueError(
+                "use_vllm: multi-turn rollouts through TRL's vLLM integration are not supported yet; "
+                "train on GPUs with transformers generation (use_vllm false), see the README"
+            )
+        AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
+        for name in ("agent_args", "env_args"):
+            try:
+                json.loads(getattr(self, name))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f'{name} must be a JSON object, e.g. \'{{"system_prompt": "..."}}\': {error}'
+                ) from error
+
+
+def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
+    """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(TrainConfig)
+    parser.add_argument("--config", help="YAML file of TrainConfig fields")
+    config_dir = Path.cwd()
+    if "--config" in argv:
+        path = Path(argv[argv.index("--config") + 1])
+        config_dir = path.parent
+        values = yaml.safe_load(path.read_text()) or {}
+        unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"{path}: unknown fields {unknown}; see TrainConfig in train/grpo.py")
+        for key in ("agent_args", "env_args"):
+            if isinstance(values.get(key), dict):
+                values[key] = json.dumps(values[key])
+        parser.set_defaults(**values)
+    return parser.parse_args_into_dataclasses(args=argv)[0], config_dir
+
+
+def load_tasks(source: str | None, config_dir: Path) -> list[Any]:
+    """Task dicts from a JSONL file, or reset seeds from 'seeds:N'."""
+    source = source or "seeds:64"
+    if source.startswith("seeds:"):
+        return list(range(int(source.removeprefix("seeds:"))))
+    path = Path(source) if Path(source).is_absolute() or Path(source).exists() else config_dir / source
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def build_prompts(config: TrainConfig, config_dir: Path) -> tuple[Dataset, dict[str, list[Any]]]:
+    """One dataset row per prompt of the run, envs mixed by weight; also each env's task list (for evaluation)."""
+    sources = config.tasks or [None] * len(config.env)
+    tasks = {env_id: load_tasks(src, config_dir) for env_id, src in zip(config.env, sources, strict=True)}
+    weights = config.env_weights or [1.0] * len(config.env)
+    rng = random.Random(config.seed)
+    rows = []
+    for _ in range(config.max_steps * config.prompts_per_step):
+        env_id = rng.choices(config.env, weights=weights)[0]
+        rows.append({"prompt": encode_prompt(env_id, rng.choice(tasks[env_id]))})
+    return Dataset.from_list(rows), tasks
+
+
+def greedy_success(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]]) -> dict[str, float]:
+    """Share of each env's tasks solved with greedy decoding."""
+    policy = HFPolicy(model, tokenizer=tokenizer, device=str(model.device))
+    sampling = SamplingParams(temperature=0.0, max_tokens=config.max_completion_length)
+    scores = {}
+    for env_id, env_tasks in tasks.items():
+        engine = AgentExecutionEngine(
+            env_id=env_id,
+            agent_cls=default_agent(env_id),
+            agent_args=json.loads(config.agent_args),
+            env_args=json.loads(config.env_args),
+            policy=policy,
+            max_steps=config.max_turns,
+            sampling_params=sampling,
+        )
+        episodes = asyncio.run(engine.run(env_tasks[:64]))
+        scores[env_id] = sum(e.is_correct for e in episodes) / len(episodes)
+    model.train()
+    return scores
+
+
+def warm_start(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]]) -> float:
+    """Supervised steps on random replies in the agent's chat format; returns the last loss."""
+    rng = random.Random(config.seed)
+    policy = ScriptedPolicy(lambda messages: rng.choice(config.warm_start_replies), tokenizer=tokenizer)
+    examples: list[tuple[list[int], list[int]]] = []
+    for env_id, env_tasks in tasks.items():
+        engine = AgentExecutionEngine(
+            env_id=env_id,
+            agent_cls=default_agent(env_id),
+            agent_args=json.loads(config.agent_args),
+            env_args=json.loads(config.env_args),
+            policy=policy,
+            max_steps=config.max_turns,
+        )
+        for episode in asyncio.run(engine.run(env_tasks[:64], n_rollouts=4)):
+            # The reply format is the same at every turn: the first turns (short prompts) teach it cheaply.
+            for step in episode.trajectories[0].steps[:2]:
+                examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.warm_start_lr)
+    model.train()
+    loss = torch.tensor(0.0)
+    for _ in range(config.warm_start_steps):
+        batch = rng.sample(examples, min(16, len(examples)))
+        inputs, labels = [], []
+        for messages, reply in batch:
+            prompt = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            answer = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
+            inputs.append([*prompt, *answer])
+            labels.append([-100] * len(prompt) + answer)
+        width = max(len(ids) for ids in inputs)
+        pad = tokenizer.pad_token_id or 0
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs], device=model.device)
+        label_ids = torch.tensor([ids + [-100] * (width - len(ids)) for ids in labels], device=model.device)
+        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs], device=model.device)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss.detach())
+
+
+class ConsoleLog(TrainerCallback):
+    """One line per logging step (instead of transformers' dict dumps), and every log kept for the curve."""
+
+    def __init__(self, output_dir: Path):
+        self.history: list[dict[str, Any]] = []
+        self.path = output_dir / "metrics.jsonl"
+        self.start = time.monotonic()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs or not state.is_world_process_zero:
+            return
+        record = {"step": state.global_step, "elapsed_s": time.monotonic() - self.start, **logs}
+        self.history.append(record)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        print(
+            f"step {state.global_step:>5}  reward {logs['reward']:.3f}  loss {logs.get('loss', float('nan')):.4f}  "
+            f"turns {logs.get('rollout/turns', float('nan')):.2f}  {record['elapsed_s']:.0f}s",
+            flush=True,
+        )
+
+
+def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.plot([h["step"] for h in history], [h["reward"] for h in history])
+    axes.set_xlabel("step")
+    axes.set_ylabel("mean episode reward")
+    axes.set_title("GRPO reward")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    config, config_dir = load_config(argv)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    # Model
+    if config.model is None:
+        from rllm_gym.tiny_model import default_model_path
+
+        model_path = str(default_model_path())
+    else:
+        model_path = config.model
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    peft_config = None
+    if config.lora:
+        try:
+            from peft import LoraConfig
+        except ImportError as error:
+            raise SystemExit("lora: true needs peft: pip install peft") from error
+        peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear")
+
+    # Environments and data
+    dataset, tasks = build_prompts(config, config_dir)
+    rollout = EpisodeRollout(
+        [
+            EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
+            for env_id in config.env
+        ],
+        max_steps=config.max_turns,
+        gamma=config.gamma,
+    )
+    advantage_config = AdvantageConfig(
+        estimator=config.estimator,
+        mode=config.advantage_mode,
+        norm_by_std=config.norm_adv_by_std,
+        drop_uniform_groups=config.drop_uniform_groups,
+        exclude_termination=tuple(config.exclude_termination),
+    )
+
+    # Warm start and the score to beat
+    summary: dict[str, Any] = {"config": asdict(config)}
+    if config.warm_start_steps and not config.resume:
+        summary["warm_start_loss"] = warm_start(model, tokenizer, config, tasks)
+    if config.eval_greedy:
+        summary["greedy_before"] = greedy_success(model, tokenizer, config, tasks)
+        print(f"greedy success before: {summary['greedy_before']}", flush=True)
+
+    # Training
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length,
+        temperature=config.temperature,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler_type,
+        beta=config.beta,
+        loss_type=config.loss_type,
+        max_steps=config.max_steps,
+        logging_steps=config.logging_steps,
+        save_steps=config.save_steps,
+        seed=config.seed,
+        report_to=config.report_to,
+        disable_tqdm=True,
+        gradient_checkpointing=config.gradient_checkpointing,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+    )
+    console = ConsoleLog(output_dir)
+    trainer = RLLMGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=args,
+        train_dataset=dataset,
+        rollout=rollout,
+        advantage_config=advantage_config,
+        peft_config=peft_config,
+        callbacks=[console],
+    )
+    trainer.remove_callback(PrinterCallback)
+    start = time.monotonic()
+    has_checkpoint = any(output_dir.glob("checkpoint-*"))
+    trainer.train(resume_from_checkpoint=bool(config.resume and has_checkpoint))
+    summary["train_seconds"] = time.monotonic() - start
+
+    # Results
+    if config.eval_greedy:
+        trained = trainer.accelerator.unwrap_model(trainer.model)
+        summary["greedy_after"] = greedy_success(trained, tokenizer, config, tasks)
+        print(f"greedy success after: {summary['greedy_after']}", flush=True)
+    if trainer.is_world_process_zero():
+        trainer.save_model(str(output_dir / "final"))
+        history = console.history
+        if history:
+            summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]
+            plot_rewards(history, output_dir / "reward_curve.png")
+        with open(output_dir / "summary.json", "w") as handle:
+            json.dump(summary, handle, indent=2, default=str)
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, default=str), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
