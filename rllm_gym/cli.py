@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("eval", help="run a policy on an env and print pass@k, rewards and turns")
     run.add_argument("--env", default="rllm/FrozenLake-v0", help="a registered env id (default: %(default)s)")
     run.add_argument("--agent", help="agent class as module:Class (default: the env's registered agent)")
+    run.add_argument("--agent-args", type=json.loads, default={}, help="JSON dict of agent arguments")
+    run.add_argument("--env-args", type=json.loads, default={}, help="JSON dict of env arguments")
     run.add_argument("--policy", choices=POLICIES, default="hf", help="inference backend (default: %(default)s)")
     run.add_argument("--model", help="model folder or name (default for hf: the embedded tiny model)")
     run.add_argument("--base-url", action="append", help="OpenAI-compatible API root; repeat for replicas")
@@ -123,14 +125,21 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         engine = AgentWorkflowEngine(
             MultiAgentWorkflow,
             policy,
-            workflow_args={"env": args.env, **limits},
+            workflow_args={"env": args.env, "env_args": args.env_args, **limits},
             n_parallel=args.n_parallel,
             out=args.out,
         )
     else:
         agent_cls = load(args.agent) if args.agent else default_agent(args.env)
         engine = AgentExecutionEngine(
-            env_id=args.env, agent_cls=agent_cls, policy=policy, n_parallel=args.n_parallel, out=args.out, **limits
+            env_id=args.env,
+            agent_cls=agent_cls,
+            agent_args=args.agent_args,
+            env_args=args.env_args,
+            policy=policy,
+            n_parallel=args.n_parallel,
+            out=args.out,
+            **limits,
         )
     tasks = load_tasks(args)
     bar = tqdm(total=len(tasks) * args.n, desc=f"eval {args.env}", unit="ep", dynamic_ncols=True)

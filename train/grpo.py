@@ -28,6 +28,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
+from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine import AgentExecutionEngine
 from rllm_gym.policies.base import SamplingParams
@@ -82,7 +83,9 @@ class TrainConfig:
     warm_start_lr: float = field(default=3e-3, metadata={"help": "Learning rate of the warm start."})
     # GRPO
     num_generations: int = field(default=8, metadata={"help": "Group size G: rollouts per task (GRPO uses 8-64)."})
-    prompts_per_step: int = field(default=8, metadata={"help": "Distinct tasks per optimizer step."})
+    prompts_per_step: int = field(
+        default=8, metadata={"help": "Distinct tasks per optimizer step, over all processes together."}
+    )
     max_completion_length: int = field(default=16, metadata={"help": "Tokens per reply (per turn)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts (1.0 for GRPO)."})
     estimator: str = field(
@@ -337,14 +340,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary: dict[str, Any] = {"config": asdict(config)}
     if config.warm_start_steps and not config.resume:
         summary["warm_start_loss"] = warm_start(model, tokenizer, config, tasks)
+    is_main = int(os.environ.get("RANK", "0")) == 0  # the trainer (and its accelerator) does not exist yet
     if config.eval_greedy:
         summary["greedy_before"] = greedy_success(model, tokenizer, config, tasks)
-        print(f"greedy success before: {summary['greedy_before']}", flush=True)
+        if is_main:
+            print(f"greedy success before: {summary['greedy_before']}", flush=True)
 
     # Training
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rollouts_per_step = config.prompts_per_step * config.num_generations
+    if rollouts_per_step % world_size:
+        raise ValueError(
+            f"prompts_per_step x num_generations = {rollouts_per_step} rollouts per step must divide among "
+            f"{world_size} processes: change prompts_per_step or the number of processes"
+        )
     args = GRPOConfig(
         output_dir=str(output_dir),
-        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        per_device_train_batch_size=rollouts_per_step // world_size,
         num_generations=config.num_generations,
         max_completion_length=config.max_completion_length,
         temperature=config.temperature,
@@ -381,11 +393,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     # Results
     if config.eval_greedy:
-        trained = trainer.accelerator.unwrap_model(trainer.model)
-        summary["greedy_after"] = greedy_success(trained, tokenizer, config, tasks)
-        print(f"greedy success after: {summary['greedy_after']}", flush=True)
+        # Gathers ZeRO-3 shards once for the whole evaluation rather than layer by layer per token.
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as trained:
+            summary["greedy_after"] = greedy_success(trained, tokenizer, config, tasks)
+        if trainer.is_world_process_zero():
+            print(f"greedy success after: {summary['greedy_after']}", flush=True)
+    trainer.save_model(str(output_dir / "final"))  # on every rank: ZeRO-3 gathers the weights collectively
+    summary["num_processes"] = trainer.accelerator.num_processes
     if trainer.is_world_process_zero():
-        trainer.save_model(str(output_dir / "final"))
         history = console.history
         if history:
             summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]

@@ -176,8 +176,15 @@ class EpisodeRollout:
             with unwrap_model_for_generation(
                 model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
             ) as unwrapped:
-                device = str(trainer.accelerator.device)
-                policy = HFPolicy(unwrapped, tokenizer=trainer.processing_class, device=device)
+                # One generate call for every slot's turn, as TRL's own generation makes: a batch as large as the
+                # slots, and a wait long enough for every episode's request to join it.
+                policy = HFPolicy(
+                    unwrapped,
+                    tokenizer=trainer.processing_class,
+                    device=str(trainer.accelerator.device),
+                    max_batch_size=len(prompts),
+                    batch_wait_s=0.02,
+                )
                 episodes = asyncio.run(self._run(by_env, policy, sampling, len(prompts)))
             model.train(was_training)
         slots = [slot for _, _, slot in decoded]
@@ -290,18 +297,16 @@ class RLLMGRPOTrainer(GRPOTrainer):
         output["tool_mask"] = mask
         loss_mask = output["completion_mask"] * mask
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        self._log_rollout(mode, everyone, result.metrics)
+        mismatches = gather_object([sum(s.prefix_mismatch for s in rollout.last_sequences)])
+        self._log_rollout(mode, everyone, result.metrics, sum(mismatches))
         return output
 
-    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float]) -> None:
+    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float], mismatches: int) -> None:
         for name, value in metrics.items():
             self._metrics[mode][name].append(value)
-        rollout = self.rollout
         n = max(len(episodes), 1)
         self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
-        self._metrics[mode]["rollout/prefix_mismatch"].append(
-            sum(s.prefix_mismatch for s in rollout.last_sequences) / max(len(rollout.last_sequences), 1)
-        )
+        self._metrics[mode]["rollout/prefix_mismatch"].append(mismatches / n)
         by_role: dict[str, list[float]] = defaultdict(list)
         for episode in episodes:
             for trajectory in episode.trajectories:
