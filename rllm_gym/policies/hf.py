@@ -77,7 +77,7 @@ class HFPolicy:
             model = default_model_path()
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if isinstance(model, PreTrainedModel):
+        if isinstance(model, torch.nn.Module):  # a PreTrainedModel, or a wrapper of one such as a PEFT model
             self.model = model
             if tokenizer is None:
                 raise ValueError("HFPolicy(model=<PreTrainedModel>) also needs tokenizer=<folder or tokenizer object>")
