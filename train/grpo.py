@@ -37,6 +37,7 @@ from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import default_agent, env_ids
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.types import Episode
 
 # Config
 
@@ -120,8 +121,13 @@ class TrainConfig:
     logging_steps: int = field(default=10, metadata={"help": "Log metrics every N steps."})
     report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
     eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
-    use_vllm: bool = field(default=False, metadata={"help": "Generate with TRL's vLLM integration (GPU only)."})
-    vllm_mode: str = field(default="colocate", metadata={"help": "colocate or server (`trl vllm-serve`)."})
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Generate with TRL's vLLM integration in colocate mode (GPU, vllm extra)."}
+    )
+    vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate' (tensor parallel 1) for now."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of each GPU vLLM may take in colocate mode (0.3 leaves room to train)."}
+    )
 
     def __post_init__(self) -> None:
         unknown = [env_id for env_id in self.env if env_id not in env_ids(multi_agent=False)]
@@ -133,10 +139,10 @@ class TrainConfig:
             raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
-        if self.use_vllm:
+        if self.use_vllm and self.vllm_mode != "colocate":
             raise ValueError(
-                "use_vllm: multi-turn rollouts through TRL's vLLM integration are not supported yet; "
-                "train on GPUs with transformers generation (use_vllm false), see the README"
+                f"vllm_mode must be 'colocate' for multi-turn rollouts (server mode gathers every process's prompts "
+                f"in each call, which episodes of different lengths cannot keep in step), got {self.vllm_mode!r}"
             )
         AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
         for name in ("agent_args", "env_args"):
@@ -191,22 +197,28 @@ def build_prompts(config: TrainConfig, config_dir: Path) -> tuple[Dataset, dict[
     return Dataset.from_list(rows), tasks
 
 
+def run_episodes(config: TrainConfig, env_id: str, policy: Any, tasks: list[Any], **kwargs: Any) -> list[Episode]:
+    """Episodes of ``tasks`` with the run's agent, env arguments and turn limit (``kwargs``: engine options)."""
+    n_rollouts = kwargs.pop("n_rollouts", 1)
+    engine = AgentExecutionEngine(
+        env_id=env_id,
+        agent_cls=default_agent(env_id),
+        agent_args=json.loads(config.agent_args),
+        env_args=json.loads(config.env_args),
+        policy=policy,
+        max_steps=config.max_turns,
+        **kwargs,
+    )
+    return asyncio.run(engine.run(tasks, n_rollouts=n_rollouts))
+
+
 def greedy_success(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]]) -> dict[str, float]:
-    """Share of each env's tasks solved with greedy decoding."""
+    """Share of each env's tasks (the first 64) solved with greedy decoding; leaves the model in train mode."""
     policy = HFPolicy(model, tokenizer=tokenizer, device=str(model.device))
     sampling = SamplingParams(temperature=0.0, max_tokens=config.max_completion_length)
     scores = {}
     for env_id, env_tasks in tasks.items():
-        engine = AgentExecutionEngine(
-            env_id=env_id,
-            agent_cls=default_agent(env_id),
-            agent_args=json.loads(config.agent_args),
-            env_args=json.loads(config.env_args),
-            policy=policy,
-            max_steps=config.max_turns,
-            sampling_params=sampling,
-        )
-        episodes = asyncio.run(engine.run(env_tasks[:64]))
+        episodes = run_episodes(config, env_id, policy, env_tasks[:64], sampling_params=sampling)
         scores[env_id] = sum(e.is_correct for e in episodes) / len(episodes)
     model.train()
     return scores
@@ -216,17 +228,9 @@ def warm_start(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str,
     """Supervised steps on random replies in the agent's chat format; returns the last loss."""
     rng = random.Random(config.seed)
     policy = ScriptedPolicy(lambda messages: rng.choice(config.warm_start_replies), tokenizer=tokenizer)
-    examples: list[tuple[list[int], list[int]]] = []
+    examples: list[tuple[list[dict[str, Any]], str]] = []  # (the chat sent, the reply)
     for env_id, env_tasks in tasks.items():
-        engine = AgentExecutionEngine(
-            env_id=env_id,
-            agent_cls=default_agent(env_id),
-            agent_args=json.loads(config.agent_args),
-            env_args=json.loads(config.env_args),
-            policy=policy,
-            max_steps=config.max_turns,
-        )
-        for episode in asyncio.run(engine.run(env_tasks[:64], n_rollouts=4)):
+        for episode in run_episodes(config, env_id, policy, env_tasks[:64], n_rollouts=4):
             # The reply format is the same at every turn: the first turns (short prompts) teach it cheaply.
             for step in episode.trajectories[0].steps[:2]:
                 examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
@@ -371,6 +375,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report_to=config.report_to,
         disable_tqdm=True,
         gradient_checkpointing=config.gradient_checkpointing,
+        use_vllm=config.use_vllm,
+        vllm_mode=config.vllm_mode,
+        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
     )

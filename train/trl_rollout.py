@@ -29,16 +29,17 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine import AgentExecutionEngine
-from rllm_gym.policies.base import Policy, SamplingParams
-from rllm_gym.policies.hf import HFPolicy
+from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
+from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
 from rllm_gym.registry import default_agent, load
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
-from rllm_gym.types import Episode, Trajectory
+from rllm_gym.types import Episode, ModelOutput, Trajectory
 
 __all__ = [
     "EnvSetup",
     "EpisodeRollout",
     "RLLMGRPOTrainer",
+    "TrainerVLLMPolicy",
     "TrainingSequence",
     "decode_prompt",
     "encode_prompt",
@@ -113,12 +114,50 @@ class EnvSetup:
     env_args: dict[str, Any] = field(default_factory=dict)
 
 
+class TrainerVLLMPolicy(BatchingPolicy):
+    """Generation through the trainer's own vLLM engine (TRL's ``use_vllm`` in colocate mode, tensor parallel 1).
+
+    The requests of the episodes in flight are batched into one ``trainer.vllm_generation.generate`` call; TRL syncs
+    the training weights into vLLM before each rollout. vLLM samples with the trainer's settings (``temperature``,
+    ``top_p``, ``top_k``, ``max_completion_length``), so per-request sampling parameters are not used. Server mode
+    and tensor parallelism gather every process's prompts in each call, which multi-turn episodes of different
+    lengths cannot keep in step across processes: they are rejected with a clear error.
+    """
+
+    def __init__(self, trainer: GRPOTrainer, *, max_batch_size: int = 1024, batch_wait_s: float = 0.02):
+        generation = trainer.vllm_generation
+        if generation.mode != "colocate" or generation.tensor_parallel_size != 1:
+            raise ValueError(
+                f"multi-turn rollouts need vllm_mode='colocate' with vllm_tensor_parallel_size=1, got mode "
+                f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}"
+            )
+        super().__init__(trainer.processing_class, {}, max_batch_size, batch_wait_s)
+        self.generation = generation
+        self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        self.batch_sizes.append(len(prompts))
+        _, completion_ids, logprobs, _ = self.generation.generate(prompts, None, 1)
+        outputs = []
+        for prompt, ids, token_logprobs in zip(prompts, completion_ids, logprobs, strict=True):
+            # vLLM gives the top logprobs per token, the sampled token's first; None where it could not score one.
+            sampled = [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in token_logprobs]
+            finish_reason = "stop" if ids and ids[-1] in self.eos_token_ids else "length"
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            outputs.append(
+                build_model_output(
+                    text, prompt_ids=prompt, completion_ids=ids, logprobs=sampled, finish_reason=finish_reason
+                )
+            )
+        return outputs
+
+
 class EpisodeRollout:
     """TRL's ``rollout_func``: runs one episode per prompt slot through our engine and returns token sequences.
 
     Generation uses the trainer's own model through :class:`~rllm_gym.policies.HFPolicy` (DeepSpeed ZeRO-3 parameters
-    gathered for it); ``policy_factory(trainer)`` substitutes another policy, e.g. one on an inference server that
-    the trainer keeps in sync.
+    gathered for it), or the trainer's vLLM engine through :class:`TrainerVLLMPolicy` when the trainer was built
+    with ``use_vllm=True``; ``policy_factory(trainer)`` substitutes any other policy.
     """
 
     def __init__(
@@ -168,8 +207,9 @@ class EpisodeRollout:
             by_env[env_id].append((position, task, f"{task_id}:p{process}s{self.calls}r{position}"))
         self.calls += 1
         sampling = self.sampling_params(trainer)
-        if self.policy_factory is not None:
-            episodes = asyncio.run(self._run(by_env, self.policy_factory(trainer), sampling, len(prompts)))
+        if self.policy_factory is not None or trainer.use_vllm:
+            policy = self.policy_factory(trainer) if self.policy_factory else TrainerVLLMPolicy(trainer)
+            episodes = asyncio.run(self._run(by_env, policy, sampling, len(prompts)))
         else:
             model = trainer.model_wrapped
             was_training = model.training

@@ -29,7 +29,7 @@ from rllm_gym.policies.base import (
 )
 from rllm_gym.types import ModelOutput
 
-__all__ = ["HFPolicy"]
+__all__ = ["BatchingPolicy", "HFPolicy"]
 
 
 @dataclass
@@ -39,62 +39,21 @@ class _Request:
     future: asyncio.Future[ModelOutput]
 
 
-class HFPolicy:
-    """A policy on ``transformers`` ``generate``, batching concurrent requests.
+class BatchingPolicy:
+    """The request queue shared by backends that generate a batch at a time (HFPolicy, the trainer's vLLM).
 
-    Args:
-        model: a model folder or hub name, or a loaded ``PreTrainedModel``; ``None`` uses the embedded tiny model.
-        tokenizer: a tokenizer folder or object; defaults to the model's.
-        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA when available).
-        dtype: torch dtype name for loading (``"auto"`` keeps the checkpoint's).
-        enable_thinking: passed to the chat template when set (Qwen3-style templates); ``None`` keeps its default.
-        max_batch_size: the most requests one ``generate`` call runs together.
-        batch_wait_s: how long the queue waits after the first request for others to join its batch.
-
-    Example::
-
-        policy = HFPolicy()                       # the embedded tiny model on CPU
-        out = await policy.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0))
+    Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within
+    ``batch_wait_s`` of the first (up to ``max_batch_size``), groups them by sampling parameters and runs
+    :meth:`_generate_batch` once per group in a worker thread. Subclasses implement ``_generate_batch``.
     """
 
-    def __init__(
-        self,
-        model: str | os.PathLike[str] | PreTrainedModel | None = None,
-        *,
-        tokenizer: Any = None,
-        device: str = "cpu",
-        dtype: str = "auto",
-        enable_thinking: bool | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        max_batch_size: int = 32,
-        batch_wait_s: float = 0.005,
-    ) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], max_batch_size: int, batch_wait_s: float):
         if max_batch_size < 1:
-            raise ValueError(f"HFPolicy(max_batch_size=...) must be >= 1, got {max_batch_size}")
-        if model is None:
-            from rllm_gym.tiny_model import default_model_path
-
-            model = default_model_path()
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if isinstance(model, torch.nn.Module):  # a PreTrainedModel, or a wrapper of one such as a PEFT model
-            self.model = model
-            if tokenizer is None:
-                raise ValueError("HFPolicy(model=<PreTrainedModel>) also needs tokenizer=<folder or tokenizer object>")
-        else:
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-            tokenizer = tokenizer if tokenizer is not None else model
-        self.model.to(device).eval()
-        self.tokenizer = (
-            AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str | os.PathLike) else tokenizer
-        )
-        self.device = torch.device(device)
-        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+            raise ValueError(f"{type(self).__name__}(max_batch_size=...) must be >= 1, got {max_batch_size}")
+        self.tokenizer = tokenizer
+        self.template_kwargs = template_kwargs
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
-        pad = self.tokenizer.pad_token_id
-        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -154,12 +113,71 @@ class HFPolicy:
                     for request in live:
                         if not request.future.done():
                             request.future.set_exception(
-                                PolicyError(f"HFPolicy generate failed: {type(error).__name__}: {error}")
+                                PolicyError(f"{type(self).__name__} generate failed: {type(error).__name__}: {error}")
                             )
                     continue
                 for request, output in zip(live, outputs, strict=True):
                     if not request.future.done():
                         request.future.set_result(output)
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        raise NotImplementedError
+
+
+class HFPolicy(BatchingPolicy):
+    """A policy on ``transformers`` ``generate``, batching concurrent requests.
+
+    Args:
+        model: a model folder or hub name, or a loaded ``PreTrainedModel``; ``None`` uses the embedded tiny model.
+        tokenizer: a tokenizer folder or object; defaults to the model's.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA when available).
+        dtype: torch dtype name for loading (``"auto"`` keeps the checkpoint's).
+        enable_thinking: passed to the chat template when set (Qwen3-style templates); ``None`` keeps its default.
+        max_batch_size: the most requests one ``generate`` call runs together.
+        batch_wait_s: how long the queue waits after the first request for others to join its batch.
+
+    Example::
+
+        policy = HFPolicy()                       # the embedded tiny model on CPU
+        out = await policy.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0))
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | PreTrainedModel | None = None,
+        *,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        dtype: str = "auto",
+        enable_thinking: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.005,
+    ) -> None:
+        if model is None:
+            from rllm_gym.tiny_model import default_model_path
+
+            model = default_model_path()
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(model, torch.nn.Module):  # a PreTrainedModel, or a wrapper of one such as a PEFT model
+            self.model = model
+            if tokenizer is None:
+                raise ValueError("HFPolicy(model=<PreTrainedModel>) also needs tokenizer=<folder or tokenizer object>")
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            tokenizer = tokenizer if tokenizer is not None else model
+        self.model.to(device).eval()
+        super().__init__(
+            AutoTokenizer.from_pretrained(tokenizer) if isinstance(tokenizer, str | os.PathLike) else tokenizer,
+            merge_template_kwargs(enable_thinking, chat_template_kwargs),
+            max_batch_size,
+            batch_wait_s,
+        )
+        self.device = torch.device(device)
+        self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:

@@ -35,7 +35,7 @@ def test_unknown_yaml_field_is_named(tmp_path):
         ({"num_generations": 1}, "num_generations must be >= 2"),
         ({"estimator": "ppo"}, "estimator must be one of"),
         ({"agent_args": "{oops"}, "agent_args must be a JSON object"),
-        ({"use_vllm": True}, "use_vllm: multi-turn rollouts through TRL's vLLM integration are not supported yet"),
+        ({"use_vllm": True, "vllm_mode": "server"}, "vllm_mode must be 'colocate' for multi-turn rollouts"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):

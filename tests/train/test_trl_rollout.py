@@ -141,3 +141,46 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         rewards = [e.trajectories[0].reward for e in episodes]
         assert len(set(rewards)) > 1 or float(advantages.abs().sum()) == 0.0
     assert saw_observations, "two-turn episodes should have observation tokens in their sequences"
+
+
+class StandInVLLMGeneration:
+    """TRL's VLLMGeneration interface (generate(prompts, images, num_generations) -> ids and top logprobs)."""
+
+    def __init__(self, tokenizer, mode="colocate", tensor_parallel_size=1):
+        self.mode, self.tensor_parallel_size, self.tokenizer = mode, tensor_parallel_size, tokenizer
+        self.calls = []
+
+    def generate(self, prompts, images, num_generations):
+        self.calls.append(len(prompts))
+        reply = [*self.tokenizer.encode("up", add_special_tokens=False), self.tokenizer.eos_token_id]
+        completions = [reply] * len(prompts)
+        logprobs = [[[-0.5] for _ in ids] for ids in completions]
+        return prompts, completions, logprobs, None
+
+
+class StandInTrainer:
+    def __init__(self, tokenizer, **kwargs):
+        self.vllm_generation = StandInVLLMGeneration(tokenizer, **kwargs)
+        self.processing_class = tokenizer
+        self.eos_token_ids = [tokenizer.eos_token_id]
+
+
+async def test_trainer_vllm_policy_batches_episodes_into_one_generate_call(tiny_model_dir):
+    from rllm_gym.agents.frozenlake import FrozenLakeAgent
+    from rllm_gym.engine import AgentExecutionEngine
+    from rllm_gym.train.trl_rollout import TrainerVLLMPolicy
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    trainer = StandInTrainer(tokenizer)
+    policy = TrainerVLLMPolicy(trainer)
+    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_steps=2)
+    episodes = await engine.run(list(range(8)))
+    assert trainer.vllm_generation.calls[0] == 8  # every episode's first turn in one vLLM call
+    step = episodes[0].trajectories[0].steps[0]
+    assert step.model_output.text == "up" and step.model_output.finish_reason == "stop"
+    assert step.logprobs == [-0.5, -0.5] and step.response_ids[-1] == tokenizer.eos_token_id
+    assert step.prompt_ids == tokenizer.apply_chat_template(
+        step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    with pytest.raises(ValueError, match=re.escape("multi-turn rollouts need vllm_mode='colocate'")):
+        TrainerVLLMPolicy(StandInTrainer(tokenizer, mode="server"))
