@@ -52,6 +52,20 @@ class BaseAgent:
         enable_thinking: bool | None = None,
         max_history_turns: int | None = None,
     ):
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a str or None (no system message), got {system_prompt!r}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise ValueError(f"name must be a non-empty str (the trajectory's name), got {name!r}")
+        if enable_thinking is not None and not isinstance(enable_thinking, bool):
+            raise ValueError(
+                f"enable_thinking must be True, False or None (the template's default), got {enable_thinking!r}"
+            )
+        if max_history_turns is not None and (
+            isinstance(max_history_turns, bool) or not isinstance(max_history_turns, int)
+        ):
+            raise ValueError(
+                f"max_history_turns must be an int >= 1 or None (keep everything), got {max_history_turns!r}"
+            )
         if max_history_turns is not None and max_history_turns < 1:
             raise ValueError(f"max_history_turns must be >= 1 or None (keep everything), got {max_history_turns}")
         if system_prompt is not None:

@@ -25,7 +25,7 @@ class FrozenLakeAgent(BaseAgent):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, *args: Any, observation_template: str = "Current grid:\n{observation}\nYour move?", **kwargs):
-        if "{observation}" not in observation_template:
+        if not isinstance(observation_template, str) or "{observation}" not in observation_template:
             raise ValueError(f"observation_template must contain '{{observation}}', got {observation_template!r}")
         self.observation_template = observation_template
         super().__init__(*args, **kwargs)

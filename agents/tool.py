@@ -38,7 +38,7 @@ class ToolAgent(BaseAgent):
         **kwargs: Any,
     ):
         self.parser = get_parser(parser)
-        multi_tool = tools if isinstance(tools, MultiTool) else MultiTool(list(tools))
+        multi_tool = tools if isinstance(tools, MultiTool) else MultiTool(tools)
         schemas = tool_schemas(multi_tool)
         # With native_tools the schemas go to the server (tools=...) and its chat template renders them.
         self.tools_schema = schemas if native_tools else None

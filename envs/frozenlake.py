@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections import deque
 from typing import Any
@@ -78,7 +79,7 @@ def generate_random_map(size: int = 4, p: float = 0.8, rng: np.random.Generator 
     """
     if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_SIZE:
         raise ValueError(f"FrozenLake size must be an int in [2, {MAX_SIZE}], got {size!r}")
-    if not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
         raise ValueError(f"FrozenLake p (the probability of a frozen tile) must lie in (0, 1], got {p!r}")
     rng = rng if rng is not None else np.random.default_rng()
     for _ in range(10_000):
@@ -183,7 +184,17 @@ class FrozenLakeEnv(gym.Env[str, str]):
                 f"FrozenLakeEnv render_mode must be one of {self.metadata['render_modes']} or None, "
                 f"got {render_mode!r}"
             )
-        self.size, self.p, self.is_slippery = size, p, bool(is_slippery)
+        if not isinstance(is_slippery, bool):
+            raise ValueError(f"FrozenLakeEnv is_slippery must be True or False, got {is_slippery!r}")
+        if (
+            isinstance(invalid_action_reward, bool)
+            or not isinstance(invalid_action_reward, (int, float))
+            or not math.isfinite(invalid_action_reward)
+        ):
+            raise ValueError(
+                f"FrozenLakeEnv invalid_action_reward must be a finite number, got {invalid_action_reward!r}"
+            )
+        self.size, self.p, self.is_slippery = size, p, is_slippery
         self.invalid_action_reward = float(invalid_action_reward)
         self.render_mode = render_mode
         self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)

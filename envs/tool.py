@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -14,7 +15,7 @@ import gymnasium as gym
 
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
-from rllm_gym.tools import MultiTool, Tool, ToolOutput, ToolParser, get_parser
+from rllm_gym.tools import BUILTIN_TOOLS, MultiTool, Tool, ToolOutput, ToolParser, get_parser
 from rllm_gym.types import ModelOutput, RewardOutput, ToolCall
 
 __all__ = ["DEFAULT_TOOLS", "ToolEnv", "builtin_tasks"]
@@ -138,24 +139,41 @@ class ToolEnv(gym.Env[str, str]):
             if tool_map:
                 raise ValueError("ToolEnv: pass tool_map only with a list of tools, not with a MultiTool")
             self.tools = tools
+        elif isinstance(tools, str) or not isinstance(tools, Sequence):
+            raise ValueError(
+                f"ToolEnv tools must be a list of tool names or Tool objects (built-ins: {', '.join(BUILTIN_TOOLS)}) "
+                f"or a MultiTool, got {tools!r}"
+            )
         else:
             self.tools = MultiTool(list(tools), tool_map)
         self.parser = get_parser(parser)
         if reward_fn is not None and not callable(reward_fn):
             raise ValueError(f"ToolEnv reward_fn must be callable as reward_fn(task_info, action), got {reward_fn!r}")
         self._reward_fn = reward_fn
+        if tasks is not None and (isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Sequence)):
+            raise ValueError(
+                f"ToolEnv tasks must be a list of task dicts or None (built-in tasks), got {tasks!r:.100}"
+            )
         self.tasks = [_validate_task(task) for task in (builtin_tasks() if tasks is None else tasks)]
         if not self.tasks:
             raise ValueError("ToolEnv tasks is empty: give at least one {'question', 'ground_truth'} task, or None")
         if not isinstance(max_tool_calls, int) or isinstance(max_tool_calls, bool) or max_tool_calls < 0:
             raise ValueError(f"ToolEnv max_tool_calls must be a non-negative int, got {max_tool_calls!r}")
+        if tool_timeouts is not None and not isinstance(tool_timeouts, Mapping):
+            raise ValueError(f"ToolEnv tool_timeouts must be a dict of tool name -> seconds, got {tool_timeouts!r}")
         for name, limit in {"tool_timeout": tool_timeout, **dict(tool_timeouts or {})}.items():
-            if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
+            if limit is not None and not (
+                isinstance(limit, (int, float)) and not isinstance(limit, bool) and 0 < limit < math.inf
+            ):
                 raise ValueError(f"ToolEnv timeout for {name!r} must be a positive number of seconds, got {limit!r}")
         unknown = sorted(set(tool_timeouts or {}) - set(self.tools.names))
         if unknown:
             raise ValueError(f"ToolEnv tool_timeouts names unknown tools {unknown}; tools: {self.tools.names}")
-        if not isinstance(malformed_call_penalty, (int, float)) or malformed_call_penalty < 0:
+        if (
+            isinstance(malformed_call_penalty, bool)
+            or not isinstance(malformed_call_penalty, (int, float))
+            or not 0 <= malformed_call_penalty < math.inf
+        ):
             raise ValueError(f"ToolEnv malformed_call_penalty must be a number >= 0, got {malformed_call_penalty!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(

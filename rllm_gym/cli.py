@@ -67,6 +67,18 @@ def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     for name in ("tasks", "n", "max_steps", "max_tokens", "n_parallel"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    # Checked here, before a model loads, so a typo costs a usage line rather than a traceback minutes later.
+    if args.temperature < 0:
+        parser.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        parser.error(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds (leave it out for no limit), got {args.timeout}")
+    for flag, value in (("--env-args", args.env_args), ("--agent-args", args.agent_args)):
+        if not isinstance(value, dict):
+            parser.error(f"{flag} must be a JSON object such as '{{\"size\": 6}}', got {value!r}")
+    if args.agent and ":" not in args.agent:
+        parser.error(f"--agent must look like 'package.module:Class', got {args.agent!r}")
     if args.policy in ("openai", "vllm") and not args.model:
         parser.error(f"--policy {args.policy} needs --model (the served or loaded model name)")
     if args.out and args.out.exists() and args.out.stat().st_size and not args.resume:
@@ -202,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     if args.command == "view":
+        if not args.path.is_file():
+            parser.error(f"view: {args.path} is not a file: pass an episode JSONL file written by eval --out")
         view_episode(args, console)
         return 0
     _check_eval_args(parser, args)

@@ -112,6 +112,10 @@ class Dataset(Sequence[dict]):
     """
 
     def __init__(self, data: Iterable[Mapping[str, Any]], name: str = "data"):
+        if isinstance(data, (str, bytes, Mapping)) or not isinstance(data, Iterable):
+            raise TypeError(f"Dataset data must be an iterable of task dicts (e.g. a list), got {type(data).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"Dataset name must be a str, got {name!r}")
         rows = list(data)
         for index, row in enumerate(rows):
             if not isinstance(row, Mapping):
@@ -376,6 +380,8 @@ class DatasetRegistry:
     _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
     def __init__(self, root: str | os.PathLike[str] | None = None):
+        if root is not None and (not isinstance(root, (str, os.PathLike)) or not str(root)):
+            raise TypeError(f"DatasetRegistry root must be a folder path (str or Path) or None, got {root!r}")
         self.root = Path(root) if root is not None else _default_root()
 
     def _path(self, name: str, split: str) -> Path:

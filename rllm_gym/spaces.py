@@ -53,7 +53,11 @@ class TextSpace(Space[str]):
                 raise ValueError(f"TextSpace {name} must be a non-negative int, got {value!r}")
         if min_length > max_length:
             raise ValueError(f"TextSpace min_length ({min_length}) must not exceed max_length ({max_length})")
-        if not isinstance(sample_max_length, int) or sample_max_length < min_length:
+        if (
+            not isinstance(sample_max_length, int)
+            or isinstance(sample_max_length, bool)
+            or sample_max_length < min_length
+        ):
             raise ValueError(
                 f"TextSpace sample_max_length must be an int >= min_length ({min_length}), got {sample_max_length!r}"
             )

@@ -133,6 +133,12 @@ class EpisodeWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True):
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise TypeError(f"EpisodeWriter path must be a file path (str or Path), got {path!r}")
+        if Path(path).is_dir():
+            raise IsADirectoryError(
+                f"EpisodeWriter path {str(path)!r} is a folder: pass a file such as 'episodes.jsonl'"
+            )
         self.path = Path(path)
         self.fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)

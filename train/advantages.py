@@ -58,12 +58,17 @@ class AdvantageConfig:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
         reasons = {reason.value for reason in TerminationReason}
+        if isinstance(self.exclude_termination, str):
+            raise ValueError(
+                f"exclude_termination must be a tuple of reasons, got the string {self.exclude_termination!r}: "
+                f"write ({self.exclude_termination!r},); allowed: {sorted(reasons)}"
+            )
         excluded = tuple(TerminationReason(r).value if r in reasons else r for r in self.exclude_termination)
         unknown = [r for r in excluded if r not in reasons]
         if unknown:
             raise ValueError(f"exclude_termination has unknown reasons {unknown}; allowed: {sorted(reasons)}")
         object.__setattr__(self, "exclude_termination", excluded)
-        if self.eps <= 0:
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 < self.eps < math.inf:
             raise ValueError(f"eps must be > 0, got {self.eps}")
 
 

@@ -130,6 +130,8 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.env, str):
+            raise ValueError(f"env must be a list of env ids, got the string {self.env!r}: write [{self.env!r}]")
         unknown = [env_id for env_id in self.env if env_id not in env_ids(multi_agent=False)]
         if unknown:
             raise ValueError(f"env {unknown} is not a registered single-agent id; choose from {env_ids(False)}")
@@ -139,6 +141,21 @@ class TrainConfig:
             raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
+        for name in ("prompts_per_step", "max_turns", "max_completion_length", "max_steps", "save_steps", "lora_r"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warm_start_steps < 0 or (self.warm_start_steps and not self.warm_start_replies):
+            raise ValueError("warm_start_steps must be >= 0, and > 0 needs at least one entry in warm_start_replies")
+        for name, ok, allowed in (
+            ("temperature", self.temperature >= 0, ">= 0"),
+            ("learning_rate", self.learning_rate > 0, "> 0"),
+            ("beta", self.beta >= 0, ">= 0 (0 = no KL term)"),
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+        ):
+            if not ok:
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
+        if self.env_weights is not None and (min(self.env_weights) < 0 or sum(self.env_weights) <= 0):
+            raise ValueError(f"env_weights must be >= 0 with a positive sum, got {self.env_weights}")
         if self.use_vllm and self.vllm_mode != "colocate":
             raise ValueError(
                 f"vllm_mode must be 'colocate' for multi-turn rollouts (server mode gathers every process's prompts "
@@ -281,6 +298,25 @@ class ConsoleLog(TrainerCallback):
         )
 
 
+def last_checkpoint(output_dir: Path) -> Path | None:
+    """The newest ``checkpoint-N`` folder that was written to the end, or None.
+
+    The trainer writes the model first and ``trainer_state.json`` last, so a run killed mid-save (SIGTERM, OOM)
+    leaves a newest folder without a readable trainer state; resuming from it fails, the one before it is whole.
+    """
+    steps = []
+    for folder in Path(output_dir).glob("checkpoint-*"):
+        step = folder.name.removeprefix("checkpoint-")
+        if not step.isdigit():
+            continue
+        try:
+            json.loads((folder / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        steps.append((int(step), folder))
+    return max(steps)[1] if steps else None
+
+
 def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -394,8 +430,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
-    has_checkpoint = any(output_dir.glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=bool(config.resume and has_checkpoint))
+    checkpoint = last_checkpoint(output_dir) if config.resume else None
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     summary["train_seconds"] = time.monotonic() - start
 
     # Results

@@ -14,9 +14,12 @@ or ints (a reset seed: the env draws its own task; the id is ``seed-<n>``). Epis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import queue
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from os import PathLike
 from typing import Any
 
@@ -31,6 +34,62 @@ from rllm_gym.types import Episode, TerminationReason
 __all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "task_id_of"]
 
 _DONE = object()  # end-of-stream marker on the results queue
+
+
+class _EnvThreadPool(Executor):
+    """A thread pool for env calls whose threads never keep the process alive.
+
+    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so one env call abandoned at an
+    episode's timeout (a user reward function that never returns) kept the process from exiting after the run had
+    ended. These threads are daemons: an abandoned call is dropped at exit instead. Idle threads are reused and new
+    ones started up to ``max_workers``, as in the standard pool.
+    """
+
+    def __init__(self, max_workers: int, thread_name_prefix: str):
+        self._max_workers = max_workers
+        self._prefix = thread_name_prefix
+        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot run env calls after the engine's thread pool shut down")
+            future: Future = Future()
+            self._work.put((future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                name = f"{self._prefix}_{len(self._threads)}"
+                thread = threading.Thread(target=self._worker, name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+            return future
+
+    def _worker(self) -> None:
+        while (item := self._work.get()) is not None:
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as error:  # the caller sees it through the future, as with any executor
+                    future.set_exception(error)
+            del item, future, fn, args, kwargs  # do not hold the finished call's objects while waiting
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            if cancel_futures:
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        self._work.get_nowait()[0].cancel()
+            for _ in self._threads:
+                self._work.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 def task_id_of(task: Any, index: int) -> str:
@@ -66,6 +125,15 @@ class AgentWorkflowEngine:
         env_workers: int = 32,
         gc_threshold: int | None = 50_000,
     ):
+        if not (isinstance(workflow_cls, type) and issubclass(workflow_cls, Workflow)):
+            raise TypeError(
+                f"workflow_cls must be a Workflow subclass (the class, not an instance), got {workflow_cls!r}"
+            )
+        if workflow_args is not None and not isinstance(workflow_args, dict):
+            raise TypeError(f"workflow_args must be a dict of the workflow's keyword arguments, got {workflow_args!r}")
+        for name, value in (("n_parallel", n_parallel), ("retry_limit", retry_limit), ("env_workers", env_workers)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1, got {n_parallel}")
         if retry_limit < 1:
@@ -81,7 +149,7 @@ class AgentWorkflowEngine:
         self.fsync = fsync
         self.env_workers = env_workers
         self.gc_threshold = gc_threshold
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor: _EnvThreadPool | None = None
 
     def _new_workflow(self) -> Workflow:
         return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
@@ -129,7 +197,7 @@ class AgentWorkflowEngine:
         results: asyncio.Queue[Any] = asyncio.Queue()
         n_workers = min(self.n_parallel, work.qsize())
 
-        self._executor = ThreadPoolExecutor(max_workers=self.env_workers, thread_name_prefix="rllm-gym-env")
+        self._executor = _EnvThreadPool(max_workers=self.env_workers, thread_name_prefix="rllm-gym-env")
         first = self._new_workflow()  # bad workflow arguments fail here, before any episode starts
 
         loop = asyncio.get_running_loop()
@@ -216,6 +284,18 @@ class AgentExecutionEngine(AgentWorkflowEngine):
         out: str | PathLike[str] | None = None,
         **workflow_kwargs: Any,
     ):
+        # The workflow (and its env) is built when a run starts: check the arguments a typo breaks now instead.
+        if isinstance(env_id, str):
+            from rllm_gym.registry import _spec, env_ids
+
+            if env_id not in env_ids() and env_id not in gym.registry:
+                _spec(env_id)  # raises UnknownEnvError naming the registered ids
+        elif not callable(env_id):
+            raise TypeError(f"env_id must be a registered env id or an env class/factory, got {env_id!r}")
+        if not callable(agent_cls):
+            raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps!r} (an int: LLM calls per episode)")
         workflow_args = {
             "env": env_id,
             "agent_cls": agent_cls,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import traceback
 from abc import ABC, abstractmethod
 from collections import defaultdict
@@ -80,11 +81,22 @@ class Workflow(ABC):
         gamma: float = 0.0,
         reward_bonus_coeff: float = 0.0,
     ):
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a Policy (an object with an async generate() method), got {policy!r}")
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise TypeError(
+                f"sampling_params must be a SamplingParams (e.g. temperature=0 for greedy), got {sampling_params!r}"
+            )
         for name, value in (("max_prompt_length", max_prompt_length), ("max_response_length", max_response_length)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0 or None (no limit), got {timeout_s}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be >= 1 or None (no limit), got {value!r}")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or timeout_s <= 0
+        ):
+            raise ValueError(f"timeout_s must be > 0 or None (no limit), got {timeout_s!r}")
+        for name, value in (("gamma", gamma), ("reward_bonus_coeff", reward_bonus_coeff)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must lie in [0, 1] (0 = no Monte Carlo returns), got {gamma}")
         self.policy = policy
@@ -264,8 +276,10 @@ class MultiTurnWorkflow(Workflow):
         **kwargs: Any,
     ):
         super().__init__(policy, **kwargs)
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps!r} (an int: LLM calls per episode)")
+        if not callable(agent_cls):
+            raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
         self.stop_on_truncation = stop_on_truncation
         self.env = make_env(env, env_args)
         self.agent = agent_cls(**(agent_args or {}))

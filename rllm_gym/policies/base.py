@@ -11,6 +11,8 @@ parsers in ``rllm_gym.tools`` build on policies, so policies must not import the
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,6 +57,20 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        # Types first, so a string or None gets this message rather than a comparison error below.
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
+        for name, optional in (("top_k", True), ("max_tokens", False), ("seed", True)):
+            value = getattr(self, name)
+            if not (value is None and optional) and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            ):
+                allowed = "an int or None" if optional else "an int"
+                raise ValueError(f"SamplingParams.{name} must be {allowed}, got {value!r}")
+        if not isinstance(self.stop, (str, Sequence)) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must be a string or a list of strings, got {self.stop!r}")
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

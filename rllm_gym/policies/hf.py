@@ -48,8 +48,11 @@ class BatchingPolicy:
     """
 
     def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], max_batch_size: int, batch_wait_s: float):
-        if max_batch_size < 1:
-            raise ValueError(f"{type(self).__name__}(max_batch_size=...) must be >= 1, got {max_batch_size}")
+        name = type(self).__name__
+        if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
+            raise ValueError(f"{name}(max_batch_size=...) must be an int >= 1, got {max_batch_size!r}")
+        if not isinstance(batch_wait_s, (int, float)) or isinstance(batch_wait_s, bool) or not 0 <= batch_wait_s < 60:
+            raise ValueError(f"{name}(batch_wait_s=...) must be seconds in [0, 60), got {batch_wait_s!r}")
         self.tokenizer = tokenizer
         self.template_kwargs = template_kwargs
         self.max_batch_size = max_batch_size
@@ -158,6 +161,8 @@ class HFPolicy(BatchingPolicy):
             from rllm_gym.tiny_model import default_model_path
 
             model = default_model_path()
+        if not isinstance(device, str) or not (device in ("auto", "cpu", "mps") or device.startswith("cuda")):
+            raise ValueError(f"HFPolicy(device=...) must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {device!r}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if isinstance(model, torch.nn.Module):  # a PreTrainedModel, or a wrapper of one such as a PEFT model

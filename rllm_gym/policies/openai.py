@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import time
@@ -155,16 +156,37 @@ class OpenAIPolicy:
         max_backoff_s: float = 8.0,
         cooldown_s: float = 30.0,
     ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError(
+                f"OpenAIPolicy(model=...) must be the served model's name, e.g. 'Qwen/Qwen3-0.6B', got {model!r}"
+            )
+        if not isinstance(base_url, (str, Sequence)):
+            raise ValueError(f"OpenAIPolicy(base_url=...) must be a URL or a list of URLs, got {base_url!r}")
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
             raise ValueError("OpenAIPolicy(base_url=...) needs at least one URL, e.g. 'http://127.0.0.1:8000/v1'")
         for url in urls:
-            if not url.startswith(("http://", "https://")):
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise ValueError(
                     f"OpenAIPolicy(base_url=...) must be an http(s) URL like 'http://host:8000/v1', got {url!r}"
                 )
-        if max_concurrency < 1 or max_retries < 0:
-            raise ValueError("OpenAIPolicy needs max_concurrency >= 1 and max_retries >= 0")
+        for name, value, minimum in (("max_concurrency", max_concurrency, 1), ("max_retries", max_retries, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"OpenAIPolicy({name}=...) must be an int >= {minimum}, got {value!r}")
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("backoff_s", backoff_s),
+            ("max_backoff_s", max_backoff_s),
+            ("cooldown_s", cooldown_s),
+        ):
+            positive = name == "timeout_s"
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 < value < math.inf if positive else 0 <= value < math.inf)
+            ):
+                bound = "> 0" if positive else ">= 0"
+                raise ValueError(f"OpenAIPolicy({name}=...) must be a finite number of seconds {bound}, got {value!r}")
         self.model = model
         self.replicas = [_Replica(url.rstrip("/")) for url in urls]
         if isinstance(tokenizer, str | os.PathLike):

@@ -50,6 +50,8 @@ class ScriptedPolicy:
     ) -> None:
         if isinstance(replies, str):
             raise TypeError("ScriptedPolicy(replies=...) takes a list of replies or a function, not a single string")
+        if not callable(replies) and not isinstance(replies, Sequence):
+            raise TypeError(f"ScriptedPolicy(replies=...) takes a list of replies or a function, got {replies!r}")
         self._replies = replies if callable(replies) else list(replies)
         if not callable(replies) and not self._replies:
             raise ValueError("ScriptedPolicy(replies=[]) has nothing to say: give at least one reply")

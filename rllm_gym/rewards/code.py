@@ -281,8 +281,14 @@ class CodeReward:
         memory_mb: int = 512,
         sandbox: Sandbox | None = None,
     ):
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
             raise ValueError(f"CodeReward timeout must be a positive number of seconds, got {timeout!r}")
+        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb <= 16:
+            raise ValueError(f"CodeReward memory_mb must be an int > 16 (megabytes per run), got {memory_mb!r}")
+        if sandbox is not None and not isinstance(sandbox, Sandbox):
+            raise ValueError(
+                f"CodeReward sandbox must be a rllm_gym.sandbox.Sandbox or None (shared), got {sandbox!r}"
+            )
         self.fraction, self.stop = bool(fraction), bool(stop_on_first_failure)
         self.timeout, self.memory_mb, self.sandbox = float(timeout), memory_mb, sandbox
 

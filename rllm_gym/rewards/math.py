@@ -48,24 +48,39 @@ _ANSWER_IS = re.compile(
     r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:\.\s|\.?\s*$|\n)", re.IGNORECASE
 )
 _MARKUP = " \t\n$*`"
+_TOKEN = re.compile(r"[^\s$]+")
 
 
 def last_boxed(text: str) -> str | None:
     """The content of the last ``\\boxed{...}`` or ``\\fbox{...}`` in ``text`` (braces balanced), or None.
 
-    ``\\boxed 5`` (no braces) gives ``"5"``; an unclosed ``\\boxed{`` gives None.
+    ``\\boxed 5`` (no braces) gives ``"5"``; an unclosed ``\\boxed{`` gives None (and an earlier box is used).
     """
     matches = list(_BOXED.finditer(text))
+    if not matches:
+        return None
+    # One pass from the right instead of a scan per box: thousands of nested unclosed boxes would be quadratic.
+    # close[i] is the index of the brace that closes an opening brace at i, found via brace depths: the first index
+    # after i where the depth falls back to its level before i.
+    close: dict[int, int] = {}
+    starts = {match.end() for match in matches if match.end() < len(text) and text[match.end()] == "{"}
+    depth = text.count("{") - text.count("}")  # the depth after the last character
+    first_at: dict[int, int] = {}  # depth -> the smallest index seen so far whose closing brace leaves that depth
+    for index in range(len(text) - 1, -1, -1):
+        char = text[index]
+        if char not in "{}":
+            continue
+        first_at[depth] = index
+        depth += 1 if char == "}" else -1  # now the depth before this character
+        if char == "{" and index in starts and depth in first_at and first_at[depth] != index:
+            close[index] = first_at[depth]
     for match in reversed(matches):
         start = match.end()
-        if start < len(text) and text[start] == "{":
-            depth = 0
-            for index in range(start, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[index], 0)
-                if depth == 0:
-                    return text[start + 1 : index].strip()
+        if start in starts:
+            if start in close:
+                return text[start + 1 : close[start]].strip()
             continue  # unbalanced: try an earlier box
-        token = re.match(r"[^\s$]+", text[start:])
+        token = _TOKEN.match(text, start)
         if token:
             return token.group(0)
     return None
@@ -396,8 +411,16 @@ class MathGrader:
                 raise ValueError(f"MathGrader {name} must be a finite number, got {value!r}")
         if not 0.1 <= self.time_limit <= 600:
             raise ValueError(f"MathGrader time_limit must lie in [0.1, 600] seconds, got {self.time_limit!r}")
-        if not isinstance(self.max_answer_chars, int) or self.max_answer_chars < 1:
+        if (
+            not isinstance(self.max_answer_chars, int)
+            or isinstance(self.max_answer_chars, bool)
+            or self.max_answer_chars < 1
+        ):
             raise ValueError(f"MathGrader max_answer_chars must be a positive int, got {self.max_answer_chars!r}")
+        if not isinstance(self.use_math_verify, bool):
+            raise ValueError(f"MathGrader use_math_verify must be True or False, got {self.use_math_verify!r}")
+        if self.pool is not None and not isinstance(self.pool, MathVerifyPool):
+            raise ValueError(f"MathGrader pool must be a MathVerifyPool or None (shared), got {self.pool!r}")
 
     def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
         """``(is_correct, path)`` for a bare answer against one reference answer."""

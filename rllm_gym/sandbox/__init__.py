@@ -368,6 +368,13 @@ def _request(
     _positive("max_processes", max_processes)
     cpu_time_s = timeout if cpu_time_s is None else cpu_time_s
     _positive("cpu_time_s", cpu_time_s)
+    for label, mapping in (("files", files), ("env", env)):
+        if mapping is not None and (
+            not isinstance(mapping, dict) or not all(isinstance(v, str) for v in [*mapping, *mapping.values()])
+        ):
+            raise TypeError(f"sandbox {label} must be a dict of str -> str, got {mapping!r:.100}")
+    if argv is not None and (not isinstance(argv, (list, tuple)) or isinstance(argv, str)):
+        raise TypeError(f"sandbox argv must be a list of arguments such as ['--n', '3'], got {argv!r:.100}")
     files = dict(files or {})
     for name in [*files, filename]:
         if not isinstance(name, str) or not name or "/" in name or name in {".", ".."}:

@@ -129,9 +129,13 @@ class Tool(ABC):
             jsonschema.Draft202012Validator.check_schema(parameters)
         except jsonschema.SchemaError as error:
             raise ValueError(f"tool {name!r} parameters are not a valid JSON schema: {error.message}") from None
-        if not isinstance(max_output_chars, int) or max_output_chars < 1:
+        if not isinstance(description, str):
+            raise ValueError(f"tool {name!r} description must be a str, got {description!r}")
+        if not isinstance(max_output_chars, int) or isinstance(max_output_chars, bool) or max_output_chars < 1:
             raise ValueError(f"tool {name!r} max_output_chars must be a positive int, got {max_output_chars!r}")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
+        ):
             raise ValueError(f"tool {name!r} timeout must be a positive number of seconds or None, got {timeout!r}")
         self.name = name
         self.description = description or ""

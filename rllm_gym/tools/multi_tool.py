@@ -63,6 +63,10 @@ class MultiTool:
             raise ValueError("MultiTool needs tools=[...] (built-in names or Tool objects) or tool_map={name: tool}")
         if isinstance(tools, str):
             raise TypeError(f"MultiTool tools must be a list of names, got the string {tools!r}: write [{tools!r}]")
+        if tools is not None and not isinstance(tools, Sequence):
+            raise TypeError(f"MultiTool tools must be a list of built-in names or Tool objects, got {tools!r}")
+        if tool_map is not None and not isinstance(tool_map, Mapping):
+            raise TypeError(f"MultiTool tool_map must be a dict of name -> Tool or typed function, got {tool_map!r}")
         self.tools: dict[str, Tool] = {}
         for entry in tools or ():
             if isinstance(entry, Tool):

@@ -384,7 +384,7 @@ def get_parser(parser: str | ToolParser) -> ToolParser:
     """A parser instance from a name in :data:`PARSERS` (or a ToolParser, returned as is)."""
     if isinstance(parser, ToolParser):
         return parser
-    if parser in PARSERS:
+    if isinstance(parser, str) and parser in PARSERS:
         return PARSERS[parser]()
     close = difflib.get_close_matches(str(parser), PARSERS, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -82,3 +83,17 @@ async def test_exactly_one_of_messages_and_prompt_ids(policy):
         await policy.generate(CHAT, prompt_ids=[1, 2])
     with pytest.raises(ValueError, match="exactly one of `messages`"):
         await policy.generate()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_batch_size": "8"}, "HFPolicy(max_batch_size=...) must be an int >= 1, got '8'"),
+        ({"max_batch_size": 0}, "HFPolicy(max_batch_size=...) must be an int >= 1, got 0"),
+        ({"batch_wait_s": -1}, "HFPolicy(batch_wait_s=...) must be seconds in [0, 60), got -1"),
+        ({"device": "gpu"}, "HFPolicy(device=...) must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got 'gpu'"),
+    ],
+)
+def test_bad_arguments_name_the_argument(tiny_model_dir, kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        HFPolicy(tiny_model_dir, **kwargs)

@@ -1,0 +1,314 @@
+"""Run every benchmark script in ``benchmarks/`` in its bounded mode, record the results with a description of the
+machine in ``benchmarks/results.json``, and render the README's performance table from that file, so the README
+never holds a hand-typed number: each row pairs our number with a baseline measured in the same run.
+
+    python benchmarks/run_all.py                 # run all (about 1.5 minutes on 2 cores), write results, update README
+    python benchmarks/run_all.py --render-only   # re-render the README's table from benchmarks/results.json
+    python benchmarks/run_all.py --check         # exit 1 if the README's table differs from that rendering
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import difflib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results.json"
+README = ROOT / "README.md"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark script failed, timed out, or wrote no JSON results."""
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One script of ``benchmarks/`` and the arguments that bound it (``--json PATH`` is added when it runs)."""
+
+    name: str
+    args: tuple[str, ...]
+
+    @property
+    def command(self) -> str:
+        return " ".join([f"{self.name}.py", *self.args])
+
+
+BENCHMARKS = (
+    Benchmark("bench_envs", ("--quick",)),
+    # --quick alone grades 200 answers, too few to get past the math-verify workers' first slow calls (its ratio
+    # came out at half the 2000-answer one); 2000 answers take about 7 s.
+    Benchmark("bench_math_reward", ("--quick", "--n", "2000")),
+    Benchmark("bench_sandbox", ("--quick",)),
+    # --code: the event loop's worst lag while 4096 episodes run sandboxed programs (about 30 s).
+    Benchmark("bench_engine", ("--quick", "--code", "4096")),
+    Benchmark("bench_tools", ("--quick",)),
+    Benchmark("bench_policies", ("--quick",)),
+    # The full step (8 prompts x 8 generations, 32 tokens, about 95 s): in --quick's 4x4 step our fixed per-step cost
+    # (engine, env and agent around generation, ~0.09 s) weighs more, and one quick round swung from 1.0x to 1.4x.
+    Benchmark("bench_grpo", ()),
+)
+
+
+# Running
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "torch": torch_version,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def run_benchmark(script: Path, args: tuple[str, ...], timeout_s: float) -> tuple[dict[str, Any], str]:
+    """Run ``script`` with ``args --json TMP`` in a fresh interpreter; returns its JSON results and its stdout."""
+    with tempfile.TemporaryDirectory(prefix="rllm-gym-bench-") as tmp:
+        out = Path(tmp) / "results.json"
+        command = [sys.executable, str(script), *args, "--json", str(out)]
+        try:
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            raise BenchmarkError(f"{script.name} ran past its {timeout_s:.0f} s limit") from error
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise BenchmarkError(f"{script.name} exited with status {done.returncode}:\n{tail}")
+        if not out.exists():
+            raise BenchmarkError(f"{script.name} exited cleanly but wrote no JSON to {out} (does it accept --json?)")
+        return json.loads(out.read_text()), done.stdout
+
+
+def run_all(benchmarks: tuple[Benchmark, ...] = BENCHMARKS, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run every benchmark one after another (never two at once: they would time each other)."""
+    results: dict[str, Any] = {"machine": machine(), "benchmarks": {}}
+    started = time.perf_counter()
+    for index, bench in enumerate(benchmarks, 1):
+        print(f"[{index}/{len(benchmarks)}] python benchmarks/{bench.command}", flush=True)
+        start = time.perf_counter()
+        output, stdout = run_benchmark(HERE / f"{bench.name}.py", bench.args, timeout_s)
+        wall_s = time.perf_counter() - start
+        print(stdout.rstrip() + f"\n  ({wall_s:.1f} s)\n", flush=True)
+        results["benchmarks"][bench.name] = {"command": bench.command, "wall_s": round(wall_s, 1), "results": output}
+    results["machine"]["load_average_end"] = round(os.getloadavg()[0], 2)
+    results["total_s"] = round(time.perf_counter() - started, 1)
+    return results
+
+
+# Rendering: one function per script, each returning rows of (what, ours, baseline, ratio)
+
+Row = tuple[str, str, str, str]
+NO_BASELINE = ("none", "n/a")
+
+
+def envs_rows(r: dict[str, Any], command: str) -> list[Row]:
+    return [
+        (
+            f"FrozenLake step, text in and out, {row['variant']}, {r['n_steps']:,} steps (`{command}`)",
+            f"{row['rllm_gym_us_per_step']:.2f} us",
+            f"Gymnasium FrozenLake-v1, {row['gymnasium_us_per_step']:.2f} us",
+            f"{row['ratio']:.2f}x the time",
+        )
+        for row in r["rows"]
+    ]
+
+
+def math_rows(r: dict[str, Any], command: str) -> list[Row]:
+    verdicts = "identical verdicts" if r["identical_verdicts"] else f"verdicts DIFFER ({len(r['mismatches'])}+)"
+    return [
+        (
+            f"math grading, {r['n_answers']:,} answers, {r['mix']} (`{command}`)",
+            f"{r['ours_answers_per_s']:,.0f} answers/s",
+            f"math-verify parse+verify directly, {r['math_verify_answers_per_s']:,.0f}/s",
+            f"{r['speedup']:.1f}x the throughput, {verdicts}",
+        )
+    ]
+
+
+def sandbox_rows(r: dict[str, Any], command: str) -> list[Row]:
+    modes = {"sequential": "one at a time", "concurrent": f"{r['parallel']} in flight"}
+    return [
+        (
+            f"sandboxed trivial program, all isolation on, {label} (`{command}`)",
+            f"{r[mode]['sandbox_per_s']:,.0f} runs/s",
+            f"bare `python -c` subprocess, {r[mode]['bare_per_s']:,.0f}/s",
+            f"{r[mode]['ratio']:.2f}x the throughput",
+        )
+        for mode, label in modes.items()
+    ]
+
+
+def engine_rows(r: dict[str, Any], command: str) -> list[Row]:
+    rows: list[Row] = [
+        (
+            f"engine, {row['n_in_flight']:,} FrozenLake episodes in flight, policy latency "
+            f"{row['latency_ms']:.0f} ms, {row['calls'] // row['n_in_flight']} calls each (`{command}`)",
+            f"{row['achieved_calls_per_s']:,.0f} LLM calls/s, "
+            f"{row['engine_cpu_us_per_call']:.0f} us engine CPU per call",
+            f"ideal N/L = {row['ideal_calls_per_s']:,.0f}/s",
+            f"{row['fraction_of_ideal']:.0%} of ideal",
+        )
+        for row in r["frozenlake"]
+    ]
+    if "code" in r:
+        code = r["code"]
+        rows.append(
+            (
+                f"engine, {code['code_episodes']:,} Code-v0 episodes in flight, sandboxed tests (`{command}`)",
+                f"worst event-loop lag {code['worst_loop_lag_ms']:,.0f} ms ({code['wall_s']:.1f} s in all)",
+                *NO_BASELINE,
+            )
+        )
+    return rows
+
+
+def tools_rows(r: dict[str, Any], command: str) -> list[Row]:
+    names = {"hermes": "Hermes", "json": "JSON block", "openai": "OpenAI"}
+    rates = ", ".join(f"{names.get(name, name)} {row['replies_per_s']:,.0f}" for name, row in r["parsers"].items())
+    return [(f"tool-call parsing, replies with 0-3 calls (`{command}`)", f"{rates} replies/s", *NO_BASELINE)]
+
+
+def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
+    latency_ms = r["latency_s"] * 1e3
+    over = r["overhead"]
+    busiest = max(r["concurrency"], key=lambda row: row["in_flight"])
+    return [
+        (
+            f"OpenAIPolicy per-request overhead, local stub server at {latency_ms:.0f} ms (`{command}`)",
+            f"{over['policy_overhead_ms']:.2f} ms",
+            f"raw httpx, {over['raw_httpx_overhead_ms']:.2f} ms",
+            f"{over['policy_extra_ms']:+.2f} ms",
+        ),
+        (
+            f"OpenAIPolicy, {busiest['in_flight']} requests in flight, server at {latency_ms:.0f} ms (`{command}`)",
+            f"{busiest['req_per_s']:,.0f} req/s",
+            f"ideal N/L = {busiest['ideal_req_per_s']:,.0f}/s (raw httpx {busiest['raw_httpx_req_per_s']:,.0f}/s)",
+            f"{busiest['efficiency']:.0%} of ideal",
+        ),
+    ]
+
+
+def grpo_rows(r: dict[str, Any], command: str) -> list[Row]:
+    s = r["settings"]
+    return [
+        (
+            f"GRPO step, single-turn Math-v0, {s['prompts_per_step']} prompts x {s['num_generations']} generations, "
+            f"{s['max_completion_length']} tokens, tiny model, CPU (`{command}`)",
+            f"{r['ours']['median_s']:.3f} s (median of {r['ours']['n']})",
+            f"TRL's plain GRPOTrainer, {r['trl']['median_s']:.3f} s",
+            f"{r['ratio']:.2f}x the time",
+        )
+    ]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
+    "bench_envs": envs_rows,
+    "bench_math_reward": math_rows,
+    "bench_sandbox": sandbox_rows,
+    "bench_engine": engine_rows,
+    "bench_tools": tools_rows,
+    "bench_policies": policies_rows,
+    "bench_grpo": grpo_rows,
+}
+
+
+def render(results: dict[str, Any]) -> str:
+    """The markdown that goes between the README's markers: a line on the machine and run, then the table."""
+    missing = [name for name in RENDERERS if name not in results.get("benchmarks", {})]
+    if missing:
+        raise ValueError(f"results have no entry for {', '.join(missing)}: rerun `python benchmarks/run_all.py`")
+    m = results["machine"]
+    lines = [
+        f"Run on {m['date'][:10]}: {m['cpu_model']}, {m['cpu_count']} CPUs, Python {m['python']}, torch {m['torch']}, "
+        f"load average {m['load_average_start']:.2f} at the start and {m['load_average_end']:.2f} at the end, "
+        f"{results['total_s']:.0f} s in all.",
+        "",
+        "| what (script) | ours | baseline, same run | ratio |",
+        "|---|---|---|---|",
+    ]
+    for name, renderer in RENDERERS.items():
+        entry = results["benchmarks"][name]
+        for row in renderer(entry["results"], entry["command"]):
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def replace_table(readme: str, block: str) -> str:
+    """``readme`` with everything between the bench markers replaced by ``block``."""
+    head, start, rest = readme.partition(START)
+    _, end, tail = rest.partition(END)
+    if not start or not end:
+        raise ValueError(f"README has no {START} ... {END} block: add both markers to its Performance section")
+    return f"{head}{START}\n{block}\n{END}{tail}"
+
+
+# Command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--render-only", action="store_true", help="re-render the README from the results, run nothing")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the README's table differs from the results")
+    parser.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
+    parser.add_argument("--readme", type=Path, default=README, help=f"README to render into (default {README})")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds each script may run (default 600)")
+    args = parser.parse_args(argv)
+
+    if args.render_only or args.check:
+        results = json.loads(args.results.read_text())
+    else:
+        try:
+            results = run_all(timeout_s=args.timeout)
+        except BenchmarkError as error:
+            print(f"benchmark failed, {args.results} and the README left as they were: {error}", file=sys.stderr)
+            return 1
+        args.results.write_text(json.dumps(results, indent=2) + "\n")
+    readme = args.readme.read_text()
+    rendered = replace_table(readme, render(results))
+    if args.check:
+        if rendered == readme:
+            print(f"{args.readme}: the performance table matches {args.results}")
+            return 0
+        diff = difflib.unified_diff(readme.splitlines(), rendered.splitlines(), "README", "rendered", lineterm="")
+        print(f"{args.readme}'s performance table differs from {args.results}:\n" + "\n".join(diff), file=sys.stderr)
+        return 1
+    args.readme.write_text(rendered)
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

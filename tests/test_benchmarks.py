@@ -1,0 +1,258 @@
+"""benchmarks/run_all.py: the README's performance table is rendered from benchmarks/results.json, never typed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
+run_all = importlib.util.module_from_spec(spec)
+sys.modules["run_all"] = run_all  # dataclasses look their module up by name
+spec.loader.exec_module(run_all)
+
+
+def fabricated() -> dict:
+    """Results in the shape each script writes with --json, with round numbers."""
+    return {
+        "machine": {
+            "platform": "Linux-x86_64",
+            "python": "3.11.7",
+            "cpu_count": 2,
+            "cpu_model": "Test CPU 9000",
+            "torch": "2.13.0+cpu",
+            "date": "2030-01-02T03:04:05+00:00",
+            "load_average_start": 0.5,
+            "load_average_end": 1.25,
+        },
+        "total_s": 90.4,
+        "benchmarks": {
+            "bench_envs": {
+                "command": "bench_envs.py --quick",
+                "wall_s": 1.0,
+                "results": {
+                    "n_steps": 20000,
+                    "rows": [
+                        {
+                            "variant": "4x4 deterministic",
+                            "gymnasium_us_per_step": 4.0,
+                            "rllm_gym_us_per_step": 2.0,
+                            "ratio": 0.5,
+                        },
+                        {
+                            "variant": "4x4 slippery",
+                            "gymnasium_us_per_step": 4.0,
+                            "rllm_gym_us_per_step": 3.0,
+                            "ratio": 0.75,
+                        },
+                    ],
+                },
+            },
+            "bench_math_reward": {
+                "command": "bench_math_reward.py --quick --n 2000",
+                "wall_s": 7.0,
+                "results": {
+                    "n_answers": 2000,
+                    "mix": "80% plain numbers, 20% LaTeX",
+                    "ours_answers_per_s": 3200.4,
+                    "math_verify_answers_per_s": 400.0,
+                    "speedup": 8.001,
+                    "identical_verdicts": True,
+                    "mismatches": [],
+                },
+            },
+            "bench_sandbox": {
+                "command": "bench_sandbox.py --quick",
+                "wall_s": 3.0,
+                "results": {
+                    "parallel": 4,
+                    "sequential": {"bare_per_s": 50.0, "sandbox_per_s": 150.0, "ratio": 3.0},
+                    "concurrent": {"bare_per_s": 80.0, "sandbox_per_s": 280.0, "ratio": 3.5},
+                },
+            },
+            "bench_engine": {
+                "command": "bench_engine.py --quick --code 64",
+                "wall_s": 5.0,
+                "results": {
+                    "frozenlake": [
+                        {
+                            "n_in_flight": 256,
+                            "latency_ms": 50.0,
+                            "calls": 2560,
+                            "achieved_calls_per_s": 4864.0,
+                            "ideal_calls_per_s": 5120.0,
+                            "fraction_of_ideal": 0.95,
+                            "engine_cpu_us_per_call": 40.2,
+                        }
+                    ],
+                    "code": {"code_episodes": 64, "wall_s": 2.04, "worst_loop_lag_ms": 120.4},
+                },
+            },
+            "bench_tools": {
+                "command": "bench_tools.py --quick",
+                "wall_s": 2.0,
+                "results": {
+                    "parsers": {
+                        "hermes": {"replies_per_s": 150000.0},
+                        "json": {"replies_per_s": 140000.0},
+                        "openai": {"replies_per_s": 90000.0},
+                    }
+                },
+            },
+            "bench_policies": {
+                "command": "bench_policies.py --quick",
+                "wall_s": 4.0,
+                "results": {
+                    "latency_s": 0.05,
+                    "overhead": {"raw_httpx_overhead_ms": 2.0, "policy_overhead_ms": 2.05, "policy_extra_ms": 0.05},
+                    "concurrency": [
+                        {
+                            "in_flight": 1,
+                            "req_per_s": 19.0,
+                            "raw_httpx_req_per_s": 19.5,
+                            "ideal_req_per_s": 20.0,
+                            "efficiency": 0.95,
+                        },
+                        {
+                            "in_flight": 32,
+                            "req_per_s": 480.0,
+                            "raw_httpx_req_per_s": 500.0,
+                            "ideal_req_per_s": 640.0,
+                            "efficiency": 0.75,
+                        },
+                    ],
+                },
+            },
+            "bench_grpo": {
+                "command": "bench_grpo.py --quick --rounds 2",
+                "wall_s": 40.0,
+                "results": {
+                    "settings": {"prompts_per_step": 4, "num_generations": 4, "max_completion_length": 16},
+                    "ours": {"median_s": 0.3, "n": 24},
+                    "trl": {"median_s": 0.25, "n": 24},
+                    "ratio": 1.2,
+                },
+            },
+        },
+    }
+
+
+def test_render_names_script_ours_baseline_and_ratio_in_each_row():
+    lines = run_all.render(fabricated()).splitlines()
+    assert lines[0] == (
+        "Run on 2030-01-02: Test CPU 9000, 2 CPUs, Python 3.11.7, torch 2.13.0+cpu, load average 0.50 at the start "
+        "and 1.25 at the end, 90 s in all."
+    )
+    assert lines[2:4] == ["| what (script) | ours | baseline, same run | ratio |", "|---|---|---|---|"]
+    rows = lines[4:]
+    assert rows == [
+        "| FrozenLake step, text in and out, 4x4 deterministic, 20,000 steps (`bench_envs.py --quick`) | 2.00 us "
+        "| Gymnasium FrozenLake-v1, 4.00 us | 0.50x the time |",
+        "| FrozenLake step, text in and out, 4x4 slippery, 20,000 steps (`bench_envs.py --quick`) | 3.00 us "
+        "| Gymnasium FrozenLake-v1, 4.00 us | 0.75x the time |",
+        "| math grading, 2,000 answers, 80% plain numbers, 20% LaTeX (`bench_math_reward.py --quick --n 2000`) "
+        "| 3,200 answers/s | math-verify parse+verify directly, 400/s | 8.0x the throughput, identical verdicts |",
+        "| sandboxed trivial program, all isolation on, one at a time (`bench_sandbox.py --quick`) | 150 runs/s "
+        "| bare `python -c` subprocess, 50/s | 3.00x the throughput |",
+        "| sandboxed trivial program, all isolation on, 4 in flight (`bench_sandbox.py --quick`) | 280 runs/s "
+        "| bare `python -c` subprocess, 80/s | 3.50x the throughput |",
+        "| engine, 256 FrozenLake episodes in flight, policy latency 50 ms, 10 calls each "
+        "(`bench_engine.py --quick --code 64`) | 4,864 LLM calls/s, 40 us engine CPU per call "
+        "| ideal N/L = 5,120/s | 95% of ideal |",
+        "| engine, 64 Code-v0 episodes in flight, sandboxed tests (`bench_engine.py --quick --code 64`) "
+        "| worst event-loop lag 120 ms (2.0 s in all) | none | n/a |",
+        "| tool-call parsing, replies with 0-3 calls (`bench_tools.py --quick`) "
+        "| Hermes 150,000, JSON block 140,000, OpenAI 90,000 replies/s | none | n/a |",
+        "| OpenAIPolicy per-request overhead, local stub server at 50 ms (`bench_policies.py --quick`) | 2.05 ms "
+        "| raw httpx, 2.00 ms | +0.05 ms |",
+        "| OpenAIPolicy, 32 requests in flight, server at 50 ms (`bench_policies.py --quick`) | 480 req/s "
+        "| ideal N/L = 640/s (raw httpx 500/s) | 75% of ideal |",
+        "| GRPO step, single-turn Math-v0, 4 prompts x 4 generations, 16 tokens, tiny model, CPU "
+        "(`bench_grpo.py --quick --rounds 2`) | 0.300 s (median of 24) | TRL's plain GRPOTrainer, 0.250 s "
+        "| 1.20x the time |",
+    ]
+    assert all(row.count(" | ") == 3 for row in rows)  # four cells each: a pipe inside a cell would break the table
+
+
+def test_render_flags_differing_verdicts_and_skips_absent_code_run():
+    results = fabricated()
+    math = results["benchmarks"]["bench_math_reward"]["results"]
+    math["identical_verdicts"] = False
+    math["mismatches"] = [{"ground_truth": "1", "reply": "2", "math_verify": True}] * 3
+    del results["benchmarks"]["bench_engine"]["results"]["code"]
+    table = run_all.render(results)
+    assert "8.0x the throughput, verdicts DIFFER (3+) |" in table
+    assert "Code-v0" not in table
+
+
+def test_render_names_missing_benchmarks():
+    results = fabricated()
+    del results["benchmarks"]["bench_grpo"], results["benchmarks"]["bench_tools"]
+    message = "results have no entry for bench_tools, bench_grpo: rerun `python benchmarks/run_all.py`"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run_all.render(results)
+
+
+def test_replace_table_swaps_only_the_marked_block():
+    readme = "# T\n\n## Performance\n\nintro\n\n<!-- bench:start -->\n| old | table |\n<!-- bench:end -->\n\n## Next\n"
+    assert run_all.replace_table(readme, "NEW") == (
+        "# T\n\n## Performance\n\nintro\n\n<!-- bench:start -->\nNEW\n<!-- bench:end -->\n\n## Next\n"
+    )
+    with pytest.raises(ValueError, match=re.escape("README has no <!-- bench:start --> ... <!-- bench:end --> block")):
+        run_all.replace_table("## Performance\n<!-- bench:start -->\n", "NEW")
+
+
+def test_check_and_render_only_modes(tmp_path, capsys):
+    results_path, readme_path = tmp_path / "results.json", tmp_path / "README.md"
+    results_path.write_text(json.dumps(fabricated()))
+    readme_path.write_text("intro\n<!-- bench:start -->\n| hand | typed |\n<!-- bench:end -->\nafter\n")
+    paths = ["--results", str(results_path), "--readme", str(readme_path)]
+
+    assert run_all.main(["--check", *paths]) == 1
+    assert "-| hand | typed |" in capsys.readouterr().err
+    assert run_all.main(["--render-only", *paths]) == 0
+    text = readme_path.read_text()
+    assert text.startswith("intro\n<!-- bench:start -->\nRun on 2030-01-02: Test CPU 9000")
+    assert text.endswith("| 1.20x the time |\n<!-- bench:end -->\nafter\n")
+    assert run_all.main(["--check", *paths]) == 0
+
+
+def test_run_benchmark_returns_json_and_reports_failures(tmp_path):
+    script = tmp_path / "bench_fake.py"
+    script.write_text(
+        "import json, sys\n"
+        "args = sys.argv[1:]\n"
+        "if '--fail' in args:\n"
+        "    sys.exit('fake benchmark broke')\n"
+        "if '--no-json' not in args:\n"
+        "    open(args[args.index('--json') + 1], 'w').write(json.dumps({'args': args[:-2]}))\n"
+        "print('table')\n"
+    )
+    results, stdout = run_all.run_benchmark(script, ("--quick",), timeout_s=60)
+    assert results == {"args": ["--quick"]} and stdout == "table\n"
+    with pytest.raises(run_all.BenchmarkError, match=re.escape("bench_fake.py exited with status 1:\nfake benchmark")):
+        run_all.run_benchmark(script, ("--fail",), timeout_s=60)
+    with pytest.raises(run_all.BenchmarkError, match=re.escape("bench_fake.py exited cleanly but wrote no JSON")):
+        run_all.run_benchmark(script, ("--no-json",), timeout_s=60)
+
+
+def test_every_benchmark_script_is_run_and_rendered():
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")}
+    assert {bench.name for bench in run_all.BENCHMARKS} == scripts
+    assert set(run_all.RENDERERS) == scripts
+
+
+def test_readme_table_is_the_rendering_of_the_committed_results():
+    assert run_all.main(["--check"]) == 0, "README differs: run `python benchmarks/run_all.py --render-only`"
+
+
+def test_committed_results_describe_the_machine_and_every_run():
+    results = json.loads(run_all.RESULTS.read_text())
+    assert {"platform", "python", "cpu_count", "cpu_model", "torch", "date"} <= set(results["machine"])
+    commands = {name: entry["command"] for name, entry in results["benchmarks"].items()}
+    assert commands == {bench.name: bench.command for bench in run_all.BENCHMARKS}
