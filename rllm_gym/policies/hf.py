@@ -161,8 +161,14 @@ class HFPolicy(BatchingPolicy):
             from rllm_gym.tiny_model import default_model_path
 
             model = default_model_path()
-        if not isinstance(device, str) or not (device in ("auto", "cpu", "mps") or device.startswith("cuda")):
-            raise ValueError(f"HFPolicy(device=...) must be 'cpu', 'cuda', 'cuda:N', 'mps' or 'auto', got {device!r}")
+        try:
+            if device != "auto":
+                torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(
+                f"HFPolicy(device=...) must be a torch device such as 'cpu', 'cuda', 'cuda:1', or 'auto', "
+                f"got {device!r}"
+            ) from error
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if isinstance(model, torch.nn.Module):  # a PreTrainedModel, or a wrapper of one such as a PEFT model
