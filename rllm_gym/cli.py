@@ -122,37 +122,28 @@ def load_tasks(args: argparse.Namespace) -> list[Any]:
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    from rllm_gym.engine import AgentExecutionEngine, AgentWorkflowEngine, MultiAgentWorkflow
+    from rllm_gym.engine import engine_for
     from rllm_gym.metrics import summarize
     from rllm_gym.policies.base import SamplingParams
-    from rllm_gym.registry import default_agent, env_ids, load
 
     policy = make_policy(args)
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
-    limits = {"sampling_params": sampling, "timeout_s": args.timeout, "seed": args.seed, "max_steps": args.max_steps}
-    if args.env in env_ids(multi_agent=True):
-        # PettingZoo envs: one agent per role (the env's registered ones), one policy shared by every role.
-        engine = AgentWorkflowEngine(
-            MultiAgentWorkflow,
-            policy,
-            workflow_args={"env": args.env, "env_args": args.env_args, **limits},
-            n_parallel=args.n_parallel,
-            out=args.out,
-        )
-    else:
-        agent_cls = load(args.agent) if args.agent else default_agent(args.env)
-        engine = AgentExecutionEngine(
-            env_id=args.env,
-            agent_cls=agent_cls,
-            agent_args=args.agent_args,
-            env_args=args.env_args,
-            policy=policy,
-            n_parallel=args.n_parallel,
-            out=args.out,
-            **limits,
-        )
+    # Multi-agent (PettingZoo) ids: one registered agent per role, one policy shared by every role.
+    engine = engine_for(
+        args.env,
+        policy,
+        agent=args.agent,
+        agent_args=args.agent_args,
+        env_args=args.env_args,
+        n_parallel=args.n_parallel,
+        out=args.out,
+        sampling_params=sampling,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        max_steps=args.max_steps,
+    )
     tasks = load_tasks(args)
     bar = tqdm(total=len(tasks) * args.n, desc=f"eval {args.env}", unit="ep", dynamic_ncols=True)
     correct = [0, 0]

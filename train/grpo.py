@@ -30,11 +30,12 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
 from trl.models import unwrap_model_for_generation
 
-from rllm_gym.engine import AgentExecutionEngine
+import rllm_gym
+from rllm_gym.engine import engine_for
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.registry import default_agent, env_ids
+from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 from rllm_gym.types import Episode
@@ -49,7 +50,11 @@ class TrainConfig:
     # Environments and data
     env: list[str] = field(
         default_factory=lambda: ["rllm/FrozenLake-v0"],
-        metadata={"help": "Env ids to train on; several ids mix environments in one run (see env_weights)."},
+        metadata={
+            "help": "Env ids to train on; several ids mix environments in one run (see env_weights). A multi-agent "
+            "id (rllm/SolverJudge-v0) trains every role: each task gives one prompt per trajectory (solver_0, "
+            "solver_1, judge_0), kept next to each other so that they share episodes."
+        },
     )
     env_weights: list[float] | None = field(
         default=None, metadata={"help": "Share of the prompts drawn from each env (default: equal)."}
@@ -61,7 +66,13 @@ class TrainConfig:
             "(the env draws its own tasks). Default: seeds:64 for every env."
         },
     )
-    agent_args: str = field(default="{}", metadata={"help": "JSON dict of agent arguments, e.g. a system prompt."})
+    agent_args: str = field(
+        default="{}",
+        metadata={
+            "help": "JSON dict of agent arguments, e.g. a system prompt; for a multi-agent env, keyed by role "
+            '({"judge": {...}}).'
+        },
+    )
     env_args: str = field(default="{}", metadata={"help": "JSON dict of env constructor arguments."})
     max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
     # Model
@@ -122,9 +133,21 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
     eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
     use_vllm: bool = field(
-        default=False, metadata={"help": "Generate with TRL's vLLM integration in colocate mode (GPU, vllm extra)."}
+        default=False, metadata={"help": "Generate with TRL's vLLM integration (GPU, the vllm extra); see vllm_mode."}
     )
-    vllm_mode: str = field(default="colocate", metadata={"help": "Only 'colocate' (tensor parallel 1) for now."})
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={
+            "help": "'colocate': a vLLM engine inside each training process (tensor parallel 1); 'server': a "
+            "`trl vllm-serve` process on GPUs of its own (see vllm_server_base_url and the README)."
+        },
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Server mode: the `trl vllm-serve` address, e.g. http://10.0.0.5:8000."}
+    )
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Server mode: seconds to wait for the server to come up."}
+    )
     vllm_gpu_memory_utilization: float = field(
         default=0.3, metadata={"help": "Share of each GPU vLLM may take in colocate mode (0.3 leaves room to train)."}
     )
@@ -132,9 +155,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.env, str):
             raise ValueError(f"env must be a list of env ids, got the string {self.env!r}: write [{self.env!r}]")
-        unknown = [env_id for env_id in self.env if env_id not in env_ids(multi_agent=False)]
+        unknown = [env_id for env_id in self.env if env_id not in env_ids()]
         if unknown:
-            raise ValueError(f"env {unknown} is not a registered single-agent id; choose from {env_ids(False)}")
+            raise ValueError(f"env {unknown} is not a registered id; choose from {env_ids()}")
         if self.env_weights is not None and len(self.env_weights) != len(self.env):
             raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
         if self.tasks is not None and len(self.tasks) != len(self.env):
@@ -156,10 +179,12 @@ class TrainConfig:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
         if self.env_weights is not None and (min(self.env_weights) < 0 or sum(self.env_weights) <= 0):
             raise ValueError(f"env_weights must be >= 0 with a positive sum, got {self.env_weights}")
-        if self.use_vllm and self.vllm_mode != "colocate":
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if self.vllm_server_base_url is not None and not self.vllm_server_base_url.startswith(("http://", "https://")):
             raise ValueError(
-                f"vllm_mode must be 'colocate' for multi-turn rollouts (server mode gathers every process's prompts "
-                f"in each call, which episodes of different lengths cannot keep in step), got {self.vllm_mode!r}"
+                f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
+                f"got {self.vllm_server_base_url!r}"
             )
         AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
         for name in ("agent_args", "env_args"):
@@ -201,28 +226,41 @@ def load_tasks(source: str | None, config_dir: Path) -> list[Any]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def trajectory_slots(env_id: str, env_args: dict[str, Any]) -> int:
+    """Trajectories per episode: 1 for a single-agent env, one per PettingZoo agent for a multi-agent one."""
+    if env_id not in env_ids(multi_agent=True):
+        return 1
+    return len(rllm_gym.make(env_id, **env_args).possible_agents)
+
+
 def build_prompts(config: TrainConfig, config_dir: Path) -> tuple[Dataset, dict[str, list[Any]]]:
-    """One dataset row per prompt of the run, envs mixed by weight; also each env's task list (for evaluation)."""
+    """One dataset row per prompt of the run, envs mixed by weight; also each env's task list (for evaluation).
+
+    The rows are in a seeded random order, and a multi-agent task's prompts (one per trajectory slot) are next to each
+    other; with a multi-agent env the trainer keeps this order (no second shuffle), so they reach the same rollout
+    call and share its episodes.
+    """
     sources = config.tasks or [None] * len(config.env)
     tasks = {env_id: load_tasks(src, config_dir) for env_id, src in zip(config.env, sources, strict=True)}
+    slots = {env_id: trajectory_slots(env_id, json.loads(config.env_args)) for env_id in config.env}
     weights = config.env_weights or [1.0] * len(config.env)
     rng = random.Random(config.seed)
-    rows = []
-    for _ in range(config.max_steps * config.prompts_per_step):
+    rows: list[dict[str, str]] = []
+    while len(rows) < config.max_steps * config.prompts_per_step:
         env_id = rng.choices(config.env, weights=weights)[0]
-        rows.append({"prompt": encode_prompt(env_id, rng.choice(tasks[env_id]))})
-    return Dataset.from_list(rows), tasks
+        task = rng.choice(tasks[env_id])
+        rows += [{"prompt": encode_prompt(env_id, task, slot)} for slot in range(slots[env_id])]
+    return Dataset.from_list(rows[: config.max_steps * config.prompts_per_step]), tasks
 
 
 def run_episodes(config: TrainConfig, env_id: str, policy: Any, tasks: list[Any], **kwargs: Any) -> list[Episode]:
     """Episodes of ``tasks`` with the run's agent, env arguments and turn limit (``kwargs``: engine options)."""
     n_rollouts = kwargs.pop("n_rollouts", 1)
-    engine = AgentExecutionEngine(
-        env_id=env_id,
-        agent_cls=default_agent(env_id),
+    engine = engine_for(
+        env_id,
+        policy,
         agent_args=json.loads(config.agent_args),
         env_args=json.loads(config.env_args),
-        policy=policy,
         max_steps=config.max_turns,
         **kwargs,
     )
@@ -249,8 +287,9 @@ def warm_start(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str,
     for env_id, env_tasks in tasks.items():
         for episode in run_episodes(config, env_id, policy, env_tasks[:64], n_rollouts=4):
             # The reply format is the same at every turn: the first turns (short prompts) teach it cheaply.
-            for step in episode.trajectories[0].steps[:2]:
-                examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
+            for trajectory in episode.trajectories:
+                for step in trajectory.steps[:2]:
+                    examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warm_start_lr)
     model.train()
     loss = torch.tensor(0.0)
@@ -277,12 +316,23 @@ def warm_start(model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str,
 
 
 class ConsoleLog(TrainerCallback):
-    """One line per logging step (instead of transformers' dict dumps), and every log kept for the curve."""
+    """One line per logging step (instead of transformers' dict dumps), and every log kept for the curve.
 
-    def __init__(self, output_dir: Path):
-        self.history: list[dict[str, Any]] = []
+    ``metrics.jsonl`` holds one run: a new run empties it; a run resumed from the checkpoint of step N keeps the
+    records up to step N (a killed run may have logged steps after its last checkpoint, which are redone) and goes on
+    from there, its ``elapsed_s`` continuing the earlier run's.
+    """
+
+    def __init__(self, output_dir: Path, resume_step: int | None = None, *, write: bool = True):
         self.path = output_dir / "metrics.jsonl"
-        self.start = time.monotonic()
+        self.history: list[dict[str, Any]] = []
+        if resume_step is not None and self.path.exists():
+            records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            self.history = [record for record in records if record["step"] <= resume_step]
+        if write:
+            self.path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
+        earlier = self.history[-1]["elapsed_s"] if self.history else 0.0
+        self.start = time.monotonic() - earlier
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "reward" not in logs or not state.is_world_process_zero:
@@ -414,10 +464,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         use_vllm=config.use_vllm,
         vllm_mode=config.vllm_mode,
         vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+        vllm_server_base_url=config.vllm_server_base_url,
+        vllm_server_timeout=config.vllm_server_timeout,
+        # The rows are already in a seeded random order; TRL's shuffle on top would split a multi-agent task's
+        # prompts (which share episodes only when they arrive together), so it is off when there are any.
+        shuffle_dataset=not any(env_id in env_ids(multi_agent=True) for env_id in config.env),
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
     )
-    console = ConsoleLog(output_dir)
+    checkpoint = last_checkpoint(output_dir) if config.resume else None
+    resume_step = int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint else None
+    console = ConsoleLog(output_dir, resume_step, write=is_main)
     trainer = RLLMGRPOTrainer(
         model=model,
         processing_class=tokenizer,
@@ -430,7 +487,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
-    checkpoint = last_checkpoint(output_dir) if config.resume else None
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     summary["train_seconds"] = time.monotonic() - start
 

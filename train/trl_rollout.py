@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +30,12 @@ import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.engine import engine_for
 from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
-from rllm_gym.registry import default_agent, load
+from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
+from rllm_gym.train.vllm_server import ServerVLLMPolicy, sampled_logprobs
 from rllm_gym.types import Episode, ModelOutput, Trajectory
 
 __all__ = [
@@ -120,16 +123,18 @@ class TrainerVLLMPolicy(BatchingPolicy):
     The requests of the episodes in flight are batched into one ``trainer.vllm_generation.generate`` call; TRL syncs
     the training weights into vLLM before each rollout. vLLM samples with the trainer's settings (``temperature``,
     ``top_p``, ``top_k``, ``max_completion_length``), so per-request sampling parameters are not used. Server mode
-    and tensor parallelism gather every process's prompts in each call, which multi-turn episodes of different
-    lengths cannot keep in step across processes: they are rejected with a clear error.
+    goes through :class:`~rllm_gym.train.vllm_server.ServerVLLMPolicy` (processes in lockstep rounds); colocated
+    tensor parallelism gathers the prompts of a TP group in every call, which episodes of different lengths cannot
+    keep in step, so it is rejected with a clear error.
     """
 
     def __init__(self, trainer: GRPOTrainer, *, max_batch_size: int = 1024, batch_wait_s: float = 0.02):
         generation = trainer.vllm_generation
         if generation.mode != "colocate" or generation.tensor_parallel_size != 1:
             raise ValueError(
-                f"multi-turn rollouts need vllm_mode='colocate' with vllm_tensor_parallel_size=1, got mode "
-                f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}"
+                f"TrainerVLLMPolicy needs vllm_mode='colocate' with vllm_tensor_parallel_size=1, got mode "
+                f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}; for a model that needs "
+                f"several GPUs, serve it with `trl vllm-serve` and train with vllm_mode='server'"
             )
         super().__init__(trainer.processing_class, {}, max_batch_size, batch_wait_s)
         self.generation = generation
@@ -137,11 +142,10 @@ class TrainerVLLMPolicy(BatchingPolicy):
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
         self.batch_sizes.append(len(prompts))
-        _, completion_ids, logprobs, _ = self.generation.generate(prompts, None, 1)
+        _, completion_ids, logprobs, token_ids = self.generation.generate(prompts, None, 1)
         outputs = []
-        for prompt, ids, token_logprobs in zip(prompts, completion_ids, logprobs, strict=True):
-            # vLLM gives the top logprobs per token, the sampled token's first; None where it could not score one.
-            sampled = [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in token_logprobs]
+        for row, (prompt, ids) in enumerate(zip(prompts, completion_ids, strict=True)):
+            sampled = sampled_logprobs(ids, logprobs[row] if logprobs else None, token_ids[row] if token_ids else None)
             finish_reason = "stop" if ids and ids[-1] in self.eos_token_ids else "length"
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             outputs.append(
@@ -153,11 +157,19 @@ class TrainerVLLMPolicy(BatchingPolicy):
 
 
 class EpisodeRollout:
-    """TRL's ``rollout_func``: runs one episode per prompt slot through our engine and returns token sequences.
+    """TRL's ``rollout_func``: runs the episodes of TRL's prompt slots through our engine and returns token sequences.
+
+    Prompt slots that name the same env and task share episodes: the ``k``-th slot of ``(env, task, slot s)`` in a
+    call trains trajectory ``s`` of the ``k``-th episode of ``(env, task)``. For a single-agent env that is one
+    episode per slot; for a multi-agent env (``rllm/SolverJudge-v0``: slot 0 and 1 the solvers, slot 2 the judge)
+    the slots of a task that reach the same call train the trajectories of the same episodes, so K roles cost one
+    set of episodes, not K (``train/grpo.py`` keeps a task's slots next to each other in the data for that).
 
     Generation uses the trainer's own model through :class:`~rllm_gym.policies.HFPolicy` (DeepSpeed ZeRO-3 parameters
-    gathered for it), or the trainer's vLLM engine through :class:`TrainerVLLMPolicy` when the trainer was built
-    with ``use_vllm=True``; ``policy_factory(trainer)`` substitutes any other policy.
+    gathered for it), or the trainer's vLLM through :class:`TrainerVLLMPolicy` (colocate mode) or
+    :class:`~rllm_gym.train.vllm_server.ServerVLLMPolicy` (``trl vllm-serve``) when the trainer was built with
+    ``use_vllm=True``; ``policy_factory(trainer)`` substitutes any other policy. One event loop serves every call
+    (its threads are reused from step to step).
     """
 
     def __init__(
@@ -181,9 +193,12 @@ class EpisodeRollout:
         self.stop_on_truncation = stop_on_truncation
         self.policy_factory = policy_factory
         self.calls = 0
-        self.last_episodes: list[Episode] = []  # aligned with the last call's prompts
+        self.last_episodes: list[Episode] = []  # aligned with the last call's prompts (shared episodes repeat)
         self.last_slots: list[int] = []
         self.last_sequences: list[TrainingSequence] = []
+        self.last_metrics: dict[str, float] = {}  # the generation backend's, e.g. vLLM server rounds
+        self.last_seconds = 0.0  # wall time of the last call
+        self._runner: asyncio.Runner | None = None
 
     def sampling_params(self, trainer: GRPOTrainer) -> SamplingParams:
         args = trainer.args
@@ -194,49 +209,77 @@ class EpisodeRollout:
             max_tokens=args.max_completion_length or 256,
         )
 
+    def close(self) -> None:
+        """Close the event loop the calls run on (a later call opens a new one)."""
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    def _run_sync(self, coroutine: Any) -> Any:
+        if self._runner is None:
+            self._runner = asyncio.Runner()
+            weakref.finalize(self, self._runner.close)
+        return self._runner.run(coroutine)
+
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
         decoded = [decode_prompt(prompt) for prompt in prompts]
         unknown = sorted({env_id for env_id, _, _ in decoded} - set(self.envs))
         if unknown:
             raise ValueError(f"prompts name envs {unknown} that this rollout was not set up for: {sorted(self.envs)}")
-        # Each slot gets its own episode id: the task's id, then the process and the slot's position.
+        # One episode per (env, task, k): the k-th slot of each trajectory index of a task shares it. Episode ids are
+        # the task's id, then the process, the call and the episode's number.
         process = trainer.accelerator.process_index
-        by_env: dict[str, list[tuple[int, Any, str]]] = defaultdict(list)
-        for position, (env_id, task, _) in enumerate(decoded):
-            task_id = str(task["id"]) if isinstance(task, dict) and task.get("id") else f"seed-{task}"
-            by_env[env_id].append((position, task, f"{task_id}:p{process}s{self.calls}r{position}"))
+        occurrences: Counter[tuple[str, str, int]] = Counter()
+        plan: dict[tuple[str, str, int], tuple[str, Any, str]] = {}
+        keys = []
+        for env_id, task, slot in decoded:
+            canonical = json.dumps(task, sort_keys=True)
+            key = (env_id, canonical, occurrences[env_id, canonical, slot])
+            occurrences[env_id, canonical, slot] += 1
+            if key not in plan:
+                task_id = str(task["id"]) if isinstance(task, dict) and task.get("id") else f"seed-{task}"
+                plan[key] = (env_id, task, f"{task_id}:p{process}s{self.calls}e{len(plan)}")
+            keys.append(key)
         self.calls += 1
+        start = time.monotonic()
         sampling = self.sampling_params(trainer)
-        if self.policy_factory is not None or trainer.use_vllm:
-            policy = self.policy_factory(trainer) if self.policy_factory else TrainerVLLMPolicy(trainer)
-            episodes = asyncio.run(self._run(by_env, policy, sampling, len(prompts)))
+        runs = list(plan.values())
+        if self.policy_factory is not None:
+            episodes = self._run_sync(self._run(runs, self.policy_factory(trainer), sampling))
+        elif trainer.use_vllm and trainer.args.vllm_mode == "server":
+            policy = ServerVLLMPolicy.from_trainer(trainer)
+            episodes = self._run_sync(policy.run(self._run(runs, policy, sampling)))
+            self.last_metrics = policy.metrics()
+        elif trainer.use_vllm:
+            episodes = self._run_sync(self._run(runs, TrainerVLLMPolicy(trainer), sampling))
         else:
             model = trainer.model_wrapped
             was_training = model.training
             with unwrap_model_for_generation(
                 model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
             ) as unwrapped:
-                # One generate call for every slot's turn, as TRL's own generation makes: a batch as large as the
-                # slots, and a wait long enough for every episode's request to join it.
+                # One generate call for every episode's turn, as TRL's own generation makes: a batch as large as the
+                # episodes, sent as soon as every episode in flight has asked (see _run).
                 policy = HFPolicy(
                     unwrapped,
                     tokenizer=trainer.processing_class,
                     device=str(trainer.accelerator.device),
-                    max_batch_size=len(prompts),
+                    max_batch_size=len(runs),
                     batch_wait_s=0.02,
                 )
-                episodes = asyncio.run(self._run(by_env, policy, sampling, len(prompts)))
+                episodes = self._run_sync(self._run(runs, policy, sampling))
             model.train(was_training)
+        by_key = dict(zip(plan, episodes, strict=True))
+        row_episodes = [by_key[key] for key in keys]
         slots = [slot for _, _, slot in decoded]
         trajectories = [
             ep.trajectories[slot] if slot < len(ep.trajectories) else Trajectory()
-            for ep, slot in zip(episodes, slots, strict=True)
+            for ep, slot in zip(row_episodes, slots, strict=True)
         ]
         filler = trainer.processing_class.eos_token_id or 0
         sequences = [trajectory_to_sequence(t, filler) for t in trajectories]
-        for episode, (env_id, _, _) in zip(episodes, decoded, strict=True):
-            episode.metadata["env"] = env_id
-        self.last_episodes, self.last_slots, self.last_sequences = episodes, slots, sequences
+        self.last_episodes, self.last_slots, self.last_sequences = row_episodes, slots, sequences
+        self.last_seconds = time.monotonic() - start
         return {
             "prompt_ids": [s.prompt_ids for s in sequences],
             "completion_ids": [s.completion_ids for s in sequences],
@@ -245,32 +288,51 @@ class EpisodeRollout:
             "trajectory_reward": [float(t.reward or 0.0) for t in trajectories],
         }
 
-    async def _run(
-        self, by_env: dict[str, list[tuple[int, Any, str]]], policy: Any, sampling: SamplingParams, n: int
-    ) -> list[Episode]:
+    async def _run(self, runs: list[tuple[str, Any, str]], policy: Any, sampling: SamplingParams) -> list[Episode]:
+        """The episodes of ``runs`` (env id, task, episode id), in order, every env's engine on this one loop."""
+        active = len(runs)
+        if isinstance(policy, BatchingPolicy):
+            # A batch goes out once every episode still running has asked, rather than after batch_wait_s.
+            policy.expected_requests = lambda: active
+
         async def run_env(env_id: str, items: list[tuple[int, Any, str]]) -> list[tuple[int, Episode]]:
+            nonlocal active
             setup = self.envs[env_id]
-            engine = AgentExecutionEngine(
-                env_id=env_id,
-                agent_cls=load(setup.agent) if setup.agent else default_agent(env_id),
+            # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
+            single_agent = env_id not in env_ids(multi_agent=True)
+            options = {"stop_on_truncation": self.stop_on_truncation} if single_agent else {}
+            engine = engine_for(
+                env_id,
+                policy,
+                agent=setup.agent,
                 agent_args=setup.agent_args,
                 env_args=setup.env_args,
-                policy=policy,
-                max_steps=self.max_steps,
                 n_parallel=self.n_parallel,
+                max_steps=self.max_steps,
                 sampling_params=sampling,
                 gamma=self.gamma,
                 timeout_s=self.timeout_s,
-                stop_on_truncation=self.stop_on_truncation,
+                **options,
             )
-            episodes = await engine.run_pairs([(task, uid) for _, task, uid in items])
-            return [(position, episode) for (position, _, _), episode in zip(items, episodes, strict=True)]
+            finished = {}
+            async for episode in engine.stream_pairs([(task, uid) for _, task, uid in items]):
+                finished[episode.id] = episode
+                active -= 1
+            return [(position, finished[uid]) for position, _, uid in items]
 
-        results = await asyncio.gather(*(run_env(env_id, items) for env_id, items in by_env.items()))
-        ordered: list[Episode | None] = [None] * n
-        for pairs in results:
-            for position, episode in pairs:
-                ordered[position] = episode
+        by_env: dict[str, list[tuple[int, Any, str]]] = defaultdict(list)
+        for position, (env_id, task, uid) in enumerate(runs):
+            by_env[env_id].append((position, task, uid))
+        ordered: list[Episode | None] = [None] * len(runs)
+        try:
+            for pairs in await asyncio.gather(*(run_env(env_id, items) for env_id, items in by_env.items())):
+                for position, episode in pairs:
+                    episode.metadata["env"] = runs[position][0]
+                    ordered[position] = episode
+        finally:
+            if isinstance(policy, BatchingPolicy):
+                policy.expected_requests = None
+                await policy.aclose()
         return ordered  # type: ignore[return-value]
 
 
@@ -287,6 +349,7 @@ def _training_view(episode: Episode, slot: int) -> Episode:
     return Episode(
         id=episode.id,
         termination_reason=episode.termination_reason,
+        is_correct=episode.is_correct,
         trajectories=[trimmed],
         metadata={"env": episode.metadata.get("env")},
     )
@@ -337,13 +400,24 @@ class RLLMGRPOTrainer(GRPOTrainer):
         output["tool_mask"] = mask
         loss_mask = output["completion_mask"] * mask
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        mismatches = gather_object([sum(s.prefix_mismatch for s in rollout.last_sequences)])
-        self._log_rollout(mode, everyone, result.metrics, sum(mismatches))
+        counts = gather_object(
+            [
+                (
+                    sum(s.prefix_mismatch for s in rollout.last_sequences),
+                    sum(sum(s.env_mask) for s in rollout.last_sequences),
+                )
+            ]
+        )
+        mismatches, tokens = (sum(column) for column in zip(*counts, strict=True))
+        speed = {"rollout/model_tokens_per_s": tokens / max(rollout.last_seconds, 1e-9)}
+        self._log_rollout(mode, everyone, {**result.metrics, **speed}, mismatches)
         return output
 
     def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float], mismatches: int) -> None:
-        for name, value in metrics.items():
+        """Per step: advantage stats, turns, pass rate, reward per role and env, termination reasons, speed."""
+        for name, value in {**metrics, **self.rollout.last_metrics}.items():
             self._metrics[mode][name].append(value)
+        self._metrics[mode]["rollout/pass_rate"].append(sum(e.is_correct for e in episodes) / max(len(episodes), 1))
         n = max(len(episodes), 1)
         self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
         self._metrics[mode]["rollout/prefix_mismatch"].append(mismatches / n)

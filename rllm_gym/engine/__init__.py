@@ -1,6 +1,6 @@
 """Engines that run agents in envs against a policy and produce Episodes: workflows, pools, retries, streaming."""
 
-from rllm_gym.engine.engine import AgentExecutionEngine, AgentWorkflowEngine, task_id_of
+from rllm_gym.engine.engine import AgentExecutionEngine, AgentWorkflowEngine, engine_for, task_id_of
 from rllm_gym.engine.multi_agent import MultiAgentWorkflow, RolePolicies, SolverJudgeWorkflow, run_multi_agent_episode
 from rllm_gym.engine.workflow import MultiTurnWorkflow, SingleTurnWorkflow, TerminationEvent, Workflow, make_env
 
@@ -14,6 +14,7 @@ __all__ = [
     "SolverJudgeWorkflow",
     "TerminationEvent",
     "Workflow",
+    "engine_for",
     "make_env",
     "run_multi_agent_episode",
     "task_id_of",

@@ -31,7 +31,7 @@ from rllm_gym.policies.base import Policy
 from rllm_gym.store import EpisodeWriter, read_episodes
 from rllm_gym.types import Episode, TerminationReason
 
-__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "task_id_of"]
+__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "engine_for", "task_id_of"]
 
 _DONE = object()  # end-of-stream marker on the results queue
 
@@ -312,3 +312,43 @@ class AgentExecutionEngine(AgentWorkflowEngine):
             retry_limit=retry_limit,
             out=out,
         )
+
+
+def engine_for(
+    env_id: str,
+    policy: Policy,
+    *,
+    agent: str | None = None,
+    agent_args: dict[str, Any] | None = None,
+    env_args: dict[str, Any] | None = None,
+    n_parallel: int = 128,
+    out: str | PathLike[str] | None = None,
+    **workflow_kwargs: Any,
+) -> AgentWorkflowEngine:
+    """The engine that plays a registered id, as ``rllm-gym eval`` and the trainer run it.
+
+    A single-agent id gets :class:`AgentExecutionEngine` with ``agent`` (``"module:Class"``) or the id's registered
+    agent; a multi-agent (PettingZoo) id gets :class:`AgentWorkflowEngine` over
+    :class:`~rllm_gym.engine.MultiAgentWorkflow`, one registered agent per role, ``agent_args`` keyed by role
+    (``{"judge": {...}}``). ``workflow_kwargs`` are the workflow options (``max_steps``, ``sampling_params``, ...).
+    """
+    from rllm_gym.engine.multi_agent import MultiAgentWorkflow
+    from rllm_gym.registry import default_agent, env_ids, load
+
+    if env_id in env_ids(multi_agent=True):
+        if agent is not None:
+            raise ValueError(f"agent={agent!r} is for single-agent envs; {env_id} plays its registered agent per role")
+        workflow_args = {"env": env_id, "env_args": env_args, "agent_args": agent_args, **workflow_kwargs}
+        return AgentWorkflowEngine(
+            MultiAgentWorkflow, policy, workflow_args=workflow_args, n_parallel=n_parallel, out=out
+        )
+    return AgentExecutionEngine(
+        env_id=env_id,
+        agent_cls=load(agent) if agent else default_agent(env_id),
+        agent_args=agent_args,
+        env_args=env_args,
+        policy=policy,
+        n_parallel=n_parallel,
+        out=out,
+        **workflow_kwargs,
+    )

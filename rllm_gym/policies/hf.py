@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,10 @@ class BatchingPolicy:
     Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within
     ``batch_wait_s`` of the first (up to ``max_batch_size``), groups them by sampling parameters and runs
     :meth:`_generate_batch` once per group in a worker thread. Subclasses implement ``_generate_batch``.
+
+    ``expected_requests``, when set, is a callable telling how many requests can still come (the trainer's rollout
+    sets it to the number of episodes in flight): a batch is sent as soon as it holds that many, instead of waiting
+    out ``batch_wait_s``; a full batch (``max_batch_size``) is always sent at once.
     """
 
     def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], max_batch_size: int, batch_wait_s: float):
@@ -60,6 +64,7 @@ class BatchingPolicy:
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.expected_requests: Callable[[], int] | None = None
         # Batches observed, for tests and metrics: the number of requests in each generate call.
         self.batch_sizes: list[int] = []
 
@@ -98,11 +103,21 @@ class BatchingPolicy:
         return self._queue
 
     async def _run_worker(self, queue: asyncio.Queue[_Request]) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             batch = [await queue.get()]
-            await asyncio.sleep(self.batch_wait_s)
-            while len(batch) < self.max_batch_size and not queue.empty():
-                batch.append(queue.get_nowait())
+            deadline = loop.time() + self.batch_wait_s
+            while len(batch) < self.max_batch_size:
+                if not queue.empty():
+                    batch.append(queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0 or (self.expected_requests is not None and len(batch) >= self.expected_requests()):
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except TimeoutError:
+                    break
             groups: dict[SamplingParams, list[_Request]] = {}
             for request in batch:
                 groups.setdefault(request.params, []).append(request)

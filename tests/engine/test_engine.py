@@ -205,3 +205,19 @@ async def test_sampling_params_reach_the_policy():
     )
     await engine.run([0])
     assert seen[0].temperature == 0.3 and seen[0].max_tokens == 7
+
+
+async def test_engine_for_plays_single_and_multi_agent_ids():
+    from rllm_gym.engine import MultiAgentWorkflow, engine_for
+
+    policy = ScriptedPolicy(lambda messages: "<verdict>1</verdict> \\boxed{2} up")
+    single = engine_for("rllm/FrozenLake-v0", policy, max_steps=2)
+    assert isinstance(single, AgentExecutionEngine)
+    custom = engine_for("rllm/FrozenLake-v0", policy, agent="rllm_gym.agents.frozenlake:FrozenLakeAgent")
+    assert custom.workflow_args["agent_cls"] is FrozenLakeAgent
+    multi = engine_for("rllm/SolverJudge-v0", policy, env_args={"n_solvers": 2}, max_steps=3)
+    assert multi.workflow_cls is MultiAgentWorkflow
+    (episode,) = await multi.run([{"id": "q", "question": "What is 1 + 1?", "ground_truth": "2"}])
+    assert [t.name for t in episode.trajectories] == ["solver", "solver", "judge"]
+    with pytest.raises(ValueError, match=re.escape("agent='my.module:Agent' is for single-agent envs")):
+        engine_for("rllm/SolverJudge-v0", policy, agent="my.module:Agent")

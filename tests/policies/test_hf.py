@@ -39,6 +39,22 @@ async def test_concurrent_requests_are_batched_and_match_solo_results(policy):
         assert batched.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
 
 
+async def test_a_batch_goes_out_once_every_expected_request_arrived(tiny_model_dir):
+    # A long wait that the batch never sits out: it is sent when the 3 expected requests (or max_batch_size) are in.
+    waiting = HFPolicy(tiny_model_dir, batch_wait_s=30, max_batch_size=64)
+    waiting.expected_requests = lambda: 3
+    params = SamplingParams(temperature=0, max_tokens=2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await asyncio.gather(*(waiting.generate([{"role": "user", "content": f"q{i}"}], params) for i in range(3)))
+    full = HFPolicy(tiny_model_dir, batch_wait_s=30, max_batch_size=2)
+    await asyncio.gather(*(full.generate([{"role": "user", "content": f"q{i}"}], params) for i in range(2)))
+    assert loop.time() - start < 20
+    assert waiting.batch_sizes == [3] and full.batch_sizes == [2]
+    await waiting.aclose()
+    await full.aclose()
+
+
 async def test_requests_with_different_params_run_in_separate_batches(policy):
     policy.batch_sizes.clear()
     short, long = await asyncio.gather(

@@ -30,12 +30,13 @@ def test_unknown_yaml_field_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"env": ["rllm/FrozenLak-v0"]}, "env ['rllm/FrozenLak-v0'] is not a registered single-agent id"),
+        ({"env": ["rllm/FrozenLak-v0"]}, "env ['rllm/FrozenLak-v0'] is not a registered id"),
         ({"env_weights": [1.0, 2.0]}, "env_weights has 2 entries for 1 envs"),
         ({"num_generations": 1}, "num_generations must be >= 2"),
         ({"estimator": "ppo"}, "estimator must be one of"),
         ({"agent_args": "{oops"}, "agent_args must be a JSON object"),
-        ({"use_vllm": True, "vllm_mode": "server"}, "vllm_mode must be 'colocate' for multi-turn rollouts"),
+        ({"use_vllm": True, "vllm_mode": "remote"}, "vllm_mode must be 'colocate' or 'server', got 'remote'"),
+        ({"vllm_server_base_url": "10.0.0.5:8000"}, "vllm_server_base_url must be an http(s) URL"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):
@@ -47,3 +48,68 @@ def test_lora_run_trains_an_adapter(tmp_path):
     summary = main(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--lora", "true", "--lora_r", "4"])
     assert summary["config"]["lora"] is True
     assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()
+
+
+def test_a_multi_agent_task_gives_one_prompt_per_trajectory_side_by_side(tmp_path):
+    from rllm_gym.train.grpo import build_prompts
+    from rllm_gym.train.trl_rollout import decode_prompt
+
+    config = TrainConfig(
+        env=["rllm/SolverJudge-v0", "rllm/FrozenLake-v0"], env_args='{"n_solvers": 2}', prompts_per_step=6, max_steps=4
+    )
+    dataset, _ = build_prompts(config, tmp_path)
+    decoded = [decode_prompt(row["prompt"]) for row in dataset]
+    assert len(decoded) == 24
+    position = 0
+    while position < len(decoded):
+        env_id, task, slot = decoded[position]
+        assert slot == 0
+        if (
+            env_id == "rllm/SolverJudge-v0"
+        ):  # solver_0, solver_1, judge_0 of the same task, in a row (or cut at the end)
+            unit = decoded[position : position + 3]
+            assert [s for _, _, s in unit] == [0, 1, 2][: len(unit)]
+            assert all(t == task for _, t, _ in unit)
+            position += 3
+        else:
+            position += 1
+    assert {env_id for env_id, _, _ in decoded} == {"rllm/SolverJudge-v0", "rllm/FrozenLake-v0"}
+
+
+def test_solver_judge_run_logs_each_role(tmp_path):
+    output_dir = tmp_path / "run"
+    summary = main(
+        [
+            "--config", str(TINY), "--output_dir", str(output_dir), "--env", "rllm/SolverJudge-v0",
+            "--tasks", "seeds:4", "--agent_args", "{}", "--env_args", '{"n_solvers": 2}',
+            "--prompts_per_step", "3", "--max_turns", "3", "--max_steps", "2",
+        ]
+    )  # fmt: skip
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    logged = {"train/reward/role/solver", "train/reward/role/judge", "rollout/pass_rate", "rollout/model_tokens_per_s"}
+    assert logged <= set(records[-1])
+    assert 0 <= records[-1]["rollout/pass_rate"] <= 1 and records[-1]["rollout/model_tokens_per_s"] > 0
+    assert summary["num_processes"] == 1
+
+
+def test_metrics_of_a_resumed_run_continue_the_killed_one(tmp_path):
+    from rllm_gym.train.grpo import ConsoleLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        "".join(json.dumps({"step": s, "elapsed_s": 10.0 * s, "reward": 0.1 * s}) + "\n" for s in (1, 2, 3))
+    )
+    console = ConsoleLog(tmp_path, resume_step=2)  # checkpoint-2: step 3 was logged after it and is redone
+    assert [r["step"] for r in console.history] == [1, 2]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    fresh = ConsoleLog(tmp_path)  # a new run in the same folder starts an empty file
+    assert fresh.history == [] and path.read_text() == ""
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "train" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load_and_validate(path):
+    config, config_dir = load_config(["--config", str(path)])
+    assert config_dir == path.parent
+    for source in config.tasks or []:
+        assert source.startswith("seeds:") or (config_dir / source).is_file()

@@ -1,5 +1,8 @@
+import copy
 import random
 import re
+from collections import Counter, defaultdict
+from unittest.mock import patch
 
 import gymnasium as gym
 import pytest
@@ -72,6 +75,21 @@ class ParityEnv(MultiTurnEnv):
 gym.register(id="test/Parity-v0", entry_point=ParityEnv)
 
 
+def train_and_record(trainer):
+    """Train; for every batch, the output the loss got and a copy of the rollout's records of it."""
+    batches = []
+    original = RLLMGRPOTrainer._generate_and_score_completions
+
+    def spy(self, inputs):
+        output = original(self, inputs)
+        batches.append((output, copy.copy(self.rollout)))
+        return output
+
+    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
+        trainer.train()
+    return batches
+
+
 def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -110,19 +128,9 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         rollout=rollout,
         advantage_config=AdvantageConfig(estimator="drgrpo"),
     )
-    batches = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
-
-    def spy(self, inputs):
-        output = original(self, inputs)
-        batches.append((output, list(self.rollout.last_sequences), list(self.rollout.last_episodes)))
-        return output
-
-    RLLMGRPOTrainer._generate_and_score_completions = spy
-    try:
-        trainer.train()
-    finally:
-        RLLMGRPOTrainer._generate_and_score_completions = original
+    batches = [
+        (output, rollout.last_sequences, rollout.last_episodes) for output, rollout in train_and_record(trainer)
+    ]
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     saw_observations = False
     for output, sequences, episodes in batches:
@@ -141,6 +149,68 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         rewards = [e.trajectories[0].reward for e in episodes]
         assert len(set(rewards)) > 1 or float(advantages.abs().sum()) == 0.0
     assert saw_observations, "two-turn episodes should have observation tokens in their sequences"
+
+
+def grpo_args(tmp_path, **kwargs):
+    defaults = dict(
+        output_dir=str(tmp_path),
+        max_completion_length=12,
+        learning_rate=1e-2,
+        beta=0.0,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        shuffle_dataset=False,
+    )
+    return GRPOConfig(**{**defaults, **kwargs})
+
+
+def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(tiny_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = [{"id": f"q{i}", "question": f"What is {i} + 1?", "ground_truth": str(i + 1)} for i in range(2)]
+    # A task's three prompts (solver_0, solver_1, judge_0) side by side, as train/grpo.py's build_prompts lays them.
+    rows = [{"prompt": encode_prompt("rllm/SolverJudge-v0", task, slot)} for task in tasks for slot in range(3)]
+    replies = random.Random(0)
+
+    def reply(messages):
+        if "verdict" in messages[-1]["content"]:
+            return replies.choice(["<verdict>1</verdict>", "<verdict>2</verdict>"])
+        return replies.choice(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"])
+
+    policy = ScriptedPolicy(reply, tokenizer=tokenizer)
+    rollout = EpisodeRollout([EnvSetup("rllm/SolverJudge-v0")], max_steps=3, policy_factory=lambda trainer: policy)
+    trainer = RLLMGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=grpo_args(tmp_path, per_device_train_batch_size=24, num_generations=4, max_steps=2),
+        train_dataset=Dataset.from_list(rows * 2),
+        rollout=rollout,
+        advantage_config=AdvantageConfig(estimator="grpo"),
+    )
+    batches = [(output, rollout.last_episodes, rollout.last_slots) for output, rollout in train_and_record(trainer)]
+    assert len(batches) == 2
+    for output, episodes, slots in batches:
+        # 24 rows = 2 tasks x 3 slots x 4 generations, from 8 episodes: each episode trains all three trajectories.
+        assert len({id(e) for e in episodes}) == 8
+        assert sorted(Counter(id(e) for e in episodes).values()) == [3] * 8
+        assert all(len(e.trajectories) == 3 and e.termination_reason.value == "env_done" for e in episodes)
+        advantages = output["advantages"].tolist()
+        groups = defaultdict(list)
+        for episode, slot, advantage in zip(episodes, slots, advantages, strict=True):
+            trajectory = episode.trajectories[slot]
+            assert trajectory.name == ("judge" if slot == 2 else "solver")
+            groups[episode.task_id, trajectory.name].append((float(trajectory.reward), advantage))
+        assert sorted(len(g) for g in groups.values()) == [4, 4, 8, 8]  # 8 solvers and 4 judges per task
+        for members in groups.values():
+            rewards = [r for r, _ in members]
+            mean = sum(rewards) / len(rewards)
+            assert abs(sum(a for _, a in members)) < 1e-4  # zero mean within the role's own group
+            for reward, advantage in members:
+                assert (advantage > 0) == (reward > mean) or abs(advantage) < 1e-6
 
 
 class StandInVLLMGeneration:
@@ -182,5 +252,52 @@ async def test_trainer_vllm_policy_batches_episodes_into_one_generate_call(tiny_
     assert step.prompt_ids == tokenizer.apply_chat_template(
         step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    with pytest.raises(ValueError, match=re.escape("multi-turn rollouts need vllm_mode='colocate'")):
+    with pytest.raises(ValueError, match=re.escape("TrainerVLLMPolicy needs vllm_mode='colocate'")):
         TrainerVLLMPolicy(StandInTrainer(tokenizer, mode="server"))
+
+
+class StandInServerClient:
+    """``VLLMClient.generate`` of a `trl vllm-serve` process that answers "up" to every prompt."""
+
+    def __init__(self, tokenizer):
+        self.reply = [*tokenizer.encode("up", add_special_tokens=False), tokenizer.eos_token_id]
+        self.calls = []
+
+    def generate(self, prompts, n=1, logprobs=0, **sampling):
+        self.calls.append(len(prompts))
+        completions = [list(self.reply) for _ in prompts]
+        return {
+            "prompt_ids": prompts,
+            "completion_ids": completions,
+            "logprobs": [[[-0.25] for _ in ids] for ids in completions],
+            "logprob_token_ids": [[[token] for token in ids] for ids in completions],
+        }
+
+
+def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
+    from types import SimpleNamespace
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    client = StandInServerClient(tokenizer)
+    generation = SimpleNamespace(
+        mode="server", vllm_client=client, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0,
+        min_p=None, max_completion_length=4, logprobs=0, structured_outputs_regex=None, generation_kwargs={},
+    )  # fmt: skip
+    trainer = SimpleNamespace(
+        use_vllm=True,
+        vllm_generation=generation,
+        args=SimpleNamespace(vllm_mode="server", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4),
+        accelerator=SimpleNamespace(
+            num_processes=1, process_index=0, is_main_process=True, device=torch.device("cpu")
+        ),
+        processing_class=tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+    )
+    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_steps=2)
+    output = rollout([encode_prompt("rllm/FrozenLake-v0", seed) for seed in range(6)], trainer)
+    assert client.calls[0] == 6  # the first turn of all six episodes in one server call
+    assert len(output["completion_ids"]) == 6
+    steps = [step for episode in rollout.last_episodes for step in episode.trajectories[0].steps]
+    assert steps and all(step.model_output.text == "up" and step.logprobs == [-0.25] * 2 for step in steps)
+    assert rollout.last_metrics["vllm_server/server_calls"] == len(client.calls)
+    rollout.close()
