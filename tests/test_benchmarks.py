@@ -256,3 +256,13 @@ def test_committed_results_describe_the_machine_and_every_run():
     assert {"platform", "python", "cpu_count", "cpu_model", "torch", "date"} <= set(results["machine"])
     commands = {name: entry["command"] for name, entry in results["benchmarks"].items()}
     assert commands == {bench.name: bench.command for bench in run_all.BENCHMARKS}
+
+
+def test_readme_main_job_sentence_is_the_rendering_of_the_kept_demo_summary():
+    spec = importlib.util.spec_from_file_location("demo_cpu", ROOT / "benchmarks" / "demo_cpu.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.main(["--check"]) == 0, "README differs: run `python benchmarks/demo_cpu.py --render-only`"
+    summary = json.loads(demo.SUMMARY.read_text())
+    sentence = demo.render(summary)
+    assert f"{summary['train_seconds']:.0f} s of training" in sentence and demo.CURVE.is_file()

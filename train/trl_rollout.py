@@ -30,7 +30,7 @@ import torch
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from rllm_gym.engine import engine_for
+from rllm_gym.engine import EnvThreadPool, engine_for
 from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
 from rllm_gym.registry import env_ids
@@ -168,8 +168,8 @@ class EpisodeRollout:
     Generation uses the trainer's own model through :class:`~rllm_gym.policies.HFPolicy` (DeepSpeed ZeRO-3 parameters
     gathered for it), or the trainer's vLLM through :class:`TrainerVLLMPolicy` (colocate mode) or
     :class:`~rllm_gym.train.vllm_server.ServerVLLMPolicy` (``trl vllm-serve``) when the trainer was built with
-    ``use_vllm=True``; ``policy_factory(trainer)`` substitutes any other policy. One event loop serves every call
-    (its threads are reused from step to step).
+    ``use_vllm=True``; ``policy_factory(trainer)`` substitutes any other policy. One event loop and one env thread
+    pool serve every call (their threads are reused from step to step; a pool left with a hung env call is replaced).
     """
 
     def __init__(
@@ -199,6 +199,7 @@ class EpisodeRollout:
         self.last_metrics: dict[str, float] = {}  # the generation backend's, e.g. vLLM server rounds
         self.last_seconds = 0.0  # wall time of the last call
         self._runner: asyncio.Runner | None = None
+        self._pool: EnvThreadPool | None = None
 
     def sampling_params(self, trainer: GRPOTrainer) -> SamplingParams:
         args = trainer.args
@@ -210,15 +211,22 @@ class EpisodeRollout:
         )
 
     def close(self) -> None:
-        """Close the event loop the calls run on (a later call opens a new one)."""
+        """Close the event loop and the env thread pool the calls run on (a later call opens new ones)."""
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def _run_sync(self, coroutine: Any) -> Any:
         if self._runner is None:
             self._runner = asyncio.Runner()
             weakref.finalize(self, self._runner.close)
+        if self._pool is None or self._pool.busy:  # busy between calls: a hung env call holds a thread
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = EnvThreadPool(max_workers=32, thread_name_prefix="rllm-gym-train-env")
         return self._runner.run(coroutine)
 
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
@@ -312,6 +320,7 @@ class EpisodeRollout:
                 sampling_params=sampling,
                 gamma=self.gamma,
                 timeout_s=self.timeout_s,
+                executor=self._pool,
                 **options,
             )
             finished = {}

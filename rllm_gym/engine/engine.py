@@ -31,18 +31,19 @@ from rllm_gym.policies.base import Policy
 from rllm_gym.store import EpisodeWriter, read_episodes
 from rllm_gym.types import Episode, TerminationReason
 
-__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "engine_for", "task_id_of"]
+__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "EnvThreadPool", "engine_for", "task_id_of"]
 
 _DONE = object()  # end-of-stream marker on the results queue
 
 
-class _EnvThreadPool(Executor):
+class EnvThreadPool(Executor):
     """A thread pool for env calls whose threads never keep the process alive.
 
     ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so one env call abandoned at an
     episode's timeout (a user reward function that never returns) kept the process from exiting after the run had
     ended. These threads are daemons: an abandoned call is dropped at exit instead. Idle threads are reused and new
-    ones started up to ``max_workers``, as in the standard pool.
+    ones started up to ``max_workers``, as in the standard pool. ``busy`` counts the calls running now: a pool kept
+    across runs (the trainer's) with calls still busy between runs holds abandoned calls and should be replaced.
     """
 
     def __init__(self, max_workers: int, thread_name_prefix: str):
@@ -53,6 +54,7 @@ class _EnvThreadPool(Executor):
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.busy = 0
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         with self._lock:
@@ -71,10 +73,15 @@ class _EnvThreadPool(Executor):
         while (item := self._work.get()) is not None:
             future, fn, args, kwargs = item
             if future.set_running_or_notify_cancel():
+                with self._lock:
+                    self.busy += 1
                 try:
                     future.set_result(fn(*args, **kwargs))
                 except BaseException as error:  # the caller sees it through the future, as with any executor
                     future.set_exception(error)
+                finally:
+                    with self._lock:
+                        self.busy -= 1
             del item, future, fn, args, kwargs  # do not hold the finished call's objects while waiting
             self._idle.release()
 
@@ -110,6 +117,8 @@ class AgentWorkflowEngine:
     ``gc_threshold``: while episodes run, Python's generation-0 collection threshold is raised to at least this
     (restored afterwards): every Step allocates objects that live on, and the default threshold (700) made garbage
     collection a third of the engine's CPU per LLM call in ``benchmarks/bench_engine.py``. ``None`` leaves it alone.
+    ``executor``: an :class:`EnvThreadPool` (or any executor) for env calls that the caller keeps across runs, instead
+    of a pool each run starts and shuts down (the trainer passes one: thread starts were a tenth of its rollout time).
     """
 
     def __init__(
@@ -124,6 +133,7 @@ class AgentWorkflowEngine:
         fsync: bool = False,
         env_workers: int = 32,
         gc_threshold: int | None = 50_000,
+        executor: Executor | None = None,
     ):
         if not (isinstance(workflow_cls, type) and issubclass(workflow_cls, Workflow)):
             raise TypeError(
@@ -149,7 +159,8 @@ class AgentWorkflowEngine:
         self.fsync = fsync
         self.env_workers = env_workers
         self.gc_threshold = gc_threshold
-        self._executor: _EnvThreadPool | None = None
+        self.executor = executor
+        self._executor: Executor | None = None
 
     def _new_workflow(self) -> Workflow:
         return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
@@ -197,7 +208,10 @@ class AgentWorkflowEngine:
         results: asyncio.Queue[Any] = asyncio.Queue()
         n_workers = min(self.n_parallel, work.qsize())
 
-        self._executor = _EnvThreadPool(max_workers=self.env_workers, thread_name_prefix="rllm-gym-env")
+        owned = self.executor is None
+        self._executor = self.executor or EnvThreadPool(
+            max_workers=self.env_workers, thread_name_prefix="rllm-gym-env"
+        )
         first = self._new_workflow()  # bad workflow arguments fail here, before any episode starts
 
         loop = asyncio.get_running_loop()
@@ -239,7 +253,8 @@ class AgentWorkflowEngine:
                 task_handle.cancel()
             if writer is not None:
                 writer.close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            if owned:
+                self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, tasks: Sequence[Any], n_rollouts: int = 1, progress: Callable[[Episode], None] | None = None):
         """Every episode of every task (those read back from ``out`` included), in task and rollout order."""
@@ -282,6 +297,7 @@ class AgentExecutionEngine(AgentWorkflowEngine):
         n_parallel: int = 128,
         retry_limit: int = 3,
         out: str | PathLike[str] | None = None,
+        executor: Executor | None = None,
         **workflow_kwargs: Any,
     ):
         # The workflow (and its env) is built when a run starts: check the arguments a typo breaks now instead.
@@ -311,6 +327,7 @@ class AgentExecutionEngine(AgentWorkflowEngine):
             n_parallel=n_parallel,
             retry_limit=retry_limit,
             out=out,
+            executor=executor,
         )
 
 
@@ -323,6 +340,7 @@ def engine_for(
     env_args: dict[str, Any] | None = None,
     n_parallel: int = 128,
     out: str | PathLike[str] | None = None,
+    executor: Executor | None = None,
     **workflow_kwargs: Any,
 ) -> AgentWorkflowEngine:
     """The engine that plays a registered id, as ``rllm-gym eval`` and the trainer run it.
@@ -330,7 +348,8 @@ def engine_for(
     A single-agent id gets :class:`AgentExecutionEngine` with ``agent`` (``"module:Class"``) or the id's registered
     agent; a multi-agent (PettingZoo) id gets :class:`AgentWorkflowEngine` over
     :class:`~rllm_gym.engine.MultiAgentWorkflow`, one registered agent per role, ``agent_args`` keyed by role
-    (``{"judge": {...}}``). ``workflow_kwargs`` are the workflow options (``max_steps``, ``sampling_params``, ...).
+    (``{"judge": {...}}``). ``executor`` is the engine's (see :class:`AgentWorkflowEngine`); ``workflow_kwargs`` are
+    the workflow options (``max_steps``, ``sampling_params``, ...).
     """
     from rllm_gym.engine.multi_agent import MultiAgentWorkflow
     from rllm_gym.registry import default_agent, env_ids, load
@@ -338,9 +357,16 @@ def engine_for(
     if env_id in env_ids(multi_agent=True):
         if agent is not None:
             raise ValueError(f"agent={agent!r} is for single-agent envs; {env_id} plays its registered agent per role")
+        roles = sorted(default_agent(env_id))
+        strays = sorted(set(agent_args or {}) - set(roles))
+        if strays:
+            raise ValueError(
+                f"agent_args for {env_id} are keyed by role ({roles}), e.g. {{{roles[0]!r}: {{...}}}}; "
+                f"got keys {strays}"
+            )
         workflow_args = {"env": env_id, "env_args": env_args, "agent_args": agent_args, **workflow_kwargs}
         return AgentWorkflowEngine(
-            MultiAgentWorkflow, policy, workflow_args=workflow_args, n_parallel=n_parallel, out=out
+            MultiAgentWorkflow, policy, workflow_args=workflow_args, n_parallel=n_parallel, out=out, executor=executor
         )
     return AgentExecutionEngine(
         env_id=env_id,
@@ -350,5 +376,6 @@ def engine_for(
         policy=policy,
         n_parallel=n_parallel,
         out=out,
+        executor=executor,
         **workflow_kwargs,
     )

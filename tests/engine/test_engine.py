@@ -221,3 +221,22 @@ async def test_engine_for_plays_single_and_multi_agent_ids():
     assert [t.name for t in episode.trajectories] == ["solver", "solver", "judge"]
     with pytest.raises(ValueError, match=re.escape("agent='my.module:Agent' is for single-agent envs")):
         engine_for("rllm/SolverJudge-v0", policy, agent="my.module:Agent")
+    with pytest.raises(ValueError, match=re.escape("keyed by role (['judge', 'solver']), e.g. {'judge': {...}}")):
+        engine_for("rllm/SolverJudge-v0", policy, agent_args={"system_prompt": "hi"})
+
+
+async def test_a_kept_env_pool_serves_several_runs_and_stays_open():
+    from rllm_gym.agents.math import MathAgent
+    from rllm_gym.engine import EnvThreadPool
+
+    pool = EnvThreadPool(max_workers=3, thread_name_prefix="kept")
+    policy = ScriptedPolicy(lambda messages: "\\boxed{2}")
+    for _ in range(2):
+        engine = AgentExecutionEngine(
+            env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_steps=1, executor=pool
+        )
+        episodes = await engine.run(list(range(6)))
+        assert all(e.termination_reason.value != "error" for e in episodes)
+    assert pool.busy == 0 and 1 <= len(pool._threads) <= 3  # the same threads, not new ones per run
+    assert pool.submit(lambda: 7).result(timeout=10) == 7  # the engine did not shut the caller's pool
+    pool.shutdown()

@@ -100,3 +100,7 @@ def test_sigterm_during_training_then_resume_reaches_max_steps(tmp_path):
     assert (output_dir / "final" / "model.safetensors").is_file()
     summary = json.loads((output_dir / "summary.json").read_text())
     assert summary["config"]["resume"] is True
+    # metrics.jsonl covers the whole run, each step once: the steps the killed run logged after its last checkpoint
+    # were dropped and redone.
+    logged = [json.loads(line)["step"] for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, max_steps + 1))
