@@ -22,7 +22,8 @@ __all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "default_agent", "env_ids"
 @dataclass(frozen=True)
 class EnvSpec:
     """One registered environment: its versioned id, ``module:Class`` entry point, default arguments, and the
-    ``module:Class`` of the agent that plays it by default (``rllm-gym eval`` and the trainer use it)."""
+    ``module:Class`` of the agent that plays it by default (``rllm-gym eval`` and the trainer use it); a multi-agent
+    id may name its runner (``workflow``, a MultiAgentWorkflow subclass that e.g. decides episode correctness)."""
 
     id: str
     entry_point: str
@@ -30,6 +31,7 @@ class EnvSpec:
     max_episode_steps: int | None = None
     multi_agent: bool = False
     agent: str | None = None
+    workflow: str | None = None
 
 
 ENV_SPECS: tuple[EnvSpec, ...] = (
@@ -51,6 +53,7 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         "rllm_gym.envs.solver_judge:env",
         multi_agent=True,
         agent="rllm_gym.engine.multi_agent:SOLVER_JUDGE_AGENTS",  # {role: agent class}
+        workflow="rllm_gym.engine.multi_agent:SolverJudgeWorkflow",  # correct = the judge picked a correct solution
     ),
 )
 

@@ -346,13 +346,13 @@ def engine_for(
     """The engine that plays a registered id, as ``rllm-gym eval`` and the trainer run it.
 
     A single-agent id gets :class:`AgentExecutionEngine` with ``agent`` (``"module:Class"``) or the id's registered
-    agent; a multi-agent (PettingZoo) id gets :class:`AgentWorkflowEngine` over
-    :class:`~rllm_gym.engine.MultiAgentWorkflow`, one registered agent per role, ``agent_args`` keyed by role
+    agent; a multi-agent (PettingZoo) id gets :class:`AgentWorkflowEngine` over its registered workflow (default
+    :class:`~rllm_gym.engine.MultiAgentWorkflow`), one registered agent per role, ``agent_args`` keyed by role
     (``{"judge": {...}}``). ``executor`` is the engine's (see :class:`AgentWorkflowEngine`); ``workflow_kwargs`` are
     the workflow options (``max_steps``, ``sampling_params``, ...).
     """
     from rllm_gym.engine.multi_agent import MultiAgentWorkflow
-    from rllm_gym.registry import default_agent, env_ids, load
+    from rllm_gym.registry import _spec, default_agent, env_ids, load
 
     if env_id in env_ids(multi_agent=True):
         if agent is not None:
@@ -365,8 +365,14 @@ def engine_for(
                 f"got keys {strays}"
             )
         workflow_args = {"env": env_id, "env_args": env_args, "agent_args": agent_args, **workflow_kwargs}
+        workflow = _spec(env_id).workflow
         return AgentWorkflowEngine(
-            MultiAgentWorkflow, policy, workflow_args=workflow_args, n_parallel=n_parallel, out=out, executor=executor
+            load(workflow) if workflow else MultiAgentWorkflow,
+            policy,
+            workflow_args=workflow_args,
+            n_parallel=n_parallel,
+            out=out,
+            executor=executor,
         )
     return AgentExecutionEngine(
         env_id=env_id,

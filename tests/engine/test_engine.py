@@ -208,7 +208,7 @@ async def test_sampling_params_reach_the_policy():
 
 
 async def test_engine_for_plays_single_and_multi_agent_ids():
-    from rllm_gym.engine import MultiAgentWorkflow, engine_for
+    from rllm_gym.engine import SolverJudgeWorkflow, engine_for
 
     policy = ScriptedPolicy(lambda messages: "<verdict>1</verdict> \\boxed{2} up")
     single = engine_for("rllm/FrozenLake-v0", policy, max_steps=2)
@@ -216,7 +216,7 @@ async def test_engine_for_plays_single_and_multi_agent_ids():
     custom = engine_for("rllm/FrozenLake-v0", policy, agent="rllm_gym.agents.frozenlake:FrozenLakeAgent")
     assert custom.workflow_args["agent_cls"] is FrozenLakeAgent
     multi = engine_for("rllm/SolverJudge-v0", policy, env_args={"n_solvers": 2}, max_steps=3)
-    assert multi.workflow_cls is MultiAgentWorkflow
+    assert multi.workflow_cls is SolverJudgeWorkflow  # the id's registered runner
     (episode,) = await multi.run([{"id": "q", "question": "What is 1 + 1?", "ground_truth": "2"}])
     assert [t.name for t in episode.trajectories] == ["solver", "solver", "judge"]
     with pytest.raises(ValueError, match=re.escape("agent='my.module:Agent' is for single-agent envs")):
