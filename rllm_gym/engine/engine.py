@@ -72,17 +72,22 @@ class EnvThreadPool(Executor):
     def _worker(self) -> None:
         while (item := self._work.get()) is not None:
             future, fn, args, kwargs = item
+            result: Any = None
+            error: BaseException | None = None
             if future.set_running_or_notify_cancel():
                 with self._lock:
                     self.busy += 1
                 try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as error:  # the caller sees it through the future, as with any executor
+                    result = fn(*args, **kwargs)
+                except BaseException as caught:  # the caller sees it through the future, as with any executor
+                    error = caught
+                with self._lock:  # before the caller wakes up: a finished call is never counted as busy
+                    self.busy -= 1
+                if error is None:
+                    future.set_result(result)
+                else:
                     future.set_exception(error)
-                finally:
-                    with self._lock:
-                        self.busy -= 1
-            del item, future, fn, args, kwargs  # do not hold the finished call's objects while waiting
+            del item, future, fn, args, kwargs, result, error  # do not hold the finished call's objects while waiting
             self._idle.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
