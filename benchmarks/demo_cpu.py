@@ -25,7 +25,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from run_all import machine  # noqa: E402  (the same description of the machine as the benchmark table)
+from run_all import machine, replace_between  # noqa: E402  (shared with the benchmark table)
 
 CONFIG = "train/configs/demo_cpu.yaml"
 SUMMARY = HERE / "results" / "demo_cpu_summary.json"
@@ -72,14 +72,6 @@ def render(summary: dict[str, Any]) -> str:
     )
 
 
-def replace_sentence(readme: str, sentence: str) -> str:
-    head, start, rest = readme.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README has no {START} ... {END} markers around the main job's measured outcome")
-    return f"{head}{START}{sentence}{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -93,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = run_demo(args.timeout)
         SUMMARY.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     readme = README.read_text()
-    rendered = replace_sentence(readme, render(summary))
+    rendered = replace_between(readme, START, END, render(summary), "the main job's measured outcome")
     if args.check:
         if rendered != readme:
             print(

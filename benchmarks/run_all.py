@@ -265,13 +265,18 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def replace_between(readme: str, start: str, end: str, text: str, where: str) -> str:
+    """``readme`` with everything between the markers ``start`` and ``end`` replaced by ``text``."""
+    head, found_start, rest = readme.partition(start)
+    _, found_end, tail = rest.partition(end)
+    if not found_start or not found_end:
+        raise ValueError(f"README has no {start} ... {end} block: add both markers to {where}")
+    return f"{head}{start}{text}{end}{tail}"
+
+
 def replace_table(readme: str, block: str) -> str:
     """``readme`` with everything between the bench markers replaced by ``block``."""
-    head, start, rest = readme.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README has no {START} ... {END} block: add both markers to its Performance section")
-    return f"{head}{START}\n{block}\n{END}{tail}"
+    return replace_between(readme, START, END, f"\n{block}\n", "its Performance section")
 
 
 # Command line
