@@ -54,12 +54,16 @@ def test_full_isolation_is_in_effect_as_root_on_linux(sandbox):
         "rlimits",
         "tmpdir",
         "scrubbed_env",
-        "netns",
+        "session_kill",
+        "minimal_fs",
         "readonly_fs",
+        "netns",
+        "ipcns",
         "pidns",
+        "private_proc",
         "unprivileged_uid",
         "seccomp",
-        "hidepid_proc",
+        "memory_cgroup",
     }
 
 
@@ -200,10 +204,14 @@ def test_writes_outside_the_workdir_are_impossible(sandbox, tmp_path):
         "open('mine.txt', 'w').write('x'); os.link('mine.txt', " + repr(str(target)) + ")",
         "open('mine2.txt', 'w').write('x'); shutil.move('mine2.txt', " + repr(str(target)) + ")",
         f"subprocess.run(['touch', {str(target)!r}], check=True)",
-        "open('/tmp/escaped-to-tmp', 'w').write('x')",
-        "open('/dev/shm/escaped', 'w').write('x')",
+        "open('/usr/escaped', 'w').write('x')",
+        "open('/etc/passwd', 'a').write('x')",
     ]
-    code = "import os, pathlib, shutil, subprocess\nopen('inside.txt', 'w').write('ok')\nprint(os.getcwd())\n"
+    # /tmp and /dev/shm are the run's own private tmpfs: writable, and gone with the run.
+    code = (
+        "import os, pathlib, shutil, subprocess\nopen('inside.txt', 'w').write('ok')\nprint(os.getcwd())\n"
+        "open('/tmp/escaped-to-tmp', 'w').write('x')\nopen('/dev/shm/escaped', 'w').write('x')\n"
+    )
     for attempt in attempts:
         code += (
             f"try:\n    {attempt}\n    print('WROTE', {attempt!r})\nexcept Exception as exc:\n    print('blocked')\n"
@@ -211,9 +219,9 @@ def test_writes_outside_the_workdir_are_impossible(sandbox, tmp_path):
     result = sandbox.run(code)
     assert result.status is ExecutionStatus.OK, result.stderr
     assert "WROTE" not in result.stdout and result.stdout.count("blocked") == len(attempts)
-    assert not target.exists() and not Path("/dev/shm/escaped").exists()
+    assert not target.exists() and not Path("/dev/shm/escaped").exists() and not Path("/tmp/escaped-to-tmp").exists()
     workdir = result.stdout.splitlines()[0]
-    assert not Path(f"/proc/{sandbox._proc.pid}/root{workdir}").exists()  # removed afterwards, in the zygote's view
+    assert workdir == "/tmp" and os.listdir(f"/proc/{sandbox._proc.pid}/root{workdir}") == []  # the run's tmpfs died
 
 
 def test_network_connections_fail(sandbox):

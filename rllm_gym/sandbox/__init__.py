@@ -1,30 +1,48 @@
-"""Isolated execution of untrusted, model-written Python: limits, namespaces and a warm fork server.
+"""Isolated execution of untrusted, model-written Python: limits, namespaces, a memory cgroup and a warm fork server.
 
 ``run_python(code, stdin=..., timeout=...)`` runs a program and returns a :class:`SandboxResult` whose ``status`` says
-how it ended (``ok``, ``runtime_error``, ``timeout``, ``memory_limit``, ``output_limit``, ``sandbox_error``) and
-whose ``isolation`` lists what was in effect. ``await arun_python(...)`` is the same without blocking the event loop;
-any number may run at once (the sandbox queues them past ``max_parallel``).
+how it ended (``ok``, ``runtime_error``, ``killed``, ``timeout``, ``memory_limit``, ``output_limit``,
+``sandbox_error``) and whose ``isolation`` lists what was in effect. ``await arun_python(...)`` is the same without
+blocking the event loop; any number may run at once (the sandbox queues them past ``max_parallel``).
+``Sandbox.run_pair(solution, harness)`` runs trusted test code (the harness) and model code (the solution) as two
+such runs joined by a channel that carries calls and plain-data return values only (:mod:`rllm_gym.sandbox._channel`):
+the verdict of a function test is never decided in the process that runs model code.
 
 How: a small warm interpreter (the "zygote", :mod:`rllm_gym.sandbox._zygote`, standard library only, started with a
-scrubbed environment) forks one child per run, which is ~5x cheaper than starting ``python -c``. Isolation layers,
-each listed in ``SandboxResult.isolation`` only when it is really in effect:
+scrubbed environment) forks one child per run, which is several times cheaper than starting ``python -c``. Isolation
+layers, each listed in ``SandboxResult.isolation`` only when it is really in effect:
 
 * ``rlimits``: CPU time, address space (``memory_mb``), file size, open files, no core dumps, and the process count
   (``max_processes``) when the run has its own uid (root is exempt from ``RLIMIT_NPROC``);
-* ``tmpdir``: a fresh working directory, removed afterwards (a size-capped tmpfs of its own under namespaces);
+* ``tmpdir``: a fresh working directory, gone afterwards: with ``minimal_fs`` a private size-capped tmpfs on ``/tmp``
+  (also ``HOME``, ``TMPDIR`` and, through a link, ``/dev/shm``) that no other run can see;
 * ``scrubbed_env``: the code sees only ``PATH``, ``LANG``, ``HOME``/``TMPDIR`` (its workdir) and the ``env`` passed in,
   never the host's variables (no ``*_KEY``/``*_TOKEN``), neither in ``os.environ`` nor in ``/proc/self/environ``;
 * ``session_kill``: the run is its own session; it is killed as a whole on timeout and after it ends;
-* ``netns``/``ipcns``: an empty network namespace (not even loopback is up), so no connection leaves the sandbox;
-* ``readonly_fs``: a mount namespace where every mount is read-only: nothing outside the workdir can be written,
-  through any file API; ``hidepid_proc``: ``/proc`` shows no other user's processes;
-* ``pidns``: each run is PID 1's child in its own PID namespace, so nothing it starts outlives it;
+* ``minimal_fs`` and ``readonly_fs``: the run's root is a new read-only tree holding ``/usr``, the interpreter and
+  its virtual environment, a synthetic ``/etc`` (passwd, group, hosts), ``/dev/null``-style nodes, its own ``/proc``
+  and ``/tmp``: the project's source and data files (the package folders are covered even inside site-packages), the
+  user's home, the host's working directory and other runs' files do not exist for it;
+* ``netns``/``ipcns``: each run has its own empty network namespace (no interface up, no abstract unix socket shared
+  with another run) and IPC namespace (SysV shared memory, semaphores, message queues, POSIX message queues), which
+  die with it;
+* ``pidns`` and ``private_proc``: each run is pid 1's child in its own PID namespace, so nothing it starts outlives it,
+  and its ``/proc`` shows only its own processes; its supervisor (pid 1) stays root, out of the code's reach;
 * ``unprivileged_uid``: the code runs as a fresh uid of its own, without capabilities or ``no_new_privs`` escapes,
-  so it cannot signal, trace or read the host's processes;
-* ``seccomp``: a deny list (ptrace, mount, unshare, bpf, io_uring, non-UNIX sockets, ...) on x86-64.
+  so it cannot signal, trace or read the host's processes or its supervisor;
+* ``seccomp`` (x86-64): EPERM for new namespaces (``unshare``, ``setns``, ``clone`` with any ``CLONE_NEW*`` flag;
+  ``clone3`` gets ENOSYS so libc falls back to ``clone``), ``mount``/``umount2``/``pivot_root``/``chroot`` and the new
+  mount API, ``ptrace``, ``process_vm_*``, ``bpf``, ``keyctl``, ``perf_event_open``, ``userfaultfd``, ``kexec_*``,
+  modules, ``io_uring`` and non-UNIX sockets;
+* ``memory_cgroup``: ``memory_mb`` is also the limit of a memory cgroup (v1 ``memory.limit_in_bytes`` +
+  ``memory.memsw``, or v2 ``memory.max``) that counts every page the run touches: anonymous, tmpfs, ``/dev/shm``,
+  memfd, SysV shared memory; where no cgroup can be made, ``memory_rules`` says that seccomp refuses ``memfd_create``
+  and ``shmget`` instead and ``/dev/shm`` is the capped tmpfs.
 
-Where the OS refuses a layer (not root, not Linux) the run still happens with what is left, and ``isolation`` says
-so. A failure of the sandbox itself is ``sandbox_error``: graders must never score it as a wrong answer.
+``strict=True`` (the default) refuses to run code when a layer of :data:`REQUIRED_LAYERS` is missing
+(:class:`SandboxUnavailableError` names it); ``strict=False`` (or ``RLLM_GYM_SANDBOX_STRICT=0`` for the shared
+sandbox) runs with what the OS allows (not root, not Linux) and ``isolation`` says so. A failure of the sandbox
+itself is ``sandbox_error``: graders must never score it as a wrong answer, and nothing the code does can cause it.
 """
 
 from __future__ import annotations
@@ -50,7 +68,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExecutionStatus", "Sandbox", "SandboxResult", "arun_python", "default_sandbox", "run_python"]
+__all__ = [
+    "REQUIRED_LAYERS",
+    "ExecutionStatus",
+    "PairResult",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "arun_python",
+    "default_sandbox",
+    "run_python",
+]
 
 _FRAME = struct.Struct("!I")
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
@@ -62,13 +90,34 @@ _BASE_ENV = {
 }
 _STARTUP_TIMEOUT_S = 30.0
 _GUARD_S = 30.0  # how long past its own timeout we wait for the zygote before calling the run a sandbox error
+REQUIRED_LAYERS = (
+    "rlimits",
+    "tmpdir",
+    "scrubbed_env",
+    "session_kill",
+    "minimal_fs",
+    "readonly_fs",
+    "netns",
+    "ipcns",
+    "pidns",
+    "private_proc",
+    "unprivileged_uid",
+    "seccomp",
+    "memory_cgroup|memory_rules",
+)
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS}
+
+
+class SandboxUnavailableError(RuntimeError):
+    """A strict sandbox cannot give the isolation it requires here; the message names the missing layers."""
 
 
 class ExecutionStatus(str, Enum):
     """How a run ended. Grading outcomes (passed, wrong answer) live in :mod:`rllm_gym.rewards.code`."""
 
     OK = "ok"  # exited with status 0
-    RUNTIME_ERROR = "runtime_error"  # non-zero exit status or killed by a signal (traceback in stderr)
+    RUNTIME_ERROR = "runtime_error"  # non-zero exit status or a crash (SIGSEGV, SIGABRT...; traceback in stderr)
+    KILLED = "killed"  # ended by a signal the code sent itself or one of its processes (SIGKILL, SIGTERM...)
     TIMEOUT = "timeout"  # wall-clock ``timeout`` or CPU-time limit reached
     MEMORY_LIMIT = "memory_limit"  # address-space limit reached (MemoryError, or killed while at the limit)
     OUTPUT_LIMIT = "output_limit"  # stdout/stderr past ``max_output_bytes``, or a file past ``file_size_mb``
@@ -108,13 +157,16 @@ def _sandbox_error(message: str, isolation: list[str] | None = None) -> SandboxR
 def _classify(reply: dict[str, Any], request: dict[str, Any]) -> tuple[ExecutionStatus, int | None]:
     if reply.get("error"):
         return ExecutionStatus.SANDBOX_ERROR, None
-    if reply.get("verdict") == "timeout":
-        return ExecutionStatus.TIMEOUT, None
-    if reply.get("verdict") == "output_limit":
-        return ExecutionStatus.OUTPUT_LIMIT, None
+    verdict = reply.get("verdict")
+    if verdict == "stopped":  # a pair's solution, stopped by the sandbox once its harness was done
+        return ExecutionStatus.OK, None
+    if verdict in ("timeout", "output_limit", "killed"):
+        return ExecutionStatus(verdict), None
     if reply.get("wait_status") is None:
         return ExecutionStatus.SANDBOX_ERROR, None
     exit_code = os.waitstatus_to_exitcode(reply["wait_status"])
+    if reply.get("oom"):
+        return ExecutionStatus.MEMORY_LIMIT, exit_code  # the memory cgroup's limit: the kernel killed a process
     if exit_code == 0:
         return ExecutionStatus.OK, 0
     if exit_code == -signal.SIGXCPU:
@@ -127,7 +179,33 @@ def _classify(reply: dict[str, Any], request: dict[str, Any]) -> tuple[Execution
     rss_kb = reply.get("max_rss_kb") or 0
     if exit_code < 0 and rss_kb >= 0.9 * request["memory_mb"] * 1024:
         return ExecutionStatus.MEMORY_LIMIT, exit_code  # a C allocation failed at the limit and took the process down
+    if exit_code < 0 and -exit_code not in _CRASH_SIGNALS:
+        return ExecutionStatus.KILLED, exit_code
     return ExecutionStatus.RUNTIME_ERROR, exit_code
+
+
+def _result(reply: dict[str, Any], request: dict[str, Any], isolation: list[str]) -> SandboxResult:
+    status, exit_code = _classify(reply, request)
+    return SandboxResult(
+        status=status,
+        stdout=reply["stdout"],
+        stderr=reply["stderr"],
+        exit_code=exit_code,
+        duration_s=reply["duration_s"],
+        isolation=list(isolation),
+        truncated=reply["truncated"],
+        max_rss_mb=None if reply["max_rss_kb"] is None else reply["max_rss_kb"] / 1024,
+        error=reply["error"],
+    )
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """The two halves of :meth:`Sandbox.run_pair`: the harness's run (its stdout is the test report) and the
+    solution's (its stderr explains a crash before or while serving calls)."""
+
+    harness: SandboxResult
+    solution: SandboxResult
 
 
 def _positive(name: str, value: Any, minimum: float = 0.0) -> None:
@@ -139,33 +217,40 @@ class Sandbox:
     """A warm zygote process and the runs it serves. Thread- and fork-safe; cheap to keep for the whole program.
 
     Args:
-        max_parallel: runs executing at once (more are queued, and their timeout starts when they start).
-        isolate: False skips the namespace, uid and seccomp layers (rlimits, workdir, env scrubbing stay): for
-            debugging only.
+        max_parallel: runs executing at once (more are queued, and their timeout starts when they start); a
+            :meth:`run_pair` counts as one.
+        isolate: False skips the namespace, view, uid, cgroup and seccomp layers (rlimits, workdir, env scrubbing
+            stay): for debugging and for measuring what isolation costs; needs ``strict=False``.
+        strict: refuse to run code (:class:`SandboxUnavailableError`) unless every layer of
+            :data:`REQUIRED_LAYERS` is in effect.
     """
 
-    def __init__(self, max_parallel: int | None = None, isolate: bool = True):
+    def __init__(self, max_parallel: int | None = None, isolate: bool = True, strict: bool = True):
         max_parallel = max_parallel if max_parallel is not None else max(4, 2 * (os.cpu_count() or 1))
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 1 <= max_parallel <= 256:
             raise ValueError(f"Sandbox max_parallel must be an int in [1, 256], got {max_parallel!r}")
-        self.max_parallel, self.isolate = max_parallel, bool(isolate)
+        if strict and not isolate:
+            raise ValueError("Sandbox(isolate=False) runs code without isolation: pass strict=False as well")
+        self.max_parallel, self.isolate, self.strict = max_parallel, bool(isolate), bool(strict)
         self.isolation: list[str] = []
         self._lock = threading.Lock()
         self._owner = os.getpid()
         self._ids = itertools.count()
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
-        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._cgroup: str | None = None
+        self._outbox: queue.Queue[tuple[bytes, list[int]] | None] = queue.Queue()
         self._futures: dict[int, tuple[concurrent.futures.Future, dict[str, Any]]] = {}
         self._log: Any = None
 
     # Zygote life cycle
 
     def start(self) -> None:
-        """Start the zygote now (otherwise the first run does); raises RuntimeError when it cannot start."""
+        """Start the zygote now (otherwise the first run does); raises RuntimeError when it cannot start and
+        :class:`SandboxUnavailableError` when it is strict and a required layer is missing."""
         with self._lock:
             if self._owner != os.getpid():  # a forked copy must not share the parent's zygote socket
-                self.__init__(self.max_parallel, self.isolate)
+                self.__init__(self.max_parallel, self.isolate, self.strict)
             if self._proc is not None and self._proc.poll() is None and self._sock is not None:
                 return
             self._spawn()
@@ -175,8 +260,9 @@ class Sandbox:
         # A random uid range per zygote: runs of two zygotes never share a uid (RLIMIT_NPROC counts per uid).
         config = {
             "max_parallel": self.max_parallel,
-            "uid_base": 1_000_000 + secrets.randbelow(8_000_000) * 256,
+            "uid_base": 1_000_000 + secrets.randbelow(8_000_000) * 512,
             "isolate": self.isolate,
+            "hidden": _project_folders(),
         }
         argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)
@@ -189,6 +275,7 @@ class Sandbox:
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,
                 start_new_session=True,
+                cwd="/",
             )
         finally:
             child.close()
@@ -205,6 +292,16 @@ class Sandbox:
             )
         host.settimeout(None)
         self.isolation = list(hello["isolation"])
+        self._cgroup = hello.get("cgroup")
+        missing = [layer for layer in REQUIRED_LAYERS if not set(layer.split("|")) & set(self.isolation)]
+        if self.strict and missing:
+            host.close()
+            self._proc.wait()
+            raise SandboxUnavailableError(
+                f"the sandbox cannot isolate model code here: missing layers {missing} (in effect: {self.isolation})."
+                " It needs Linux, root (or a container with CAP_SYS_ADMIN) and x86-64 for seccomp; pass "
+                "Sandbox(strict=False) or set RLLM_GYM_SANDBOX_STRICT=0 to run with weaker isolation at your own risk"
+            )
         self._sock = host
         self._outbox = queue.Queue()
         threading.Thread(target=self._reader, args=(host, self._proc), name="sandbox-reader", daemon=True).start()
@@ -230,6 +327,9 @@ class Sandbox:
                     self._proc.kill()
                     self._proc.wait()
                 self._proc = None
+            if self._cgroup is not None:  # the zygote empties it; only the host still sees it by path
+                _remove_cgroup(self._cgroup)
+                self._cgroup = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -238,11 +338,19 @@ class Sandbox:
         self.close()
 
     def _writer(self, sock: socket.socket, outbox: queue.Queue) -> None:
-        while (data := outbox.get()) is not None:
+        while (item := outbox.get()) is not None:
+            data, fds = item
             try:
-                sock.sendall(data)
+                if fds:  # the fds travel with the frame's first bytes
+                    sent = socket.send_fds(sock, [data], fds)
+                    sock.sendall(data[sent:])
+                else:
+                    sock.sendall(data)
             except OSError:
                 return
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     def _reader(self, sock: socket.socket, proc: subprocess.Popen) -> None:
         while True:
@@ -256,20 +364,10 @@ class Sandbox:
                 entry = self._futures.pop(reply["id"], None)
             if entry is not None:
                 future, request = entry
-                status, exit_code = _classify(reply, request)
-                future.set_result(
-                    SandboxResult(
-                        status=status,
-                        stdout=reply["stdout"],
-                        stderr=reply["stderr"],
-                        exit_code=exit_code,
-                        duration_s=reply["duration_s"],
-                        isolation=list(self.isolation),
-                        truncated=reply["truncated"],
-                        max_rss_mb=None if reply["max_rss_kb"] is None else reply["max_rss_kb"] / 1024,
-                        error=reply["error"],
-                    )
-                )
+                result = _result(reply, request, self.isolation)
+                if "solution" in reply:
+                    result = PairResult(result, _result(reply["solution"], request, self.isolation))
+                future.set_result(result)
         # The zygote is gone: every run still waiting is an infrastructure failure, and the next run restarts it.
         with self._lock:
             if self._sock is sock:
@@ -278,49 +376,123 @@ class Sandbox:
             for key in [key for key, entry in self._futures.items() if entry[1]["zygote"] is proc]:
                 del self._futures[key]
         message = f"the sandbox zygote exited (code {proc.poll()}) during the run {self._log_tail()}".strip()
-        for future, _ in waiting:
-            future.set_result(_sandbox_error(message, self.isolation))
+        for future, request in waiting:
+            error = _sandbox_error(message, self.isolation)
+            future.set_result(PairResult(error, error) if request.get("pair") else error)
 
     # Runs
 
-    def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future:
-        """Queue a run (same arguments as :func:`run_python`); the future's result is a :class:`SandboxResult`."""
-        request = _request(code, **kwargs)
+    def _submit(self, request: dict[str, Any], fds: list[int]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         try:
             self.start()
+        except SandboxUnavailableError:
+            for fd in fds:
+                os.close(fd)
+            raise
         except (RuntimeError, OSError) as exc:
-            future.set_result(_sandbox_error(str(exc)))
+            for fd in fds:
+                os.close(fd)
+            error = _sandbox_error(str(exc))
+            future.set_result(PairResult(error, error) if request.get("pair") else error)
             return future
         with self._lock:
             request["id"] = next(self._ids)
+            request["nfds"] = len(fds)
             payload = json.dumps(request).encode()
             request["zygote"] = self._proc
             self._futures[request["id"]] = (future, request)
-            self._outbox.put(_FRAME.pack(len(payload)) + payload)
+            self._outbox.put((_FRAME.pack(len(payload)) + payload, fds))
         return future
+
+    def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future:
+        """Queue a run (same arguments as :func:`run_python`); the future's result is a :class:`SandboxResult`."""
+        return self._submit(_request(code, **kwargs), [])
+
+    def submit_pair(self, solution: str, harness: str, **kwargs: Any) -> concurrent.futures.Future:
+        """Queue a paired run (see :meth:`run_pair`); the future's result is a :class:`PairResult`."""
+        if not isinstance(harness, str):
+            raise TypeError(f"sandbox harness must be a str, got {type(harness).__name__}")
+        request = _request(solution, **kwargs)
+        request["pair"] = True
+        # The harness's program (the tests) travels as a memfd: it never enters the zygote's memory, and so never
+        # the memory of a solution's process, which is a fork of the zygote.
+        fd = os.memfd_create("rllm-harness", os.MFD_CLOEXEC)
+        try:
+            os.write(fd, harness.encode("utf-8"))
+        except BaseException:
+            os.close(fd)
+            raise
+        return self._submit(request, [fd])
 
     def run(self, code: str, **kwargs: Any) -> SandboxResult:
         """Run one program and wait for it; see :func:`run_python`."""
-        future = self.submit(code, **kwargs)
+        return self._wait(self.submit(code, **kwargs), kwargs.get("timeout", 5.0), pair=False)
+
+    def run_pair(self, solution: str, harness: str, **kwargs: Any) -> PairResult:
+        """Run model code (``solution``) and trusted test code (``harness``) as two sandboxed processes.
+
+        The solution's program runs as ``__main__``, then serves calls; the harness imports ``_rllm_channel`` and
+        calls ``_rllm_channel.remote("name")(*args)``, which returns the solution's plain-data result or raises
+        ``_rllm_channel.RemoteError`` (the builtin exception of the same name when the solution's function raised
+        one). Both runs get the keyword arguments of :func:`run_python` (``stdin`` goes to the solution); the
+        solution is stopped when the harness ends.
+        """
+        return self._wait(self.submit_pair(solution, harness, **kwargs), kwargs.get("timeout", 5.0), pair=True)
+
+    def _wait(self, future: concurrent.futures.Future, timeout: float, pair: bool) -> Any:
         try:
-            return future.result(timeout=kwargs.get("timeout", 5.0) + _GUARD_S)
+            return future.result(timeout=timeout + _GUARD_S)
         except concurrent.futures.TimeoutError:
-            return _sandbox_error("the sandbox zygote did not answer in time", self.isolation)
+            error = _sandbox_error("the sandbox zygote did not answer in time", self.isolation)
+            return PairResult(error, error) if pair else error
 
     async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
         """Run one program without blocking the event loop; see :func:`run_python`."""
+        await self._astart()
+        return await self._await(self.submit(code, **kwargs), kwargs.get("timeout", 5.0), pair=False)
+
+    async def arun_pair(self, solution: str, harness: str, **kwargs: Any) -> PairResult:
+        """:meth:`run_pair` without blocking the event loop."""
+        await self._astart()
+        future = self.submit_pair(solution, harness, **kwargs)
+        return await self._await(future, kwargs.get("timeout", 5.0), pair=True)
+
+    async def _astart(self) -> None:
         if self._sock is None or self._owner != os.getpid():
             await asyncio.to_thread(self._start_quietly)
-        future = asyncio.wrap_future(self.submit(code, **kwargs))
+
+    async def _await(self, future: concurrent.futures.Future, timeout: float, pair: bool) -> Any:
         try:
-            return await asyncio.wait_for(future, kwargs.get("timeout", 5.0) + _GUARD_S)
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GUARD_S)
         except asyncio.TimeoutError:
-            return _sandbox_error("the sandbox zygote did not answer in time", self.isolation)
+            error = _sandbox_error("the sandbox zygote did not answer in time", self.isolation)
+            return PairResult(error, error) if pair else error
 
     def _start_quietly(self) -> None:
-        with contextlib.suppress(RuntimeError, OSError):  # submit() turns the failure into a sandbox_error result
+        with contextlib.suppress(RuntimeError, OSError):  # submit() reports the failure (or raises, when strict)
             self.start()
+
+
+def _project_folders() -> list[str]:
+    """The folders of this project's packages: the sandbox's view covers them wherever they are installed."""
+    import importlib.util
+
+    folders = []
+    for name in ("rllm_gym", "rllm_gym.envs", "rllm_gym.agents", "rllm_gym.train"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            folders.append(os.path.realpath(location))
+    return sorted(set(folders))
+
+
+def _remove_cgroup(path: str) -> None:
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(path):
+            if entry.startswith("slot-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(path, entry))
+        os.rmdir(path)
 
 
 def _read_frame(sock: socket.socket) -> dict[str, Any] | None:
@@ -402,11 +574,14 @@ _default_lock = threading.Lock()
 
 
 def default_sandbox() -> Sandbox:
-    """The process-wide sandbox that :func:`run_python` and :func:`arun_python` use (one per process after a fork)."""
+    """The process-wide sandbox that :func:`run_python` and :func:`arun_python` use (one per process after a fork).
+
+    Strict unless the environment variable ``RLLM_GYM_SANDBOX_STRICT`` is ``0``.
+    """
     global _default
     with _default_lock:
         if _default is None:
-            _default = Sandbox()
+            _default = Sandbox(strict=os.environ.get("RLLM_GYM_SANDBOX_STRICT", "1") != "0")
             atexit.register(_default.close)
         return _default
 

@@ -1,15 +1,20 @@
 """The sandbox's isolation layers, as the zygote (:mod:`rllm_gym.sandbox._zygote`) applies them: standard library only.
 
-Once, in the zygote: new network, IPC and mount namespaces where the OS allows, every mount made read-only, other
-users' processes hidden in ``/proc``, a root-owned tmpfs on ``/tmp`` for the per-run working directories, a probe for
-per-run PID namespaces and the seccomp program (a small x86-64 deny list). Per run: a tmpfs working directory owned by
-the run's uid, a fork into a fresh PID namespace, then, in the run's first process, the switch to that unprivileged
-uid, ``no_new_privs``, the parent-death signal, the seccomp filter and the rlimits. The zygote loads this file by its
-path (it runs as a script under ``python -I``, so its folder is not on ``sys.path``); keep it free of package imports.
+Once, in the zygote: a private mount namespace whose root is a new, read-only tree holding only ``/usr`` (and the
+``/bin``, ``/lib`` links), the interpreter's prefix and virtual environment, a synthetic ``/etc``, a few ``/dev``
+nodes and empty ``/proc`` and ``/tmp`` mount points (:func:`build_view`); the project's own package folders are
+covered by empty mounts; a memory cgroup of the zygote's own for the runs (:class:`MemoryCgroups`); a probe for
+per-run PID namespaces and the seccomp program. Per run, in the run's supervisor (pid 1 of a fresh PID namespace,
+still root): new mount, network and IPC namespaces, a private size-capped tmpfs on ``/tmp`` owned by the run's uid (its
+working directory, ``HOME`` and ``TMPDIR``; ``/dev/shm`` points into it) and a fresh ``/proc`` (:func:`enter_run`);
+then, in the solution's process: the memory cgroup, the switch to the run's unprivileged uid, ``no_new_privs``, the
+parent-death signal, the seccomp filter and the rlimits. The zygote loads this file by its path (it runs as a script
+under ``python -I``, so its folder is not on ``sys.path``); keep it free of package imports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -18,12 +23,16 @@ import struct
 import sys
 
 libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-MNT_DETACH, MS_MOVE = 2, 8192
+MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
-WORK_BASE = "/tmp"
+_SYS_PIVOT_ROOT = 155
+RUN_DIR = "/tmp"  # inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 def check(result: int, what: str) -> None:
@@ -42,71 +51,99 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 # Set up once, in the zygote itself
 
 
-def setup_namespaces(isolation: list[str]) -> bool:
-    """Enter new net/IPC/mount namespaces, build the read-only view; returns whether workdirs get their own tmpfs."""
-    if libc is None or os.geteuid() != 0:
+def build_view(hidden: list[str], isolation: list[str]) -> bool:
+    """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
+
+    ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
+    tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
+    """
+    if libc is None or os.geteuid() != 0 or libc.unshare(CLONE_NEWNS) != 0:
         return False
-    for flag, name in ((CLONE_NEWNET, "netns"), (CLONE_NEWIPC, "ipcns")):
-        if libc.unshare(flag) == 0:
-            isolation.append(name)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        return False
-    # Private first: without it the remounts below could propagate back to the host's mounts.
+    # Private first: without it the mounts below could propagate back to the host's mounts.
     mount("none", "/", None, MS_REC | MS_PRIVATE)
-    _expose_python()
-    with open("/proc/self/mountinfo") as mountinfo:
-        mounts = [(line.split()[4], line.split()[5].split(",")) for line in mountinfo]
-    readonly = True
-    for target, options in mounts:
-        flags = MS_BIND | MS_REMOUNT | MS_RDONLY  # MS_BIND: per-mount flag only, never the host's superblock
-        flags |= sum(
-            bit for opt, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC)) if opt in options
-        )
-        if libc.mount(None, target.encode(), None, ctypes.c_ulong(flags), None) != 0:
-            readonly = readonly and target != "/"
-    if readonly:
-        isolation.append("readonly_fs")
-    try:
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-        isolation.append("hidepid_proc")
-    except OSError:
-        pass
-    mount("tmpfs", WORK_BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")  # our namespace's /tmp only
+    root = "/tmp/root"
+    os.mkdir(root, 0o755)
+    mount(root, root, None, MS_BIND)  # pivot_root needs a mount point
+    for name in _SYSTEM_DIRS:
+        host = "/" + name
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), root + host)
+        elif os.path.isdir(host):
+            _bind_readonly(host, root + host)
+    for tree in _python_trees():
+        _bind_readonly(tree, root + tree)
+    for path in sorted({os.path.realpath(p) for p in hidden}):
+        if os.path.exists(root + path):
+            if os.path.isdir(root + path):
+                mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+            else:
+                mount(root + "/tmp", root + path, None, MS_BIND)  # an unreadable place holder over a file
+    _make_etc(root)
+    _make_dev(root)
+    for name, mode in (("proc", 0o555), ("tmp", 0o755), (".old", 0o700)):
+        os.mkdir(os.path.join(root, name), mode)
+    os.chdir(root)
+    check(libc.syscall(_SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old", MNT_DETACH), "umount the host's tree")
+    os.rmdir("/.old")
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")  # the zygote's own
+    mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    isolation += ["minimal_fs", "readonly_fs"]
     return True
 
 
-def _expose_python() -> None:
-    """Let other uids reach the interpreter's files when they sit under a private folder (pyenv in ``/root``).
+def _bind_readonly(source: str, target: str, nodev: bool = True) -> None:
+    if os.path.isdir(source):
+        os.makedirs(target, 0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+        open(target, "w").close()
+    mount(source, target, None, MS_BIND)
+    flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (MS_NODEV if nodev else 0)
+    mount(None, target, None, flags)
 
-    A root-only ancestor (mode 0700) gets an empty read-only tmpfs over it, and only the subfolder on the way to
-    Python is mounted back: the run can import the standard library and site-packages, and sees nothing else there.
-    """
-    keep: dict[str, set[str]] = {}
-    for path in {sys.base_prefix, sys.prefix, *sys.path}:
-        parts = os.path.realpath(path).split(os.sep)[1:]
-        for depth in range(1, len(parts)):
-            ancestor = os.sep + os.path.join(*parts[:depth])
-            try:
-                if not os.stat(ancestor).st_mode & 0o001:
-                    keep.setdefault(ancestor, set()).add(parts[depth])
-                    break
-            except OSError:
-                break
-    if not keep:
-        return
-    mount("tmpfs", WORK_BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
-    for index, (ancestor, children) in enumerate(keep.items()):
-        stashed = []
-        for child in sorted(children):
-            source = os.path.join(ancestor, child)
-            stash = os.path.join(WORK_BASE, f"stash-{index}-{len(stashed)}")
-            os.mkdir(stash)
-            mount(source, stash, None, MS_BIND | MS_REC)
-            stashed.append((child, stash))
-        mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for child, stash in stashed:
-            os.mkdir(os.path.join(ancestor, child))
-            mount(stash, os.path.join(ancestor, child), None, MS_MOVE)
+
+def _python_trees() -> list[str]:
+    """The interpreter's prefix and its virtual environment's (not ``sys.path`` entries elsewhere: an editable
+    install puts the project's source folder on the path, and that must stay out of the view)."""
+    trees: list[str] = []
+    for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}, key=len):
+        covered = any(path == t or path.startswith(t + os.sep) for t in trees)
+        system = any(path == "/" + d or path.startswith(f"/{d}/") for d in _SYSTEM_DIRS)
+        if path != "/" and not covered and not system:
+            trees.append(path)
+    return trees
+
+
+def _make_etc(root: str) -> None:
+    etc = root + "/etc"
+    os.mkdir(etc, 0o755)
+    files = {
+        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/tmp:/usr/sbin/nologin\n",
+        "group": "root:x:0:\nsandbox:x:65534:\n",
+        "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+    }
+    for name, text in files.items():
+        with open(os.path.join(etc, name), "w") as handle:
+            handle.write(text)
+    if os.path.isfile("/etc/ld.so.cache"):
+        _bind_readonly("/etc/ld.so.cache", etc + "/ld.so.cache")
+    if os.path.islink("/etc/localtime"):
+        os.symlink(os.readlink("/etc/localtime"), etc + "/localtime")
+
+
+def _make_dev(root: str) -> None:
+    dev = root + "/dev"
+    os.mkdir(dev, 0o755)
+    for name in _DEVICES:
+        if os.path.exists("/dev/" + name):
+            _bind_readonly("/dev/" + name, f"{dev}/{name}", nodev=False)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
+        os.symlink(target, f"{dev}/{name}")
+    os.symlink("/proc/self/fd/2", dev + "/stderr")
+    os.symlink(RUN_DIR, dev + "/shm")  # POSIX shared memory and semaphores land in the run's own capped tmpfs
 
 
 def probe_pid_namespace() -> int | None:
@@ -123,35 +160,196 @@ def probe_pid_namespace() -> int | None:
     return own
 
 
-# Seccomp: a small deny list (x86-64 only), on top of the namespaces
+def probe_run_namespaces() -> int:
+    """The namespace flags (net, IPC) a run can get for itself: a forked child tries them and reports."""
+    if libc is None or os.geteuid() != 0:
+        return 0
+    flags = 0
+    for flag in (CLONE_NEWNET, CLONE_NEWIPC):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if libc.unshare(flag) == 0 else 1)
+        if os.waitpid(pid, 0)[1] == 0:
+            flags |= flag
+    return flags
+
+
+class MemoryCgroups:
+    """A memory cgroup per run slot, under one of the zygote's own: the limit counts every page a run charges.
+
+    Anonymous memory, tmpfs writes (its ``/tmp``, ``/dev/shm``), memfd and SysV shared memory are all charged to the
+    cgroup of the process that touches them, so one limit holds them all. cgroup v2 (``memory.max``,
+    ``memory.swap.max``, ``memory.events``) or v1 (``memory.limit_in_bytes``, ``memory.memsw.limit_in_bytes``,
+    ``memory.oom_control``). The folder is opened before the zygote leaves the host's tree and used through that fd.
+    """
+
+    def __init__(self, fd: int, version: int, path: str):
+        self.fd, self.version, self.path = fd, version, path
+
+    @classmethod
+    def create(cls, name: str) -> MemoryCgroups | None:
+        if libc is None or os.geteuid() != 0:
+            return None
+        try:
+            with open("/proc/self/cgroup") as handle:
+                lines = [line.rstrip("\n").split(":", 2) for line in handle]
+        except OSError:
+            return None
+        v1 = next((path for _, controllers, path in lines if "memory" in controllers.split(",")), None)
+        v2 = next((path for hid, controllers, path in lines if hid == "0" and controllers == ""), None)
+        candidates = []
+        if v1 is not None:
+            candidates.append((1, "/sys/fs/cgroup/memory" + v1.rstrip("/")))
+        if v2 is not None:
+            candidates.append((2, _cgroup2_mount() + v2.rstrip("/")))
+        for version, parent in candidates:
+            made = cls._make(version, parent, name)
+            if made is not None:
+                return made
+        return None
+
+    @classmethod
+    def _make(cls, version: int, parent: str, name: str) -> MemoryCgroups | None:
+        if version == 2:
+            try:
+                with open(os.path.join(parent, "cgroup.subtree_control")) as handle:
+                    if "memory" not in handle.read().split():
+                        return None
+            except OSError:
+                return None
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        made = cls(fd, version, path)
+        try:
+            if version == 2:
+                made._write("cgroup.subtree_control", "+memory")
+            made.prepare(0, 64 << 20)
+        except OSError:
+            made.close()
+            return None
+        return made
+
+    def _write(self, relative: str, value: str) -> None:
+        fd = os.open(relative, os.O_WRONLY, dir_fd=self.fd)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+
+    def _read(self, relative: str) -> str:
+        fd = os.open(relative, os.O_RDONLY, dir_fd=self.fd)
+        try:
+            return os.read(fd, 65536).decode()
+        finally:
+            os.close(fd)
+
+    def prepare(self, slot: int, limit_bytes: int) -> int:
+        """Set slot ``slot``'s limit (creating it on first use); returns its OOM-kill count so far."""
+        name = f"slot-{slot}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, dir_fd=self.fd)
+        if self.version == 2:
+            self._write(f"{name}/memory.max", str(limit_bytes))
+            with contextlib.suppress(FileNotFoundError):
+                self._write(f"{name}/memory.swap.max", "0")
+        else:
+            limits = [f"{name}/memory.limit_in_bytes"]
+            try:
+                os.stat(f"{name}/memory.memsw.limit_in_bytes", dir_fd=self.fd)
+                limits.append(f"{name}/memory.memsw.limit_in_bytes")
+            except FileNotFoundError:
+                pass
+            # memory <= memory+swap at every moment: lower memory first, raise memory+swap first.
+            for relative in limits if self._limit(limits[0]) > limit_bytes else reversed(limits):
+                self._write(relative, str(limit_bytes))
+        return self.oom_kills(slot)
+
+    def _limit(self, relative: str) -> int:
+        return int(self._read(relative).strip())
+
+    def oom_kills(self, slot: int) -> int:
+        text = self._read(f"slot-{slot}/" + ("memory.events" if self.version == 2 else "memory.oom_control"))
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def join(self, slot: int) -> int:
+        """An fd to write ``0`` to (it moves the writer into slot ``slot``): opened by the supervisor, used by its
+        child before it drops root."""
+        return os.open(f"slot-{slot}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
+
+    def close(self) -> None:
+        for entry in os.listdir(self.fd):
+            if entry.startswith("slot-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(entry, dir_fd=self.fd)
+        os.close(self.fd)
+        with contextlib.suppress(OSError):  # by path: only where the host's tree is visible (the host removes it)
+            os.rmdir(self.path)
+
+
+def _cgroup2_mount() -> str:
+    try:
+        with open("/proc/self/mountinfo") as handle:
+            for line in handle:
+                fields = line.split()
+                if " - cgroup2 " in line:
+                    return fields[4]
+    except OSError:
+        pass
+    return "/sys/fs/cgroup"
+
+
+# Seccomp: a deny list (x86-64 only), on top of the namespaces
 
 
 _AUDIT_ARCH_X86_64 = 0xC000003E
-# ptrace, mount, umount2, unshare, setns, kexec_load, reboot, init/delete/finit_module, bpf, perf_event_open,
-# keyctl/add_key/request_key, userfaultfd, process_vm_readv/writev, pivot_root, chroot, swapon/off, acct,
-# + io_uring, which could open sockets unseen.
-_DENIED_SYSCALLS = (
-    *(101, 165, 166, 272, 308, 246, 169, 175, 176, 313, 321, 298, 250),
-    *(248, 249, 323, 310, 311, 155, 161, 167, 168, 163, 425, 426, 427),
-)
-_SOCKET_SYSCALL, _AF_UNIX = 41, 1
+_DENIED_SYSCALLS = {
+    "ptrace": 101, "syslog": 103, "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167,
+    "swapoff": 168, "reboot": 169, "pivot_root": 155, "chroot": 161, "init_module": 175, "delete_module": 176,
+    "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320, "bpf": 321,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
+    "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438,
+    "mount_setattr": 442, "open_tree_attr": 467,
+}  # fmt: skip
+# Without a memory cgroup, memory that lives outside the address space limit is refused instead (memory_rules).
+_MEMORY_SYSCALLS = {"shmget": 29, "memfd_create": 319}
+_CLONE, _CLONE3, _SOCKET, _AF_UNIX = 56, 435, 41, 1
+_CLONE_NEW_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
+_CLONE_NEW_FLAGS |= CLONE_NEWNET
 
 
-def seccomp_program() -> bytes | None:
+def seccomp_program(memory_rules: bool = False) -> bytes | None:
+    """The filter: EPERM for the deny list, for ``clone`` with any ``CLONE_NEW*`` flag and for non-UNIX sockets;
+    ENOSYS for ``clone3`` (its flags sit behind a pointer a filter cannot read, and libc then falls back to
+    ``clone``); another ABI than x86-64 is refused outright."""
     import platform
 
     if platform.machine() != "x86_64":
         return None
-    ld_abs, jeq, ret = 0x20, 0x15, 0x06
-    allow, deny = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    jge = 0x35
+    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow = 0x7FFF0000  # SECCOMP_RET_ALLOW
+    deny, nosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS  # SECCOMP_RET_ERRNO
     # Another ABI (i386 via int 0x80, x32 numbers) would dodge the numbers below: deny it outright.
     prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, _AUDIT_ARCH_X86_64), (ret, 0, 0, deny), (ld_abs, 0, 0, 0)]
     prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, deny)]
-    for nr in _DENIED_SYSCALLS:
+    denied = sorted({*_DENIED_SYSCALLS.values(), *(_MEMORY_SYSCALLS.values() if memory_rules else ())})
+    for nr in denied:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, deny)]
+    prog += [(jeq, 0, 1, _CLONE3), (ret, 0, 0, nosys)]
+    # clone(flags, ...): the low 32 bits of args[0] (offset 16) hold the namespace flags.
+    prog += [(jeq, 0, 4, _CLONE), (ld_abs, 0, 0, 16), (jset, 0, 1, _CLONE_NEW_FLAGS), (ret, 0, 0, deny)]
+    prog += [(ret, 0, 0, allow)]
     # socket(domain, ...): only AF_UNIX (multiprocessing needs it); the empty netns already has no route out.
-    prog += [(jeq, 0, 3, _SOCKET_SYSCALL), (ld_abs, 0, 0, 16), (jeq, 1, 0, _AF_UNIX), (ret, 0, 0, deny)]
+    prog += [(jeq, 0, 3, _SOCKET), (ld_abs, 0, 0, 16), (jeq, 1, 0, _AF_UNIX), (ret, 0, 0, deny)]
     prog += [(ret, 0, 0, allow)]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
@@ -166,19 +364,7 @@ def _install_seccomp(program: bytes) -> None:
     check(libc.prctl(22, 2, ctypes.byref(fprog), 0, 0), "seccomp")  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
 
 
-# Per run: its working directory and PID namespace (in the zygote), then its first process
-
-
-def mount_workdir(workdir: str, file_size_mb: int, uid: int | None) -> None:
-    """Give the run's working directory its own small tmpfs, owned by the run's uid when it has one."""
-    options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
-    if uid is not None:
-        options += f",uid={uid},gid={uid}"
-    mount("tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, options)
-
-
-def unmount_workdir(workdir: str) -> None:
-    check(libc.umount2(workdir.encode(), MNT_DETACH), "umount")
+# Per run: its PID namespace (in the zygote), its own namespaces and mounts (in its supervisor), then the solution
 
 
 def fork_run(pidns_fd: int | None) -> int:
@@ -195,17 +381,28 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def drop_privileges(uid: int | None, seccomp: bytes | None, zygote_pid: int) -> None:
-    """In the run's first process: become ``uid``, forbid regaining root, die with the zygote, install seccomp."""
+def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool) -> None:
+    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on ``/tmp``, a fresh /proc."""
+    check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
+    options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
+    if uid is not None:
+        options += f",uid={uid},gid={uid}"
+    mount("tmpfs", RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+
+
+def drop_privileges(uid: int | None, seccomp: bytes | None, supervisor_pid: int) -> None:
+    """In the solution's process: become ``uid``, forbid regaining root, die with its supervisor, install seccomp."""
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     if libc is not None:
         libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # setuid binaries can no longer regain root
-        # If the zygote dies, the run dies with it (and, as PID 1, its namespace). Set after setuid, which clears it.
+        # If the supervisor dies, the solution dies with it. Set after setuid, which clears it.
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() not in (0, zygote_pid):  # the zygote died before the line above (0: parent outside our ns)
+        if os.getppid() != supervisor_pid:  # the supervisor died before the line above
             os._exit(1)
         if seccomp is not None:
             _install_seccomp(seccomp)

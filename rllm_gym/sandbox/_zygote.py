@@ -2,11 +2,15 @@
 
 The host (:mod:`rllm_gym.sandbox`) starts this file as a script with ``python -I`` and a scrubbed environment, so
 that it never inherits the host's imports (forking a process with torch loaded costs ~10 ms) or its secrets. At start
-it enters new network, IPC and mount namespaces where the OS allows, makes every mount read-only, hides other users'
-processes in ``/proc`` and mounts a root-owned tmpfs on ``/tmp`` for the per-run working directories. Each run is
-forked into a fresh PID namespace, as its own unprivileged uid, with rlimits and a seccomp filter applied; the
-wall-clock timeout and the output cap are enforced here; the isolation layers themselves live in ``_isolation.py``
-beside this file. Requests and results are length-prefixed JSON frames on a socket the host passes as ``argv[1]``.
+it creates a memory cgroup for its runs and moves into a private mount namespace rooted at a minimal read-only tree
+(see ``_isolation.py`` beside this file). Each run is forked into a fresh PID namespace; that first process, the run's
+supervisor, stays root, gives the run new mount, network and IPC namespaces, a private ``/tmp`` and ``/proc``, then
+forks the solution's process, which joins the run's memory cgroup and drops to an unprivileged uid of its own with
+rlimits and a seccomp filter. The wall-clock timeout and the output cap are enforced here. A paired run (a function
+test) is two such runs joined by two pipes: a harness running trusted test code, whose program arrives as a memfd
+passed over the socket so that it never sits in this process's memory (the solution's process is a fork of it), and
+the solution, which answers the harness's calls (``_channel.py``). Requests and results are length-prefixed JSON
+frames on a socket the host passes as ``argv[1]``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import atexit  # noqa: F401
 import bisect  # noqa: F401
 import collections
 import contextlib
+import fcntl
 import functools  # noqa: F401
 import heapq  # noqa: F401
 import itertools  # noqa: F401
@@ -39,51 +44,55 @@ _FRAME = struct.Struct("!I")
 _ZYGOTE_PID = os.getpid()
 
 
-def _load_isolation() -> types.ModuleType:
-    """The sibling ``_isolation.py``, loaded by path and kept out of ``sys.modules``.
+def _load_sibling(name: str) -> types.ModuleType:
+    """A sibling module (``_isolation.py``, ``_channel.py``), loaded by path and kept out of ``sys.modules``.
 
     ``python -I`` leaves this script's folder off ``sys.path``, and putting it there would reach every run's
-    ``sys.path`` (and the folders the mount namespace exposes); out of ``sys.modules``, a run's own ``_isolation.py``
-    still imports as itself.
+    ``sys.path``; out of ``sys.modules``, a run's own module of the same name still imports as itself.
     """
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_isolation.py")
-    spec = importlib.util.spec_from_file_location("_isolation", path)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_isolation = _load_isolation()
+_isolation = _load_sibling("_isolation")
+_channel = _load_sibling("_channel")
 _libc = _isolation.libc
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS}
 
 
-# One run: the two forked processes
+# One run: the supervisor and the solution's process
 
 
-def _enter_run(req: dict, workdir: str, uid: int | None, seccomp: bytes | None) -> None:
-    """In the run's first process: drop privileges, apply limits and the environment (inherited by the code)."""
-    os.setsid()
+def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int) -> None:
+    """In the solution's process: drop privileges, apply limits and the environment (inherited by the code)."""
     # Dispositions a fresh ``python`` would have.
     for sig, handler in (
         (signal.SIGCHLD, signal.SIG_DFL),
         (signal.SIGTERM, signal.SIG_DFL),
+        (signal.SIGHUP, signal.SIG_DFL),
         (signal.SIGINT, signal.default_int_handler),
         (signal.SIGPIPE, signal.SIG_IGN),
     ):
         signal.signal(sig, handler)
-    signal.set_wakeup_fd(-1)
-    _isolation.drop_privileges(uid, seccomp, _ZYGOTE_PID)
-    _isolation.apply_rlimits(req, uid)
+    _isolation.drop_privileges(ctx["uid"], ctx["seccomp"], supervisor)
+    _isolation.apply_rlimits(req, ctx["uid"])
     os.chdir(workdir)
     os.environ.clear()
     os.environ.update(req["env"])
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
 
 
-def _run_code(req: dict, workdir: str) -> int:
-    """Execute the solution as ``__main__`` in this (forked) interpreter and return its exit code."""
+def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
+    """Execute the program as ``__main__`` in this (forked) interpreter and return its exit code.
+
+    ``role``: ``"harness"`` gets the ``_rllm_channel`` module; ``"solution"`` serves the harness's calls once its
+    code has run.
+    """
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 (they live as long as the run)
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 (they live as long as the run)
     sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115 (they live as long as the run)
@@ -93,14 +102,18 @@ def _run_code(req: dict, workdir: str) -> int:
     main = types.ModuleType("__main__")
     main.__file__ = path
     sys.modules["__main__"] = main
-    code = 0
+    if role == "harness":
+        _channel.harness_module()
+    exit_code = 0
     try:
-        exec(compile(req["code"], path, "exec"), main.__dict__)
+        exec(compile(code, path, "exec"), main.__dict__)
+        if role == "solution":
+            _channel.serve(main.__dict__)
     except SystemExit as stop:
-        code = _exit_code(stop.code)
+        exit_code = _exit_code(stop.code)
     except BaseException as exc:
         traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        code = 1
+        exit_code = 1
     try:
         import atexit
         import threading
@@ -112,11 +125,11 @@ def _run_code(req: dict, workdir: str) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
     except SystemExit as stop:
-        code = _exit_code(stop.code)
+        exit_code = _exit_code(stop.code)
     except BaseException:
         os.write(2, traceback.format_exc().encode(errors="replace"))
-        code = code or 120  # what CPython exits with when flushing stdout fails
-    return code
+        exit_code = exit_code or 120  # what CPython exits with when flushing stdout fails
+    return exit_code
 
 
 def _exit_code(value: object) -> int:
@@ -128,23 +141,62 @@ def _exit_code(value: object) -> int:
     return 1
 
 
-def _run_child(
-    req: dict, workdir: str, uid: int | None, seccomp: bytes | None, fds: tuple[int, int, int, int]
-) -> None:
-    """Body of the run's first process: pid 1 of its PID namespace when available, parent of the solution."""
-    stdin_fd, out_w, err_w, status_w = fds
+def _read_all(fd: int) -> str:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks).decode("utf-8")
+
+
+def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
+    """Body of the run's first process (pid 1 of its PID namespace when available, root when the zygote is): it sets
+    up the run's namespaces and files, forks the solution's process and reports how it ended on the status pipe."""
+    status_w = fds["status"]
     try:
-        _enter_run(req, workdir, uid, seccomp)
-        for target, fd in ((0, stdin_fd), (1, out_w), (2, err_w)):
-            os.dup2(fd, target)
-        _close_fds_from(3, keep=status_w)
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        workdir = run.workdir
+        if ctx["view"]:
+            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"])
+        code = _read_all(fds["code"]) if "code" in fds else req["code"]
+        for name, text in {**req["files"], req["filename"]: code}.items():
+            path = os.path.join(workdir, name)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            if ctx["uid"] is not None:
+                os.chown(path, ctx["uid"], ctx["uid"])
+        keep = [fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 10)]
+        cgroup = None
+        if ctx["cgroups"] is not None:
+            cgroup = ctx["cgroups"].join(run.slot)
+            keep.append(fcntl.fcntl(cgroup, fcntl.F_DUPFD_CLOEXEC, 10))
+            cgroup = keep[-1]
+        status_w = keep[0]
+        targets = [(fds["stdin"], 0), (fds["stdout"], 1), (fds["stderr"], 2)]
+        if "chan_r" in fds:
+            targets += [(fds["chan_r"], 3), (fds["chan_w"], 4)]
+        staged = [(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 20), target) for fd, target in targets]
+        for fd, target in staged:
+            os.dup2(fd, target)  # dup2 clears close-on-exec on the target
+        _close_fds_from(len(targets), keep=set(keep))
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
+            if cgroup is not None:
+                os.write(cgroup, b"0")
+                os.close(cgroup)
             os.close(status_w)
-            os._exit(_run_code(req, workdir))
-        for fd in (0, 1, 2):
+            _enter_solution(req, workdir, ctx, supervisor)
+            os._exit(_run_code(req, workdir, code, run.role))
+        for fd in range(len(targets)):
             os.close(fd)
-        # As the namespace's init we also reap orphans; return the solution's own status.
+        if cgroup is not None:
+            os.close(cgroup)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)  # the supervisor outlives whatever the code sends it
+        # As the namespace's init we also reap orphans; report the solution's own status.
         while True:
             reaped, status = os.waitpid(-1, 0)
             if reaped == pid:
@@ -158,37 +210,46 @@ def _run_child(
             os._exit(0)
 
 
-def _close_fds_from(first: int, keep: int) -> None:
-    """Close every fd >= first but ``keep``: the zygote's socket and the other runs' pipes must not leak in."""
+def _close_fds_from(first: int, keep: set[int]) -> None:
+    """Close every fd >= first but those in ``keep``: the zygote's socket and other runs' pipes must not leak in."""
+    bounds, start = [], first
+    for fd in sorted(k for k in keep if k >= first):
+        if fd > start:
+            bounds.append((start, fd - 1))
+        start = fd + 1
+    bounds.append((start, ~0))
     # os.closerange loops over close() up to the limit when Python was built without close_range(): ~20 ms.
-    if _libc is not None and _libc.syscall(436, first, keep - 1, 0) == 0 and _libc.syscall(436, keep + 1, ~0, 0) == 0:
+    if _libc is not None and all(_libc.syscall(436, low, high, 0) == 0 for low, high in bounds):
         return
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
         fds = range(first, 4096)
     for fd in fds:
-        if fd >= first and fd != keep:
+        if fd >= first and fd not in keep:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
 class Run:
-    def __init__(self, req: dict, slot: int):
-        self.req, self.slot = req, slot
+    def __init__(self, req: dict, slot: int, role: str | None = None):
+        self.req, self.slot, self.role = req, slot, role
         self.id = req["id"]
         self.pid: int | None = None
         self.workdir = ""
-        self.mounted = False
         self.out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
         self.open: dict[int, str] = {}
-        self.verdict: str | None = None  # "timeout" or "output_limit" when the zygote killed the run
+        self.verdict: str | None = None  # "timeout", "output_limit" or "stopped" when the zygote killed the run
         self.truncated = False
         self.start = time.monotonic()
         self.deadline = self.start + req["timeout"]
         self.reaped_status: int | None = None
         self.rusage = None
         self.reaped_at = 0.0
+        self.oom_before = 0
+        self.group: list[Run] = [self]  # both runs of a pair
+        self.result: dict | None = None
+        self.stop_quietly = False  # a pair's solution, stopped because its harness is done
 
 
 class Zygote:
@@ -196,24 +257,37 @@ class Zygote:
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
-        self.tmpfs_workdirs = isolate and _isolation.setup_namespaces(self.isolation)
+        self.cgroups = _isolation.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
+        self.namespaces = _isolation.probe_run_namespaces() if isolate else 0
         self.pidns_fd = _isolation.probe_pid_namespace() if isolate else None
+        self.view = isolate and self.pidns_fd is not None and _isolation.build_view(config["hidden"], self.isolation)
+        if self.view:
+            for flag, name in ((_isolation.CLONE_NEWNET, "netns"), (_isolation.CLONE_NEWIPC, "ipcns")):
+                if flag & self.namespaces:
+                    self.isolation.append(name)
         if self.pidns_fd is not None:
-            self.isolation.append("pidns")
+            self.isolation += ["pidns"] + (["private_proc"] if self.view else [])
         self.uid_base = config["uid_base"] if isolate and os.geteuid() == 0 else None
         if self.uid_base is not None:
             self.isolation.append("unprivileged_uid")
-        self.seccomp = _isolation.seccomp_program() if isolate and _libc is not None else None
+        memory_rules = self.cgroups is None and bool(self.view)
+        self.seccomp = _isolation.seccomp_program(memory_rules) if isolate and _libc is not None else None
         if self.seccomp is not None:
             self.isolation.append("seccomp")
+        if self.cgroups is not None:
+            self.isolation.append("memory_cgroup")
+        elif memory_rules and self.seccomp is not None:
+            self.isolation.append("memory_rules")
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.max_parallel = config["max_parallel"]
-        self.free_slots = list(range(self.max_parallel))
+        self.units = self.max_parallel  # a single run takes one unit, a pair one unit and two slots
+        self.free_slots = list(range(2 * self.max_parallel))
         self.pending: collections.deque[dict] = collections.deque()
         self.runs: dict[int, Run] = {}  # by pid
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
+        self.inbox_fds: collections.deque[int] = collections.deque()
 
     # Protocol
 
@@ -222,7 +296,11 @@ class Zygote:
         self.sock.sendall(_FRAME.pack(len(data)) + data)
 
     def read_requests(self) -> bool:
-        chunk = self.sock.recv(1 << 20)
+        chunk, ancillary, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                count = len(data) // 4
+                self.inbox_fds.extend(struct.unpack(f"{count}i", data[: count * 4]))
         if not chunk:
             return False
         self.inbox += chunk
@@ -232,37 +310,65 @@ class Zygote:
                 break
             req = json.loads(self.inbox[4 : 4 + size])
             del self.inbox[: 4 + size]
+            req["fds"] = [self.inbox_fds.popleft() for _ in range(req.get("nfds", 0)) if self.inbox_fds]
             self.pending.append(req)
         return True
 
     # Runs
 
+    def context(self, slot: int) -> dict:
+        return {
+            "uid": None if self.uid_base is None else self.uid_base + slot,
+            "seccomp": self.seccomp,
+            "view": self.view,
+            "namespaces": self.namespaces,
+            "own_proc": self.pidns_fd is not None,
+            "cgroups": self.cgroups,
+        }
+
     def start(self, req: dict) -> None:
-        slot = self.free_slots.pop()
-        run = Run(req, slot)
-        uid = None if self.uid_base is None else self.uid_base + slot
+        self.units -= 1
+        if not req.get("pair"):
+            self.launch(Run(req, self.free_slots.pop()), {})
+            return
+        harness, solution = Run(req, self.free_slots.pop(), "harness"), Run(req, self.free_slots.pop(), "solution")
+        harness.group = solution.group = [harness, solution]
+        to_solution, to_harness = os.pipe(), os.pipe()
+        code_fd = req["fds"][0] if req["fds"] else None
         try:
-            run.workdir = tempfile.mkdtemp(
-                prefix="rllm-sandbox-", dir=_isolation.WORK_BASE if self.tmpfs_workdirs else None
-            )
-            if self.tmpfs_workdirs:
-                _isolation.mount_workdir(run.workdir, req["file_size_mb"], uid)
-                run.mounted = True
-            elif uid is not None:
-                os.chown(run.workdir, uid, uid)
-            for name, text in {**req["files"], req["filename"]: req["code"]}.items():
-                path = os.path.join(run.workdir, name)
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                if uid is not None:
-                    os.chown(path, uid, uid)
+            if code_fd is None:
+                raise OSError("the harness program did not arrive")
+            self.launch(harness, {"chan_r": to_harness[0], "chan_w": to_solution[1], "code": code_fd})
+            if harness.result is None:
+                self.launch(solution, {"chan_r": to_solution[0], "chan_w": to_harness[1]})
+        except OSError as exc:
+            self.finish(harness, error=f"could not start the run: {exc}")
+        finally:
+            for fd in (*to_solution, *to_harness, *req["fds"]):
+                os.close(fd)
+
+    def launch(self, run: Run, extra_fds: dict[str, int]) -> None:
+        req = run.req
+        ctx = self.context(run.slot)
+        try:
+            if self.view:
+                run.workdir = _isolation.RUN_DIR
+            else:
+                run.workdir = tempfile.mkdtemp(prefix="rllm-sandbox-")
+                if ctx["uid"] is not None:
+                    os.chown(run.workdir, ctx["uid"], ctx["uid"])
+            if self.cgroups is not None:
+                run.oom_before = self.cgroups.prepare(run.slot, req["memory_mb"] << 20)
             stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
             os.write(stdin_fd, req["stdin"].encode())
             os.lseek(stdin_fd, 0, os.SEEK_SET)
             (out_r, out_w), (err_r, err_w), (st_r, st_w) = os.pipe(), os.pipe(), os.pipe()
+            fds = {"stdin": stdin_fd, "stdout": out_w, "stderr": err_w, "status": st_w, **extra_fds}
+            # The harness's program comes from its memfd: the solution's code has no business in its process.
+            run_req = req if run.role != "harness" else {k: v for k, v in req.items() if k != "code"}
             pid = _isolation.fork_run(self.pidns_fd)
             if pid == 0:
-                _run_child(req, run.workdir, uid, self.seccomp, (stdin_fd, out_w, err_w, st_w))
+                _supervise(run_req, run, ctx, fds)
             run.pid = pid
             run.start = time.monotonic()
             run.deadline = run.start + req["timeout"]
@@ -299,6 +405,8 @@ class Zygote:
         del run.open[fd]
 
     def kill(self, run: Run, verdict: str) -> None:
+        if run.pid is None:
+            return
         if run.verdict is None and run.reaped_status is None:
             run.verdict = verdict
         if run.reaped_status is None:
@@ -333,6 +441,10 @@ class Zygote:
             if run is not None:
                 run.reaped_status, run.rusage, run.reaped_at = status, rusage, time.monotonic()
                 self.sweep(run)
+                if run.role == "harness" and run.verdict is None:  # the tests are over: the solution goes
+                    solution = run.group[1]
+                    solution.deadline = min(solution.deadline, run.reaped_at + 0.2)
+                    solution.stop_quietly = True
 
     def check_done(self, run: Run, now: float) -> None:
         if run.reaped_status is None:
@@ -358,18 +470,29 @@ class Zygote:
             self.close_fd(run, fd)
         if run.pid is not None:
             self.runs.pop(run.pid, None)
-        if run.workdir:
-            try:
-                if run.mounted:
-                    _isolation.unmount_workdir(run.workdir)
-                    os.rmdir(run.workdir)
-                else:
-                    import shutil
+        if run.workdir and not self.view:
+            import shutil
 
-                    shutil.rmtree(run.workdir, ignore_errors=True)
-            except OSError as exc:
-                error = error or f"could not remove the working directory: {exc}"
+            shutil.rmtree(run.workdir, ignore_errors=True)
         self.free_slots.append(run.slot)
+        run.result = self.outcome(run, error)
+        if error is not None:  # the other half of a pair cannot run without this one
+            for member in run.group:
+                if member.result is None and member.pid is None:
+                    self.free_slots.append(member.slot)
+                    member.result = self.outcome(member, f"not started: {error}")
+                elif member.result is None:
+                    self.kill(member, "stopped")
+        if any(member.result is None for member in run.group):
+            return
+        self.units += 1
+        if len(run.group) == 1:
+            self.send(run.result)
+        else:
+            harness, solution = run.group
+            self.send({**harness.result, "solution": solution.result})
+
+    def outcome(self, run: Run, error: str | None) -> dict:
         result = {
             "id": run.id,
             "duration_s": time.monotonic() - run.start,
@@ -378,32 +501,41 @@ class Zygote:
             "error": error,
             "wait_status": None,
             "max_rss_kb": None,
+            "oom": False,
         }
         status_text = bytes(run.out["status"]).decode(errors="replace")
         if error is None and status_text:
             try:
                 result.update(json.loads(status_text))
             except ValueError:
-                result["error"] = f"garbled status from the run: {status_text[:200]!r}"
-        if result["wait_status"] is None and result["error"] is None and run.reaped_status is not None:
-            result["wait_status"] = run.reaped_status if run.verdict is None else None
-            if run.verdict is None and not status_text:
+                result["error"] = f"garbled status from the run's supervisor: {status_text[:200]!r}"
+        silent = result["wait_status"] is None and result["error"] is None and not status_text
+        if silent and run.reaped_status is not None and run.verdict is None:
+            if self.uid_base is None and os.WIFSIGNALED(run.reaped_status):
+                result["verdict"] = "killed"  # same uid as its supervisor: the code could kill it
+            else:
                 result["error"] = "the run's supervisor died without reporting a status"
+        if run.verdict == "stopped" or (run.stop_quietly and run.verdict == "timeout"):
+            result["verdict"] = "stopped"
+        if self.cgroups is not None and error is None:
+            with contextlib.suppress(OSError, ValueError):
+                result["oom"] = self.cgroups.oom_kills(run.slot) > run.oom_before
         if run.rusage is not None:
             result["max_rss_kb"] = run.rusage.ru_maxrss
         result["stdout"] = bytes(run.out["stdout"]).decode(errors="replace")
         result["stderr"] = bytes(run.out["stderr"]).decode(errors="replace")
-        self.send(result)
+        return result
 
     def shutdown(self) -> None:
-        """The host is gone: kill and reap every run (no zombie left to the host's init) and remove workdirs."""
+        """The host is gone: kill and reap every run (no zombie left to the host's init), release the cgroups."""
         for run in list(self.runs.values()):
             self.kill(run, "timeout")
             if run.reaped_status is None:
                 os.waitpid(run.pid, 0)
                 run.reaped_status = -1
+        if self.cgroups is not None:
             with contextlib.suppress(OSError):
-                self.finish(run, error="the sandbox is shutting down")
+                self.cgroups.close()
 
     # Main loop
 
@@ -415,9 +547,10 @@ class Zygote:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
         self.selector.register(self.sock, selectors.EVENT_READ, "sock")
-        self.send({"hello": True, "isolation": self.isolation, "pid": os.getpid()})
+        cgroup = None if self.cgroups is None else self.cgroups.path
+        self.send({"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup})
         while True:
-            while self.pending and self.free_slots:
+            while self.pending and self.units > 0:
                 self.start(self.pending.popleft())
             now = time.monotonic()
             timeout = None

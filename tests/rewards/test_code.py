@@ -45,7 +45,7 @@ def test_wrong_answer_and_fraction():
     assert partial.metadata["tests"][1] == {
         "input": "10 -4",
         "expected": "6",
-        "status": "ok",
+        "status": "wrong_answer",
         "passed": False,
         "got": "0\n",
     }

@@ -1,0 +1,240 @@
+"""Calls from a test harness to a solution in another sandboxed process: plain data only, parsed without ``eval``.
+
+A function test runs as two sandboxed processes joined by two pipes (fds 3 and 4 in each): the harness (trusted test
+code) and the solution (model code). The harness imports ``_rllm_channel`` (:func:`harness_module`) and calls
+``remote("name")(*args)``; the solution's process runs the model's code, then :func:`serve` answers each call with the
+function's return value encoded by :func:`encode`. Only plain data crosses: None, bool, int, float, str, bytes and
+lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__`` is
+not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
+:class:`RemoteError`: the harness never runs an object the solution made.
+
+Standard library only: the zygote loads this file by path (see :mod:`rllm_gym.sandbox._zygote`); the host imports it
+to decode values a harness reports.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+import os
+import struct
+import sys
+import types
+from typing import Any
+
+MAX_FRAME = 16 << 20  # bytes of one request or reply
+MAX_DEPTH = 64  # nesting of containers in one value
+_HEADER = struct.Struct("!I")
+_SCALARS = (type(None), bool, int, float, str)
+
+
+class RemoteError(Exception):
+    """A call to the solution failed without a plain-data answer; ``status`` says why (``not_plain_data``, ...)."""
+
+    def __init__(self, message: str, status: str = "runtime_error"):
+        super().__init__(message)
+        self.status = status
+
+
+class NotPlainData(TypeError):
+    pass
+
+
+def encode(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON-ready data with container types tagged; raises :class:`NotPlainData` for anything else."""
+    if depth > MAX_DEPTH:
+        raise NotPlainData(f"nested deeper than {MAX_DEPTH} levels")
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list:
+        return {"l": [encode(item, depth + 1) for item in value]}
+    if kind is tuple:
+        return {"t": [encode(item, depth + 1) for item in value]}
+    if kind is dict:
+        return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
+    if kind is set or kind is frozenset:
+        return {"s" if kind is set else "f": [encode(item, depth + 1) for item in value]}
+    if kind is bytes:
+        return {"b": base64.b64encode(value).decode("ascii")}
+    raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+
+
+def decode(data: Any, depth: int = 0) -> Any:
+    """The plain value :func:`encode` made; raises :class:`RemoteError` for anything else."""
+    if depth > MAX_DEPTH:
+        raise RemoteError(f"value nested deeper than {MAX_DEPTH} levels", "not_plain_data")
+    kind = type(data)
+    if kind in _SCALARS:
+        return data
+    if kind is not dict or len(data) != 1:
+        raise RemoteError(f"malformed value {str(data)[:80]!r}", "not_plain_data")
+    ((tag, items),) = data.items()
+    if tag == "b" and type(items) is str:
+        try:
+            return base64.b64decode(items.encode("ascii"), validate=True)
+        except ValueError as exc:
+            raise RemoteError(f"malformed bytes: {exc}", "not_plain_data") from None
+    if type(items) is not list:
+        raise RemoteError(f"malformed value {str(data)[:80]!r}", "not_plain_data")
+    try:
+        if tag == "l":
+            return [decode(item, depth + 1) for item in items]
+        if tag == "t":
+            return tuple(decode(item, depth + 1) for item in items)
+        if tag in ("s", "f"):
+            members = [decode(item, depth + 1) for item in items]
+            return set(members) if tag == "s" else frozenset(members)
+        if tag == "d":
+            pairs = [(decode(p[0], depth + 1), decode(p[1], depth + 1)) for p in items if type(p) is list]
+            if len(pairs) != len(items) or any(len(p) != 2 for p in items):
+                raise RemoteError("malformed dict entries", "not_plain_data")
+            return dict(pairs)
+    except TypeError as exc:  # an unhashable key or set member
+        raise RemoteError(f"malformed value: {exc}", "not_plain_data") from None
+    raise RemoteError(f"unknown value tag {tag!r}", "not_plain_data")
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON text -> plain value (:func:`decode`); malformed text raises :class:`RemoteError`."""
+    try:
+        return decode(json.loads(text))
+    except (ValueError, RecursionError) as exc:
+        raise RemoteError(f"malformed reply: {type(exc).__name__}", "not_plain_data") from None
+
+
+# Frames on the pipes
+
+
+def write_frame(fd: int, message: dict) -> None:
+    data = json.dumps(message, allow_nan=True).encode()
+    data = _HEADER.pack(len(data)) + data
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def read_frame(fd: int) -> bytes | None:
+    """One frame's body; None at end of file; raises :class:`RemoteError` for an oversized or cut frame."""
+    header = _read_exactly(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise RemoteError(f"reply larger than {MAX_FRAME} bytes", "output_limit")
+    body = _read_exactly(fd, size)
+    if body is None:
+        raise RemoteError("the solution's process closed the channel mid-reply", "runtime_error")
+    return body
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, missing = [], size
+    while missing:
+        chunk = os.read(fd, min(missing, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+# The solution's side
+
+
+def _find(namespace: dict, name: str) -> Any:
+    if name in namespace:
+        return namespace[name]
+    solution = namespace.get("Solution")
+    if isinstance(solution, type) and hasattr(solution, name):
+        return getattr(solution(), name)
+    raise NameError(f"the solution defines no function named {name!r}")
+
+
+def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
+    """Answer calls from the harness with functions of ``namespace`` until it closes the channel."""
+    while True:
+        try:
+            body = read_frame(read_fd)
+        except (OSError, RemoteError):
+            return
+        if body is None:
+            return
+        request = json.loads(body)
+        try:
+            function = _find(namespace, request["fn"])
+            args = [decode(arg) for arg in request["args"]]
+            kwargs = {key: decode(value) for key, value in request["kwargs"].items()}
+            result = function(*args, **kwargs)
+        except Exception as exc:
+            reply = {"error": type(exc).__name__, "message": str(exc)[:500]}
+        else:
+            try:
+                reply = {"ok": encode(result)}
+            except NotPlainData as exc:
+                reply = {"not_plain": str(exc)}
+        try:
+            write_frame(write_fd, reply)
+        except (OSError, ValueError) as exc:  # ValueError: an int too large to print
+            write_frame(write_fd, {"not_plain": f"the return value cannot be sent: {exc}"})
+
+
+# The harness's side
+
+
+def _exception(name: str, message: str) -> Exception:
+    """The builtin exception of that name (so ``pytest.raises(ValueError)``-style tests work), else RemoteError."""
+    kind = getattr(builtins, name, None) if isinstance(name, str) else None
+    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, RemoteError):
+        try:
+            return kind(str(message))
+        except Exception:
+            pass
+    return RemoteError(f"{name}: {message}", "runtime_error")
+
+
+def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: Any) -> Any:
+    """Call the solution's ``name`` with plain-data arguments; returns its plain-data result."""
+    try:
+        request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
+    except NotPlainData as exc:
+        raise RemoteError(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
+    try:
+        write_frame(write_fd, request)
+        body = read_frame(read_fd)
+    except OSError as exc:
+        raise RemoteError(f"the solution's process is gone ({exc.strerror})", "runtime_error") from None
+    if body is None:
+        raise RemoteError("the solution's process ended before answering", "runtime_error")
+    try:
+        reply = json.loads(body)
+    except (ValueError, RecursionError):
+        raise RemoteError("malformed reply from the solution's process", "not_plain_data") from None
+    if type(reply) is not dict or len(reply) not in (1, 2):
+        raise RemoteError("malformed reply from the solution's process", "not_plain_data")
+    if "ok" in reply and len(reply) == 1:
+        return decode(reply["ok"])
+    if "not_plain" in reply:
+        raise RemoteError(f"the return value is not plain data: {str(reply['not_plain'])[:200]}", "not_plain_data")
+    if "error" in reply:
+        raise _exception(reply["error"], str(reply.get("message", ""))[:500])
+    raise RemoteError("malformed reply from the solution's process", "not_plain_data")
+
+
+def remote(name: str) -> Any:
+    """A function that forwards each call to the solution's ``name``."""
+
+    def function(*args: Any, **kwargs: Any) -> Any:
+        return call(name, *args, **kwargs)
+
+    function.__name__ = function.__qualname__ = name
+    return function
+
+
+def harness_module() -> types.ModuleType:
+    """The ``_rllm_channel`` module a harness imports."""
+    module = types.ModuleType("_rllm_channel", __doc__)
+    for item in (RemoteError, encode, decode, call, remote):
+        setattr(module, item.__name__, item)
+    sys.modules["_rllm_channel"] = module
+    return module
