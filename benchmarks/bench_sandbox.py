@@ -1,8 +1,11 @@
 """Executions per second of a trivial program: the sandbox (all isolation on) vs a bare ``python -c`` subprocess.
 
-Run: ``python benchmarks/bench_sandbox.py [--quick] [--runs N] [--json PATH]``. Both sides run the same program
-one at a time (sequential) and with the same number of runs in flight (concurrent); the ratio is sandbox throughput
-over bare throughput in the same mode. The issue's goal is a ratio >= 3.
+Run: ``python benchmarks/bench_sandbox.py [--quick] [--runs N] [--json PATH]``. Three sides run the same program one
+at a time (sequential) and with the same number of runs in flight (concurrent): a bare ``python -c`` subprocess, the
+sandbox with every isolation layer on, and the same sandbox runner with the isolation layers off
+(``Sandbox(isolate=False, strict=False)``: the zygote's forks, rlimits and scrubbed environment only). The ratio is
+sandbox throughput over bare throughput in the same mode (the goal is >= 3); the cost of isolation itself is the
+per-run time with the layers on minus the time with them off.
 """
 
 from __future__ import annotations
@@ -46,29 +49,44 @@ def main() -> None:
     budget = 1.0 if args.quick else 60.0
     runs = min(args.runs, 100) if args.quick else args.runs
 
-    with Sandbox(max_parallel=args.parallel) as sandbox:
+    with (
+        Sandbox(max_parallel=args.parallel) as sandbox,
+        Sandbox(max_parallel=args.parallel, isolate=False, strict=False) as open_box,
+    ):
         sandbox.start()
+        open_box.start()
 
-        def sandbox_run() -> None:
-            result = sandbox.run(PROGRAM)
-            assert result.ok and result.stdout == "4950\n", result
+        def runner(box: Sandbox):
+            def run_once() -> None:
+                result = box.run(PROGRAM)
+                assert result.ok and result.stdout == "4950\n", result
 
+            return run_once
+
+        sandbox_run, open_run = runner(sandbox), runner(open_box)
         sandbox_run()  # warm
+        open_run()
         bare_run()
         results = {"isolation": sandbox.isolation, "program": PROGRAM, "parallel": args.parallel}
         for mode, parallel in (("sequential", 1), ("concurrent", args.parallel)):
             bare, bare_n = throughput(bare_run, runs, parallel, budget)
             boxed, boxed_n = throughput(sandbox_run, runs, parallel, budget)
+            layers_off, off_n = throughput(open_run, runs, parallel, budget)
+            cost_ms = 1000 / boxed - 1000 / layers_off
             results[mode] = {
                 "bare_per_s": round(bare, 1),
                 "sandbox_per_s": round(boxed, 1),
+                "layers_off_per_s": round(layers_off, 1),
                 "bare_runs": bare_n,
                 "sandbox_runs": boxed_n,
+                "layers_off_runs": off_n,
                 "ratio": round(boxed / bare, 2),
+                "isolation_cost_ms": round(cost_ms, 2),
             }
             print(
                 f"{mode:>10}: bare python -c {bare:7.1f}/s ({1000 / bare:5.1f} ms)   sandbox {boxed:7.1f}/s "
-                f"({1000 / boxed:5.1f} ms)   ratio {boxed / bare:.2f}x"
+                f"({1000 / boxed:5.1f} ms)   ratio {boxed / bare:.2f}x   layers off {layers_off:7.1f}/s "
+                f"(isolation costs {cost_ms:+.2f} ms a run)"
             )
     print(f"isolation: {', '.join(results['isolation'])}")
     if args.json:

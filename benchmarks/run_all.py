@@ -159,15 +159,27 @@ def math_rows(r: dict[str, Any], command: str) -> list[Row]:
 
 def sandbox_rows(r: dict[str, Any], command: str) -> list[Row]:
     modes = {"sequential": "one at a time", "concurrent": f"{r['parallel']} in flight"}
-    return [
-        (
-            f"sandboxed trivial program, all isolation on, {label} (`{command}`)",
-            f"{r[mode]['sandbox_per_s']:,.0f} runs/s",
-            f"bare `python -c` subprocess, {r[mode]['bare_per_s']:,.0f}/s",
-            f"{r[mode]['ratio']:.2f}x the throughput",
+    rows: list[Row] = []
+    for mode, label in modes.items():
+        m = r[mode]
+        rows.append(
+            (
+                f"sandboxed trivial program, all isolation on, {label} (`{command}`)",
+                f"{m['sandbox_per_s']:,.0f} runs/s",
+                f"bare `python -c` subprocess, {m['bare_per_s']:,.0f}/s",
+                f"{m['ratio']:.2f}x the throughput",
+            )
         )
-        for mode, label in modes.items()
-    ]
+        if "layers_off_per_s" in m:
+            rows.append(
+                (
+                    f"cost of the isolation layers, {label} (`{command}`)",
+                    f"{1000 / m['sandbox_per_s']:.2f} ms a run, layers on",
+                    f"same runner, layers off, {1000 / m['layers_off_per_s']:.2f} ms",
+                    f"{m['isolation_cost_ms']:+.2f} ms a run",
+                )
+            )
+    return rows
 
 
 def engine_rows(r: dict[str, Any], command: str) -> list[Row]:

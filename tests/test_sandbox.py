@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult, arun_python, run_python
+from rllm_gym.sandbox import (
+    ExecutionStatus,
+    Sandbox,
+    SandboxResult,
+    SandboxUnavailableError,
+    arun_python,
+    run_python,
+)
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -285,3 +292,57 @@ async def test_many_concurrent_runs_do_not_block_the_loop():
     assert all(isinstance(r, SandboxResult) and r.ok for r in results)
     assert elapsed < 0.3 * 24 / 2  # ran in parallel
     assert ticks > elapsed / 0.01 / 3  # the loop kept ticking while we waited
+
+
+def test_packages_limits_what_the_code_can_import():
+    code = (
+        "import importlib\n"
+        "for name in ('yaml', 'tqdm', 'json'):\n"
+        "    try:\n        importlib.import_module(name)\n        print(name, 'ok')\n"
+        "    except ImportError:\n        print(name, 'missing')\n"
+    )
+    with Sandbox(max_parallel=1, packages=["yaml"]) as box:
+        assert box.run(code).stdout.split("\n")[:3] == ["yaml ok", "tqdm missing", "json ok"]
+    with Sandbox(max_parallel=1, packages=[]) as box:
+        assert box.run(code).stdout.split("\n")[:3] == ["yaml missing", "tqdm missing", "json ok"]
+    with pytest.raises(ValueError, match=re.escape("Sandbox packages must be None or a list of import names")):
+        Sandbox(packages="numpy")
+
+
+def test_strict_refuses_to_run_without_a_required_layer(monkeypatch):
+    import rllm_gym.sandbox as sandbox_module
+
+    monkeypatch.setattr(sandbox_module, "REQUIRED_LAYERS", (*sandbox_module.REQUIRED_LAYERS, "quantum_fence"))
+    with Sandbox(max_parallel=1) as box, pytest.raises(SandboxUnavailableError, match=r"missing layers \['quantum"):
+        box.run("print(1)")
+    with Sandbox(max_parallel=1, strict=False) as box:  # the same machine, weaker promise: it runs and says what held
+        result = box.run("print(1)")
+        assert result.ok and "quantum_fence" not in result.isolation
+    with pytest.raises(ValueError, match=re.escape("Sandbox(isolate=False) runs code without isolation")):
+        Sandbox(isolate=False)
+
+
+def test_paired_run_carries_plain_data_only(sandbox):
+    solution = (
+        "class Always:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return a + b\n"
+        "def forged():\n    return Always()\n"
+        "def fails():\n    raise ValueError('nope')\n"
+    )
+    harness = (
+        "import _rllm_channel as ch\n"
+        "print(repr(ch.remote('add')(1, 2)), repr(ch.remote('add')((1,), (2,))), repr(ch.remote('add')(b'a', b'b')))\n"
+        "for name in ('forged', 'fails', 'missing'):\n"
+        "    try:\n        ch.remote(name)()\n"
+        "    except Exception as exc:\n        print(name, type(exc).__name__, getattr(exc, 'status', '-'))\n"
+    )
+    pair = sandbox.run_pair(solution, harness)
+    assert pair.harness.ok and pair.solution.ok, (pair.harness.stderr, pair.solution.stderr)
+    assert pair.harness.stdout.splitlines() == [
+        "3 (1, 2) b'ab'",
+        "forged RemoteError not_plain_data",
+        "fails ValueError -",
+        "missing NameError -",
+    ]
+    gone = sandbox.run_pair("import os\nos._exit(0)", harness)
+    assert gone.harness.status is ExecutionStatus.RUNTIME_ERROR and "ended before answering" in gone.harness.stderr

@@ -223,15 +223,31 @@ class Sandbox:
             stay): for debugging and for measuring what isolation costs; needs ``strict=False``.
         strict: refuse to run code (:class:`SandboxUnavailableError`) unless every layer of
             :data:`REQUIRED_LAYERS` is in effect.
+        packages: the third-party packages the code may import: None (default) for every package installed in the
+            interpreter's environment, or a list of top-level import names (``[]``: the standard library only).
+            The project's own packages are never visible.
     """
 
-    def __init__(self, max_parallel: int | None = None, isolate: bool = True, strict: bool = True):
+    def __init__(
+        self,
+        max_parallel: int | None = None,
+        isolate: bool = True,
+        strict: bool = True,
+        packages: list[str] | None = None,
+    ):
         max_parallel = max_parallel if max_parallel is not None else max(4, 2 * (os.cpu_count() or 1))
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 1 <= max_parallel <= 256:
             raise ValueError(f"Sandbox max_parallel must be an int in [1, 256], got {max_parallel!r}")
         if strict and not isolate:
             raise ValueError("Sandbox(isolate=False) runs code without isolation: pass strict=False as well")
+        if packages is not None and (
+            isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages)
+        ):
+            raise ValueError(
+                f"Sandbox packages must be None or a list of import names such as ['numpy'], got {packages!r}"
+            )
         self.max_parallel, self.isolate, self.strict = max_parallel, bool(isolate), bool(strict)
+        self.packages = None if packages is None else list(packages)
         self.isolation: list[str] = []
         self._lock = threading.Lock()
         self._owner = os.getpid()
@@ -250,7 +266,7 @@ class Sandbox:
         :class:`SandboxUnavailableError` when it is strict and a required layer is missing."""
         with self._lock:
             if self._owner != os.getpid():  # a forked copy must not share the parent's zygote socket
-                self.__init__(self.max_parallel, self.isolate, self.strict)
+                self.__init__(self.max_parallel, self.isolate, self.strict, self.packages)
             if self._proc is not None and self._proc.poll() is None and self._sock is not None:
                 return
             self._spawn()
@@ -263,6 +279,7 @@ class Sandbox:
             "uid_base": 1_000_000 + secrets.randbelow(8_000_000) * 512,
             "isolate": self.isolate,
             "hidden": _project_folders(),
+            "packages": self.packages,
         }
         argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)

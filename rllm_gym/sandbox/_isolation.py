@@ -51,11 +51,13 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 # Set up once, in the zygote itself
 
 
-def build_view(hidden: list[str], isolation: list[str]) -> bool:
+def build_view(hidden: list[str], isolation: list[str], packages: list[str] | None = None) -> bool:
     """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
 
     ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
     tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
+    ``packages``: None exposes every installed third-party package; a list, only those top-level import names
+    (each site-packages folder becomes an empty tmpfs holding just their files).
     """
     if libc is None or os.geteuid() != 0 or libc.unshare(CLONE_NEWNS) != 0:
         return False
@@ -73,6 +75,9 @@ def build_view(hidden: list[str], isolation: list[str]) -> bool:
             _bind_readonly(host, root + host)
     for tree in _python_trees():
         _bind_readonly(tree, root + tree)
+    if packages is not None:
+        for folder in _site_packages():
+            _allow_only(root + folder, packages)
     for path in sorted({os.path.realpath(p) for p in hidden}):
         if os.path.exists(root + path):
             if os.path.isdir(root + path):
@@ -115,6 +120,32 @@ def _python_trees() -> list[str]:
         if path != "/" and not covered and not system:
             trees.append(path)
     return trees
+
+
+def _site_packages() -> list[str]:
+    return sorted({os.path.realpath(p) for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")})
+
+
+def _allow_only(folder: str, packages: list[str]) -> None:
+    """Cover ``folder`` (a site-packages in the view) with a tmpfs that holds only ``packages``' files."""
+    if not os.path.isdir(folder):
+        return
+    wanted = {name.lower().replace("-", "_") for name in packages}
+    entries = []
+    for entry in os.listdir(folder):
+        stem = entry.split(".")[0].lower()
+        if entry.endswith((".dist-info", ".egg-info")):
+            stem = entry.split("-")[0].lower().replace("-", "_")
+        if stem in wanted or stem.lstrip("_") in wanted:  # numpy, numpy.libs, _yaml for yaml, foo.cpython-*.so
+            entries.append(entry)
+    sources = {entry: os.path.join(folder, entry) for entry in entries}
+    stash = "/tmp/stash-" + str(len(os.listdir("/tmp")))
+    os.mkdir(stash)
+    mount(folder, stash, None, MS_BIND)  # the real folder stays reachable while the tmpfs covers it
+    mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    for entry, source in sources.items():
+        _bind_readonly(os.path.join(stash, os.path.relpath(source, folder)), os.path.join(folder, entry))
+    mount(None, folder, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _make_etc(root: str) -> None:

@@ -260,7 +260,11 @@ class Zygote:
         self.cgroups = _isolation.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
         self.namespaces = _isolation.probe_run_namespaces() if isolate else 0
         self.pidns_fd = _isolation.probe_pid_namespace() if isolate else None
-        self.view = isolate and self.pidns_fd is not None and _isolation.build_view(config["hidden"], self.isolation)
+        self.view = (
+            isolate
+            and self.pidns_fd is not None
+            and _isolation.build_view(config["hidden"], self.isolation, config["packages"])
+        )
         if self.view:
             for flag, name in ((_isolation.CLONE_NEWNET, "netns"), (_isolation.CLONE_NEWIPC, "ipcns")):
                 if flag & self.namespaces:

@@ -7,7 +7,15 @@ import re
 import pytest
 
 from rllm_gym.rewards import RewardFunction
-from rllm_gym.rewards.code import CodeReward, acode_reward_fn, code_reward_fn, extract_code, outputs_match, parse_tests
+from rllm_gym.rewards.code import (
+    CodeReward,
+    acode_reward_fn,
+    code_reward_fn,
+    extract_code,
+    outputs_match,
+    parse_tests,
+    values_match,
+)
 from rllm_gym.sandbox import Sandbox
 
 ADD_STDIO = {"tests": [{"input": "1 2\n", "output": "3\n"}, {"input": "10 -4", "output": "6"}]}
@@ -115,3 +123,41 @@ def test_bad_tasks_name_the_field():
 
 def test_code_reward_fn_is_a_reward_function():
     assert isinstance(code_reward_fn, RewardFunction) and isinstance(CodeReward(), RewardFunction)
+
+
+def test_comparison_is_strict_where_the_expected_value_is_exact():
+    assert not outputs_match("1000001", "1000000") and not outputs_match("1000000.0", "1000000")
+    assert outputs_match("0.3333333", "0.33333333333") and outputs_match("1e3", "1000.0")
+    assert not outputs_match("1e-5", "2e-5") and outputs_match("nan", "nan")
+    assert not values_match(True, 1) and not values_match(1, True) and not values_match(1.0, 1)
+    assert values_match(1, 1.0) and values_match(0.30000000000000004, 0.3) and not values_match(0.31, 0.3)
+    assert not values_match(b"x", "x") and values_match((1, [2]), [1, [2]]) and not values_match([1, 2], [1, 2, 3])
+    assert not values_match({1: 2}, {"1": 2}) and values_match({"a": 0.1 + 0.2}, {"a": 0.3})
+    assert values_match(0.5 + 1e-8, 0.5, tol=1e-6) and not values_match(0.5 + 1e-4, 0.5, tol=1e-6)
+
+
+def test_float_tolerance_is_a_task_option():
+    task = {"tests": [{"input": "", "output": "0.5\n"}]}
+    reply = "```python\nprint(0.50001)\n```"
+    assert code_reward_fn(task, reply).reward == 0.0
+    assert code_reward_fn({**task, "float_tolerance": 1e-3}, reply).reward == 1.0
+    assert CodeReward(float_tolerance=1e-3)(task, reply).reward == 1.0
+    with pytest.raises(ValueError, match=re.escape("task['float_tolerance'] must be a number in [0, 1)")):
+        code_reward_fn({**task, "float_tolerance": "loose"}, reply)
+
+
+def test_function_tests_judge_outside_the_solution_process():
+    task = {"fn_name": "answer", "tests": {"inputs": [[1], [2]], "outputs": [10, 20]}}
+    forged = (
+        "```python\nimport sys\nclass Yes(int):\n    def __eq__(self, other):\n        return True\n"
+        "def answer(x):\n    return Yes(0)\n```"
+    )
+    result = code_reward_fn(task, forged)
+    assert result.reward == 0.0 and result.metadata["tests"][0]["status"] == "not_plain_data"
+    printer = (
+        "```python\nimport json, os\nfor i in range(2):\n"
+        "    print('@@rllm-test-' + json.dumps({'index': i, 'status': 'ok', 'got': 10 * (i + 1)}))\nos._exit(0)\n```"
+    )
+    assert code_reward_fn(task, printer).reward == 0.0
+    honest = "```python\ndef answer(x):\n    return 10 * x\n```"
+    assert code_reward_fn(task, honest).reward == 1.0
