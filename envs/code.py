@@ -124,9 +124,12 @@ class CodeEnv(gym.Env[str, str]):
     ## Description
     Each episode is one task: a problem statement with stdin/stdout tests, function-call tests (``fn_name``) or
     assert tests (HumanEval/MBPP). The reply's last fenced code block is executed by :mod:`rllm_gym.sandbox` (its own
-    uid, no network, read-only file system, time and memory limits) and graded by
-    :class:`rllm_gym.rewards.code.CodeReward`. By default the episode is single-turn; with ``max_revisions=N`` a
-    failing reply gets the first failing test back (input, expected, got, or the error) and may be revised N times.
+    uid and namespaces, no network, a minimal read-only file system without the task files, time and memory limits)
+    and graded by :class:`rllm_gym.rewards.code.CodeReward` outside the process that ran it: function and assert
+    tests run in a separate harness process that only gets plain-data return values back, and comparison is strict
+    (exact ints and strings, a float tolerance only for expected floats). By default the episode is single-turn;
+    with ``max_revisions=N`` a failing reply gets the first failing test back (input, expected, got, or the error)
+    and may be revised N times.
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply.
@@ -164,7 +167,9 @@ class CodeEnv(gym.Env[str, str]):
     ## Information
     ``reset``: ``task`` (``{"id", "prompt"}``), ``is_correct`` (False). ``step``: ``is_correct`` (bool, or None when
     ungraded), ``graded`` (bool), ``passed`` and ``total`` (tests), ``tests`` (per-test results: input, expected, got,
-    status, error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply or the sandbox failed, or None).
+    status among ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``, ``memory_limit``,
+    ``output_limit``, ``not_plain_data``; error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply
+    or the sandbox failed, or None).
 
     ## Arguments
     ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks).
@@ -173,7 +178,8 @@ class CodeEnv(gym.Env[str, str]):
     test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default shared). ``render_mode`` (``"ansi"`` or None).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version; grading since made unforgeable (paired function tests, strict comparison, a minimal
+      file system view): replies that exploited the old grader now earn 0.0.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
