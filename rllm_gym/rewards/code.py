@@ -275,7 +275,10 @@ for _index, _source in enumerate(_cases):
 
 
 def _quote(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    try:
+        text = value if isinstance(value, str) else json.dumps(value, default=repr)
+    except ValueError:  # an int past Python's 4300-digit printing limit
+        text = f"<a value holding an int too long to print ({type(value).__name__})>"
     return text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
 
 
@@ -371,7 +374,11 @@ class _Plan:
         ok = values_match(got, expected, self.tol) or (
             type(expected) is list and len(expected) == 1 and values_match(got, expected[0], self.tol)
         )
-        record.update(passed=ok, status="ok" if ok else "wrong_answer", got=_quote(repr(got)))
+        try:
+            shown = repr(got)
+        except ValueError:  # an int past Python's 4300-digit printing limit
+            shown = f"<an int of {got.bit_length()} bits>"
+        record.update(passed=ok, status="ok" if ok else "wrong_answer", got=_quote(shown))
 
 
 class CodeReward:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import itertools
@@ -184,12 +185,22 @@ def _classify(reply: dict[str, Any], request: dict[str, Any]) -> tuple[Execution
     return ExecutionStatus.RUNTIME_ERROR, exit_code
 
 
-def _result(reply: dict[str, Any], request: dict[str, Any], isolation: list[str]) -> SandboxResult:
+def _read_output(fd: int, cap: int) -> str:
+    """The first ``cap`` bytes of a run's stdout or stderr memfd, decoded; closes the fd."""
+    try:
+        return os.pread(fd, cap, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def _result(reply: dict[str, Any], request: dict[str, Any], isolation: list[str], fds: list[int]) -> SandboxResult:
+    stdout, stderr = (_read_output(fd, request["max_output_bytes"]) for fd in fds)
+    reply = {**reply, "stdout": stdout, "stderr": stderr}
     status, exit_code = _classify(reply, request)
     return SandboxResult(
         status=status,
-        stdout=reply["stdout"],
-        stderr=reply["stderr"],
+        stdout=stdout,
+        stderr=stderr,
         exit_code=exit_code,
         duration_s=reply["duration_s"],
         isolation=list(isolation),
@@ -370,21 +381,25 @@ class Sandbox:
                     os.close(fd)
 
     def _reader(self, sock: socket.socket, proc: subprocess.Popen) -> None:
+        frames = _FrameReader(sock)
         while True:
             try:
-                reply = _read_frame(sock)
+                reply, fds = frames.read()
             except (OSError, ValueError):
-                reply = None
+                reply, fds = None, []
             if reply is None:
                 break
             with self._lock:
                 entry = self._futures.pop(reply["id"], None)
-            if entry is not None:
-                future, request = entry
-                result = _result(reply, request, self.isolation)
-                if "solution" in reply:
-                    result = PairResult(result, _result(reply["solution"], request, self.isolation))
-                future.set_result(result)
+            if entry is None or len(fds) != 2 * (1 + ("solution" in reply)):
+                for fd in fds:
+                    os.close(fd)
+                continue
+            future, request = entry
+            result = _result(reply, request, self.isolation, fds[:2])
+            if "solution" in reply:
+                result = PairResult(result, _result(reply["solution"], request, self.isolation, fds[2:]))
+            future.set_result(result)
         # The zygote is gone: every run still waiting is an infrastructure failure, and the next run restarts it.
         with self._lock:
             if self._sock is sock:
@@ -399,7 +414,14 @@ class Sandbox:
 
     # Runs
 
-    def _submit(self, request: dict[str, Any], fds: list[int]) -> concurrent.futures.Future:
+    def _submit(self, request: dict[str, Any], harness: str | None = None) -> concurrent.futures.Future:
+        # The run's data travels as memfds the zygote passes on unread (see _zygote.py): the solution's payload,
+        # then, for a pair, the harness's (the tests), so that no run's data sits in the memory runs are forked from.
+        payload = {key: request.pop(key) for key in ("code", "stdin", "files")}
+        fds = [_memfd("rllm-run", json.dumps(payload))]
+        if harness is not None:
+            fds.append(_memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
+            request["pair"] = True
         future: concurrent.futures.Future = concurrent.futures.Future()
         try:
             self.start()
@@ -424,23 +446,13 @@ class Sandbox:
 
     def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future:
         """Queue a run (same arguments as :func:`run_python`); the future's result is a :class:`SandboxResult`."""
-        return self._submit(_request(code, **kwargs), [])
+        return self._submit(_request(code, **kwargs))
 
     def submit_pair(self, solution: str, harness: str, **kwargs: Any) -> concurrent.futures.Future:
         """Queue a paired run (see :meth:`run_pair`); the future's result is a :class:`PairResult`."""
         if not isinstance(harness, str):
             raise TypeError(f"sandbox harness must be a str, got {type(harness).__name__}")
-        request = _request(solution, **kwargs)
-        request["pair"] = True
-        # The harness's program (the tests) travels as a memfd: it never enters the zygote's memory, and so never
-        # the memory of a solution's process, which is a fork of the zygote.
-        fd = os.memfd_create("rllm-harness", os.MFD_CLOEXEC)
-        try:
-            os.write(fd, harness.encode("utf-8"))
-        except BaseException:
-            os.close(fd)
-            raise
-        return self._submit(request, [fd])
+        return self._submit(_request(solution, **kwargs), harness)
 
     def run(self, code: str, **kwargs: Any) -> SandboxResult:
         """Run one program and wait for it; see :func:`run_python`."""
@@ -510,6 +522,42 @@ def _remove_cgroup(path: str) -> None:
                 with contextlib.suppress(OSError):
                     os.rmdir(os.path.join(path, entry))
         os.rmdir(path)
+
+
+def _memfd(name: str, text: str) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class _FrameReader:
+    """Length-prefixed JSON frames from the zygote, each with the fds (``nfds``) sent along with it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buffer, self.fds = sock, bytearray(), collections.deque()
+
+    def read(self) -> tuple[dict[str, Any] | None, list[int]]:
+        while True:
+            if len(self.buffer) >= 4:
+                (size,) = _FRAME.unpack_from(self.buffer)
+                if len(self.buffer) >= 4 + size:
+                    message = json.loads(self.buffer[4 : 4 + size])
+                    del self.buffer[: 4 + size]
+                    count = message.get("nfds", 0)
+                    return message, [self.fds.popleft() for _ in range(count) if self.fds]
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 20, 64)
+            self.fds.extend(fds)
+            if not data:
+                for fd in self.fds:
+                    os.close(fd)
+                return None, []
+            self.buffer += data
 
 
 def _read_frame(sock: socket.socket) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ import base64
 import builtins
 import json
 import os
+import re
 import struct
 import sys
 import types
@@ -27,6 +28,8 @@ MAX_FRAME = 16 << 20  # bytes of one request or reply
 MAX_DEPTH = 64  # nesting of containers in one value
 _HEADER = struct.Struct("!I")
 _SCALARS = (type(None), bool, int, float, str)
+_BIG = 2**63  # ints beyond this travel as hex text
+_HEX = re.compile(r"-?[0-9a-f]+")
 
 
 class RemoteError(Exception):
@@ -46,6 +49,8 @@ def encode(value: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         raise NotPlainData(f"nested deeper than {MAX_DEPTH} levels")
     kind = type(value)
+    if kind is int and not -_BIG <= value <= _BIG:
+        return {"x": format(value, "x")}  # hex: no digit limit (str(int) stops at 4300 digits), linear time
     if kind in _SCALARS:
         return value
     if kind is list:
@@ -71,6 +76,8 @@ def decode(data: Any, depth: int = 0) -> Any:
     if kind is not dict or len(data) != 1:
         raise RemoteError(f"malformed value {str(data)[:80]!r}", "not_plain_data")
     ((tag, items),) = data.items()
+    if tag == "x" and type(items) is str and _HEX.fullmatch(items):
+        return int(items, 16)
     if tag == "b" and type(items) is str:
         try:
             return base64.b64decode(items.encode("ascii"), validate=True)

@@ -22,6 +22,11 @@ import signal
 import struct
 import sys
 
+try:
+    import resource  # loaded here: after dropping root, a run may no longer reach the interpreter's lib-dynload
+except ImportError:  # not POSIX
+    resource = None
+
 libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -441,8 +446,7 @@ def drop_privileges(uid: int | None, seccomp: bytes | None, supervisor_pid: int)
 
 def _limit(which: int, value: int, slack: int = 0) -> None:
     """Set the soft limit to ``value`` and the hard one ``slack`` above it (never above the current hard limit)."""
-    import resource as res
-
+    res = resource
     _soft, hard = res.getrlimit(which)
     value = value if hard == res.RLIM_INFINITY else min(value, hard)
     res.setrlimit(which, (value, value + slack if hard == res.RLIM_INFINITY else min(value + slack, hard)))
@@ -450,8 +454,7 @@ def _limit(which: int, value: int, slack: int = 0) -> None:
 
 def apply_rlimits(req: dict, uid: int | None) -> None:
     """The run's CPU, memory, file-size, core, fd and (with its own uid) process limits, inherited by its code."""
-    import resource as res
-
+    res = resource
     cpu = max(1, int(req["cpu_time_s"] + 0.999))
     _limit(res.RLIMIT_CPU, cpu, slack=1)  # SIGXCPU at the soft limit (a timeout), SIGKILL a second later
     _limit(res.RLIMIT_AS, req["memory_mb"] << 20)

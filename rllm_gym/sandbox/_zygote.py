@@ -62,7 +62,7 @@ def _load_sibling(name: str) -> types.ModuleType:
 _isolation = _load_sibling("_isolation")
 _channel = _load_sibling("_channel")
 _libc = _isolation.libc
-_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGSYS}
+_OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are checked against their cap
 
 
 # One run: the supervisor and the solution's process
@@ -160,8 +160,15 @@ def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         workdir = run.workdir
         if ctx["view"]:
             _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"])
-        code = _read_all(fds["code"]) if "code" in fds else req["code"]
-        for name, text in {**req["files"], req["filename"]: code}.items():
+        # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
+        # every run is a fork, never holds one run's code, input or output where another run could find it.
+        payload = json.loads(_read_all(fds["payload"]))
+        code = payload["code"]
+        stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
+        os.write(stdin_fd, payload["stdin"].encode())
+        os.lseek(stdin_fd, 0, os.SEEK_SET)
+        fds["stdin"] = stdin_fd
+        for name, text in {**payload["files"], req["filename"]: code}.items():
             path = os.path.join(workdir, name)
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(text)
@@ -184,11 +191,16 @@ def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            if cgroup is not None:
-                os.write(cgroup, b"0")
-                os.close(cgroup)
+            try:
+                if cgroup is not None:
+                    os.write(cgroup, b"0")
+                    os.close(cgroup)
+                _enter_solution(req, workdir, ctx, supervisor)
+            except BaseException as exc:  # an infrastructure fault: say so, never pass for the code's exit
+                message = f"the solution's process could not start: {type(exc).__name__}: {exc}"
+                os.write(status_w, (json.dumps({"error": message}) + "\n").encode())
+                os._exit(126)
             os.close(status_w)
-            _enter_solution(req, workdir, ctx, supervisor)
             os._exit(_run_code(req, workdir, code, run.role))
         for fd in range(len(targets)):
             os.close(fd)
@@ -201,11 +213,11 @@ def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
             reaped, status = os.waitpid(-1, 0)
             if reaped == pid:
                 break
-        os.write(status_w, json.dumps({"wait_status": status}).encode())
+        os.write(status_w, (json.dumps({"wait_status": status}) + "\n").encode())
         os._exit(0)
     except BaseException as exc:
         try:
-            os.write(status_w, json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+            os.write(status_w, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
         finally:
             os._exit(0)
 
@@ -237,7 +249,8 @@ class Run:
         self.id = req["id"]
         self.pid: int | None = None
         self.workdir = ""
-        self.out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
+        self.status = bytearray()
+        self.outputs: list[int] = []  # the stdout and stderr memfds, never read here: they go to the host
         self.open: dict[int, str] = {}
         self.verdict: str | None = None  # "timeout", "output_limit" or "stopped" when the zygote killed the run
         self.truncated = False
@@ -295,9 +308,12 @@ class Zygote:
 
     # Protocol
 
-    def send(self, message: dict) -> None:
-        data = json.dumps(message).encode()
-        self.sock.sendall(_FRAME.pack(len(data)) + data)
+    def send(self, message: dict, fds: list[int] | None = None) -> None:
+        data = json.dumps({**message, "nfds": len(fds or [])}).encode()
+        data = _FRAME.pack(len(data)) + data
+        if fds:  # the fds travel with the frame's first bytes
+            data = data[socket.send_fds(self.sock, [data], fds) :]
+        self.sock.sendall(data)
 
     def read_requests(self) -> bool:
         chunk, ancillary, _flags, _addr = self.sock.recvmsg(1 << 20, socket.CMSG_SPACE(64 * 4))
@@ -331,24 +347,30 @@ class Zygote:
         }
 
     def start(self, req: dict) -> None:
+        """Launch a run, or a pair's two; ``req["fds"]``: the payload memfd (and the harness's, for a pair)."""
         self.units -= 1
-        if not req.get("pair"):
-            self.launch(Run(req, self.free_slots.pop()), {})
-            return
-        harness, solution = Run(req, self.free_slots.pop(), "harness"), Run(req, self.free_slots.pop(), "solution")
-        harness.group = solution.group = [harness, solution]
-        to_solution, to_harness = os.pipe(), os.pipe()
-        code_fd = req["fds"][0] if req["fds"] else None
+        first = Run(req, self.free_slots.pop(), "harness" if req.get("pair") else None)
+        group = [first]
+        if req.get("pair"):
+            group.append(Run(req, self.free_slots.pop(), "solution"))
+        for member in group:
+            member.group = group
+        pipes = [os.pipe(), os.pipe()] if req.get("pair") else []
         try:
-            if code_fd is None:
-                raise OSError("the harness program did not arrive")
-            self.launch(harness, {"chan_r": to_harness[0], "chan_w": to_solution[1], "code": code_fd})
+            if len(req["fds"]) != len(group):
+                raise OSError("the run's data did not arrive with its request")
+            if not req.get("pair"):
+                self.launch(first, {"payload": req["fds"][0]})
+                return
+            (to_solution_r, to_solution_w), (to_harness_r, to_harness_w) = pipes
+            harness, solution = group
+            self.launch(harness, {"chan_r": to_harness_r, "chan_w": to_solution_w, "payload": req["fds"][1]})
             if harness.result is None:
-                self.launch(solution, {"chan_r": to_solution[0], "chan_w": to_harness[1]})
+                self.launch(solution, {"chan_r": to_solution_r, "chan_w": to_harness_w, "payload": req["fds"][0]})
         except OSError as exc:
-            self.finish(harness, error=f"could not start the run: {exc}")
+            self.finish(first, error=f"could not start the run: {exc}")
         finally:
-            for fd in (*to_solution, *to_harness, *req["fds"]):
+            for fd in (*[fd for pipe in pipes for fd in pipe], *req["fds"]):
                 os.close(fd)
 
     def launch(self, run: Run, extra_fds: dict[str, int]) -> None:
@@ -363,31 +385,24 @@ class Zygote:
                     os.chown(run.workdir, ctx["uid"], ctx["uid"])
             if self.cgroups is not None:
                 run.oom_before = self.cgroups.prepare(run.slot, req["memory_mb"] << 20)
-            stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
-            os.write(stdin_fd, req["stdin"].encode())
-            os.lseek(stdin_fd, 0, os.SEEK_SET)
-            (out_r, out_w), (err_r, err_w), (st_r, st_w) = os.pipe(), os.pipe(), os.pipe()
-            fds = {"stdin": stdin_fd, "stdout": out_w, "stderr": err_w, "status": st_w, **extra_fds}
-            # The harness's program comes from its memfd: the solution's code has no business in its process.
-            run_req = req if run.role != "harness" else {k: v for k, v in req.items() if k != "code"}
+            run.outputs = [_memfd("stdout"), _memfd("stderr")]
+            st_r, st_w = os.pipe()
+            fds = {"stdout": run.outputs[0], "stderr": run.outputs[1], "status": st_w, **extra_fds}
             pid = _isolation.fork_run(self.pidns_fd)
             if pid == 0:
-                _supervise(run_req, run, ctx, fds)
+                _supervise(req, run, ctx, fds)
             run.pid = pid
             run.start = time.monotonic()
             run.deadline = run.start + req["timeout"]
-            for fd in (stdin_fd, out_w, err_w, st_w):
-                os.close(fd)
-            for fd, name in ((out_r, "stdout"), (err_r, "stderr"), (st_r, "status")):
-                os.set_blocking(fd, False)
-                run.open[fd] = name
-                self.selector.register(fd, selectors.EVENT_READ, run)
+            os.close(st_w)
+            os.set_blocking(st_r, False)
+            run.open[st_r] = "status"
+            self.selector.register(st_r, selectors.EVENT_READ, run)
             self.runs[pid] = run
         except Exception as exc:
             self.finish(run, error=f"could not start the run: {type(exc).__name__}: {exc}")
 
-    def on_output(self, fd: int, run: Run) -> None:
-        name = run.open[fd]
+    def on_status(self, fd: int, run: Run) -> None:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -395,13 +410,15 @@ class Zygote:
         if not chunk:
             self.close_fd(run, fd)
             return
-        buffer = run.out[name]
-        cap = run.req["max_output_bytes"] if name != "status" else 1 << 16
-        room = cap - len(buffer)
-        buffer += chunk[: max(room, 0)]
-        if len(chunk) > room and name != "status":
-            run.truncated = True
-            self.kill(run, "output_limit")
+        run.status += chunk[: max(0, (1 << 16) - len(run.status))]
+
+    def check_output_sizes(self) -> None:
+        """Past ``max_output_bytes`` on stdout or stderr, the run is killed (the files themselves are never read)."""
+        for run in list(self.runs.values()):
+            if run.reaped_status is None and any(
+                os.fstat(fd).st_size > run.req["max_output_bytes"] for fd in run.outputs
+            ):
+                self.kill(run, "output_limit")
 
     def close_fd(self, run: Run, fd: int) -> None:
         self.selector.unregister(fd)
@@ -456,18 +473,11 @@ class Zygote:
         if run.open and now - run.reaped_at < 0.2:
             return  # a straggler may still hold a pipe: give it a moment, then it was swept anyway
         for fd in list(run.open):
-            self._drain(run, fd)
+            with contextlib.suppress(OSError):
+                self.on_status(fd, run)
+            if fd in run.open:
+                self.close_fd(run, fd)
         self.finish(run)
-
-    def _drain(self, run: Run, fd: int) -> None:
-        try:
-            chunk = os.read(fd, 1 << 16)
-            name = run.open[fd]
-            room = run.req["max_output_bytes"] - len(run.out[name])
-            run.out[name] += chunk[: max(room, 0)]
-        except OSError:
-            pass
-        self.close_fd(run, fd)
 
     def finish(self, run: Run, error: str | None = None) -> None:
         for fd in list(run.open):
@@ -490,11 +500,14 @@ class Zygote:
         if any(member.result is None for member in run.group):
             return
         self.units += 1
+        outputs = [fd for member in run.group for fd in member.outputs]
         if len(run.group) == 1:
-            self.send(run.result)
+            self.send(run.result, outputs)
         else:
             harness, solution = run.group
-            self.send({**harness.result, "solution": solution.result})
+            self.send({**harness.result, "solution": solution.result}, outputs)
+        for fd in outputs:
+            os.close(fd)
 
     def outcome(self, run: Run, error: str | None) -> dict:
         result = {
@@ -507,12 +520,15 @@ class Zygote:
             "max_rss_kb": None,
             "oom": False,
         }
-        status_text = bytes(run.out["status"]).decode(errors="replace")
+        status_text = bytes(run.status).decode(errors="replace")
         if error is None and status_text:
             try:
-                result.update(json.loads(status_text))
+                reports = [json.loads(line) for line in status_text.splitlines() if line.strip()]
             except ValueError:
-                result["error"] = f"garbled status from the run's supervisor: {status_text[:200]!r}"
+                reports = [{"error": f"garbled status from the run's supervisor: {status_text[:200]!r}"}]
+            for report in reports:
+                result.update(report)
+            result["error"] = next((r["error"] for r in reports if r.get("error")), None)
         silent = result["wait_status"] is None and result["error"] is None and not status_text
         if silent and run.reaped_status is not None and run.verdict is None:
             if self.uid_base is None and os.WIFSIGNALED(run.reaped_status):
@@ -526,8 +542,12 @@ class Zygote:
                 result["oom"] = self.cgroups.oom_kills(run.slot) > run.oom_before
         if run.rusage is not None:
             result["max_rss_kb"] = run.rusage.ru_maxrss
-        result["stdout"] = bytes(run.out["stdout"]).decode(errors="replace")
-        result["stderr"] = bytes(run.out["stderr"]).decode(errors="replace")
+        if len(run.outputs) < 2:  # it never started: empty outputs keep the reply's shape
+            run.outputs = [_memfd("stdout"), _memfd("stderr")]
+        sizes = [os.fstat(fd).st_size for fd in run.outputs]
+        result["truncated"] = run.truncated or any(size > run.req["max_output_bytes"] for size in sizes)
+        if result["truncated"] and result["verdict"] is None and result["error"] is None:
+            result["verdict"] = "output_limit"
         return result
 
     def shutdown(self) -> None:
@@ -560,6 +580,7 @@ class Zygote:
             timeout = None
             for run in self.runs.values():
                 wake_at = run.deadline if run.reaped_status is None else run.reaped_at + 0.2
+                wake_at = min(wake_at, now + _OUTPUT_POLL_S)
                 timeout = max(0.0, wake_at - now) if timeout is None else max(0.0, min(timeout, wake_at - now))
             for key, _ in self.selector.select(timeout):
                 if key.data == "sock":
@@ -575,13 +596,18 @@ class Zygote:
                             break
                     self.reap()
                 elif key.fd in key.data.open:
-                    self.on_output(key.fd, key.data)
+                    self.on_status(key.fd, key.data)
             self.reap()
+            self.check_output_sizes()
             now = time.monotonic()
             for run in list(self.runs.values()):
                 if run.reaped_status is None and now >= run.deadline:
                     self.kill(run, "timeout")
                 self.check_done(run, now)
+
+
+def _memfd(name: str) -> int:
+    return os.memfd_create(name) if hasattr(os, "memfd_create") else _temp_fd()
 
 
 def _temp_fd() -> int:
