@@ -21,7 +21,8 @@ here, assert tests in the harness. Nothing the solution prints, returns as an ex
 (``float_tolerance``, relative and absolute, default ``1e-6``; a task may set its own ``float_tolerance``) applies only
 where the expected value is a float: in stdin/stdout tests, where the expected token is a float literal (has ``.``,
 an exponent, or is ``inf``/``nan``), so an expected ``1000000`` is not matched by ``1000001`` or ``1000000.0``.
-Containers compare element-wise by the same rules (a tuple may stand for an expected JSON list).
+Containers compare element-wise by the same rules (a tuple may stand for an expected JSON list). Assert-style tests
+keep the data set's own Python comparisons, run in the harness.
 
 Reward: 1.0 when every test passes, else 0.0 (or the fraction passed with ``fraction=True``); per-test results are in
 ``metadata["tests"]``, each with a ``status``: ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``,
