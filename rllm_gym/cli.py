@@ -4,12 +4,16 @@ rllm-gym eval --env rllm/FrozenLake-v0 --tasks 16 --n 4 --out episodes.jsonl    
 rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-url http://127.0.0.1:8000/v1
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
 rllm-gym view episodes.jsonl --index 0
+
+An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
+``debug``, with tracebacks) shows what the engine does as it goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -22,17 +26,40 @@ from tqdm import tqdm
 __all__ = ["build_parser", "main"]
 
 POLICIES = ("hf", "openai", "vllm")
+# Defaults of the options a model folder written by the trainer may set instead (rllm_gym_training.json).
+EVAL_DEFAULTS: dict[str, Any] = {
+    "env": "rllm/FrozenLake-v0",
+    "agent_args": {},
+    "env_args": {},
+    "max_steps": 10,
+    "max_tokens": 256,
+    "thinking": None,
+}
+RECORDED = "; a --model folder written by the trainer gives its training value"
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rllm_gym.log import LOG_LEVELS
+
     parser = argparse.ArgumentParser(prog="rllm-gym", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="warning",
+        help="messages of the rllm_gym logger printed to stderr (default: %(default)s)",
+    )
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error, not only its message")
 
-    run = commands.add_parser("eval", help="run a policy on an env and print pass@k, rewards and turns")
-    run.add_argument("--env", default="rllm/FrozenLake-v0", help="a registered env id (default: %(default)s)")
+    run = commands.add_parser(
+        "eval", parents=[common], help="run a policy on an env and print pass@k, rewards and turns"
+    )
+    run.add_argument("--env", help=f"a registered env id (default: {EVAL_DEFAULTS['env']}{RECORDED})")
     run.add_argument("--agent", help="agent class as module:Class (default: the env's registered agent)")
-    run.add_argument("--agent-args", type=json.loads, default={}, help="JSON dict of agent arguments")
-    run.add_argument("--env-args", type=json.loads, default={}, help="JSON dict of env arguments")
+    run.add_argument("--agent-args", type=json.loads, help=f"JSON dict of agent arguments (default: {{}}{RECORDED})")
+    run.add_argument("--env-args", type=json.loads, help=f"JSON dict of env arguments (default: {{}}{RECORDED})")
     run.add_argument("--policy", choices=POLICIES, default="hf", help="inference backend (default: %(default)s)")
     run.add_argument("--model", help="model folder or name (default for hf: the embedded tiny model)")
     run.add_argument("--base-url", action="append", help="OpenAI-compatible API root; repeat for replicas")
@@ -42,21 +69,49 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--n", type=int, default=4, help="rollouts per task, the n of pass@k (default: %(default)s)")
     run.add_argument("--out", type=Path, help="episode JSONL file, appended as episodes finish")
     run.add_argument("--resume", action="store_true", help="continue an --out file: finished episodes are kept")
-    run.add_argument("--max-steps", type=int, default=10, help="LLM calls per episode (default: %(default)s)")
-    run.add_argument("--max-tokens", type=int, default=256, help="tokens per reply (default: %(default)s)")
+    run.add_argument("--max-steps", type=int, help=f"LLM calls per episode (default: 10{RECORDED})")
+    run.add_argument("--max-tokens", type=int, help=f"tokens per reply (default: 256{RECORDED})")
     run.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
     run.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
     run.add_argument("--n-parallel", type=int, default=64, help="episodes in flight (default: %(default)s)")
     run.add_argument("--timeout", type=float, help="wall-clock seconds per episode")
-    run.add_argument("--thinking", choices=("on", "off"), help="chat template thinking switch, where supported")
+    run.add_argument(
+        "--thinking", choices=("on", "off"), help=f"chat template thinking switch, where supported{RECORDED}"
+    )
     run.add_argument("--seed", type=int, default=0, help="seed of sampling and env resets (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
 
-    view = commands.add_parser("view", help="print episodes of a JSONL file readably")
+    view = commands.add_parser("view", parents=[common], help="print episodes of a JSONL file readably")
     view.add_argument("path", type=Path)
     view.add_argument("--index", type=int, default=0, help="which episode, counted from 0 (default: %(default)s)")
     view.add_argument("--id", help="the episode with this id instead of --index")
     return parser
+
+
+def apply_training_record(args: argparse.Namespace) -> str | None:
+    """Fill the options not given from the --model folder's training record, then the defaults; say which were used.
+
+    Returns the line that says so (None when the model folder has no record).
+    """
+    from rllm_gym.train.model_record import TRAINING_FILE, eval_settings, read_training_record
+
+    record = read_training_record(args.model) if args.model and Path(args.model).is_dir() else None
+    settings = eval_settings(record) if record else {}
+    used, overridden = [], []
+    for option, value in settings.items():
+        flag = f"--{option.replace('_', '-')}"
+        if getattr(args, option) is None:
+            setattr(args, option, value)
+            used.append(f"{flag} {json.dumps(value) if isinstance(value, dict) else value}")
+        else:
+            overridden.append(flag)
+    for option, value in EVAL_DEFAULTS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
+    if record is None:
+        return None
+    line = f"rllm-gym eval: settings from {Path(args.model) / TRAINING_FILE}: {', '.join(used) or 'none'}"
+    return line + (f" (given on the command line instead: {', '.join(overridden)})" if overridden else "")
 
 
 def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -89,6 +144,17 @@ def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--agent is for single-agent envs; {args.env} plays its registered agent per role")
     if args.data and not args.data.exists():
         parser.error(f"--data {args.data} does not exist")
+    from rllm_gym.engine.arguments import check_arguments
+    from rllm_gym.policies.base import check_model_source
+
+    try:
+        check_arguments(args.env, agent=args.agent, agent_args=args.agent_args, env_args=args.env_args)
+        if args.model and args.policy in ("hf", "vllm"):
+            check_model_source(args.model, "--model")
+        if args.tokenizer:
+            check_model_source(args.tokenizer, "--tokenizer")
+    except (ValueError, ImportError, AttributeError) as error:
+        parser.error(str(error))
 
 
 def make_policy(args: argparse.Namespace) -> Any:
@@ -100,7 +166,7 @@ def make_policy(args: argparse.Namespace) -> Any:
     if args.policy == "openai":
         from rllm_gym.policies.openai import OpenAIPolicy
 
-        urls = args.base_url or ["http://127.0.0.1:8000/v1"]
+        urls = args.base_url or [DEFAULT_BASE_URL]
         return OpenAIPolicy(args.model, urls, tokenizer=args.tokenizer, enable_thinking=thinking)
     from rllm_gym.policies.vllm import VLLMPolicy
 
@@ -121,11 +187,29 @@ def load_tasks(args: argparse.Namespace) -> list[Any]:
     return tasks[: args.tasks]
 
 
-def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+def check_server(args: argparse.Namespace) -> None:
+    """Fail in seconds, naming the URL, when an OpenAI-compatible server cannot be reached at all."""
+    import httpx
+
+    for url in args.base_url or [DEFAULT_BASE_URL]:
+        try:
+            httpx.get(url.rstrip("/") + "/models", timeout=10.0)
+        except httpx.TransportError as error:  # an HTTP error status means the server is there: the run will tell
+            raise SystemExit(
+                f"rllm-gym eval: cannot reach the OpenAI-compatible server at {url}: {type(error).__name__}: {error}. "
+                f"Start one (see the README's OpenAI section) or point --base-url at it."
+            ) from error
+
+
+def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
+    """The summary (with ``errors`` when episodes ended in ERROR) and the episodes."""
     from rllm_gym.engine import engine_for
+    from rllm_gym.engine.report import ErrorTally
     from rllm_gym.metrics import summarize
     from rllm_gym.policies.base import SamplingParams
 
+    if args.policy == "openai":
+        check_server(args)
     policy = make_policy(args)
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
@@ -156,7 +240,12 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
     episodes = asyncio.run(engine.run(tasks, n_rollouts=args.n, progress=progress))
     bar.close()
-    return summarize(episodes)
+    summary = summarize(episodes)
+    tally = ErrorTally()
+    tally.add(episodes)
+    if tally:
+        summary["errors"] = tally.groups()
+    return summary, episodes
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
@@ -164,12 +253,19 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
+        if key == "errors":
+            continue
         if key == "termination_reasons":
             value = ", ".join(f"{reason} {count}" for reason, count in value.items())
         elif isinstance(value, float):
             value = f"{value:.3f}"
         table.add_row(key, str(value))
     console.print(table)
+    if summary.get("errors"):
+        from rllm_gym.engine.report import describe_errors
+
+        console.print("[red]errors behind the ERROR episodes[/] (read one with rllm-gym view FILE --id ID):")
+        console.print(describe_errors(summary["errors"]), markup=False, highlight=False)
 
 
 def view_episode(args: argparse.Namespace, console: Console) -> None:
@@ -200,22 +296,74 @@ def view_episode(args: argparse.Namespace, console: Console) -> None:
             console.print(f"[bold]step {number}: reward={step.reward} done={step.done}[/]")
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown flag is a usage error that names the closest known one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flags = [option for action in commands_of(parser)[args.command]._actions for option in action.option_strings]
+        flag = next((item for item in unknown if item.startswith("-")), unknown[0])
+        close = difflib.get_close_matches(flag.split("=")[0], flags, n=1)
+        hint = f"; did you mean {close[0]}?" if close else f"; see rllm-gym {args.command} --help"
+        parser.error(f"{args.command}: unrecognized argument {flag}{hint}")
+    return args
+
+
+def commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the command; a user error ends with one line on stderr (``--debug``: the traceback too)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
+    try:
+        return run_command(parser, args)
+    except KeyboardInterrupt:
+        print(f"rllm-gym {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        message = f"rllm-gym {args.command}: {type(error).__name__}: {error} (--debug shows the traceback)"
+        print(message, file=sys.stderr)
+        return 1
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rllm_gym.log import configure_logging
+
+    configure_logging(args.log_level)
     console = Console()
     if args.command == "view":
         if not args.path.is_file():
             parser.error(f"view: {args.path} is not a file: pass an episode JSONL file written by eval --out")
         view_episode(args, console)
         return 0
+    recorded = apply_training_record(args)
+    if recorded:
+        print(recorded, file=sys.stderr, flush=True)
     _check_eval_args(parser, args)
-    summary = run_eval(args)
+    summary, episodes = run_eval(args)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary, console)
-    return 0
+    return 1 if report_failure(summary, episodes) else 0
+
+
+def report_failure(summary: dict[str, Any], episodes: list[Any]) -> bool:
+    """Say on stderr why an eval whose every episode ended in ERROR failed; True when it did."""
+    from rllm_gym.engine.report import all_errored, describe_errors
+
+    if not all_errored(episodes):
+        return False
+    print(
+        f"rllm-gym eval: all {len(episodes)} episodes ended in ERROR, so there is no score:\n"
+        f"{describe_errors(summary['errors'])}",
+        file=sys.stderr,
+    )
+    return True
 
 
 if __name__ == "__main__":

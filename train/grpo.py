@@ -11,11 +11,15 @@ evaluation before and after), and the reward curve. Generation goes through our 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import difflib
 import json
+import math
 import os
 import random
 import sys
 import time
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 
 import torch
 import yaml
+from accelerate import PartialState
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
@@ -32,15 +37,30 @@ from trl.models import unwrap_model_for_generation
 
 import rllm_gym
 from rllm_gym.engine import engine_for
-from rllm_gym.policies.base import SamplingParams
+from rllm_gym.engine.arguments import check_arguments
+from rllm_gym.engine.report import describe_errors
+from rllm_gym.log import LOG_LEVELS, configure_logging, logger
+from rllm_gym.policies.base import SamplingParams, check_model_source
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.model_record import training_record, write_model_record
+from rllm_gym.train.run_dir import (
+    OutputDirError,
+    StopOnInterrupt,
+    clear_run,
+    last_checkpoint,  # noqa: F401  (re-exported: tests and scripts find the checkpoint to resume from)
+    prepare_output_dir,
+    write_run_record,
+)
+from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
 from rllm_gym.types import Episode
 
 # Config
+
+# GRPOConfig fields left to TRL (TrainConfig sets the others; the batch size follows from prompts_per_step).
+_OURS = {"per_device_train_batch_size"}
 
 
 @dataclass
@@ -122,16 +142,50 @@ class TrainConfig:
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule (cosine recommended)."})
     max_steps: int = field(default=100, metadata={"help": "Optimizer steps."})
     seed: int = field(default=0, metadata={"help": "Seed of the data order, sampling and warm start."})
+    warmup_ratio: float = field(
+        default=0.0,
+        metadata={"help": "Share of max_steps over which the learning rate warms up linearly (0.03-0.1 is common)."},
+    )
+    trl_args: str = field(
+        default="{}",
+        metadata={
+            "help": "JSON dict of further TRL GRPOConfig fields. Each GRPOConfig field that TrainConfig lacks is also "
+            "a --flag and a YAML key of its own (e.g. gradient_accumulation_steps, max_grad_norm, weight_decay, "
+            "num_iterations, epsilon, save_total_limit, bf16; see --help); those land here."
+        },
+    )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "Recompute activations to save memory (on for billion-parameter models)."}
     )
     # Running
     output_dir: str = field(default="runs/grpo", metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."})
     save_steps: int = field(default=100, metadata={"help": "Checkpoint every N steps (resume with --resume)."})
-    resume: bool = field(default=False, metadata={"help": "Continue from the last checkpoint in output_dir."})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue the run in output_dir from its last checkpoint (same settings; max_steps may grow)."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the run in output_dir (its checkpoints, final/, metrics; nothing else is deleted)."
+        },
+    )
     logging_steps: int = field(default=10, metadata={"help": "Log metrics every N steps."})
     report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
     eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
+    max_error_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Stop (exit status 1, the errors named) after this many steps in a row whose episodes all ended "
+            "in ERROR: a down server or a broken env would otherwise train on nothing. 0 = never stop."
+        },
+    )
+    debug: bool = field(default=False, metadata={"help": "Show the traceback of an error, not only its message."})
+    log_level: str = field(
+        default="info", metadata={"help": f"Messages of the rllm_gym logger printed to stderr, one of {LOG_LEVELS}."}
+    )
     use_vllm: bool = field(
         default=False, metadata={"help": "Generate with TRL's vLLM integration (GPU, the vllm extra); see vllm_mode."}
     )
@@ -164,6 +218,25 @@ class TrainConfig:
             raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        try:
+            trl_args = json.loads(self.trl_args)
+        except json.JSONDecodeError:
+            trl_args = None
+        if not isinstance(trl_args, dict):
+            example = '{"max_grad_norm": 0.5}'
+            raise ValueError(f"trl_args must be a JSON object such as '{example}', got {self.trl_args!r}")
+        unknown = sorted(set(trl_args) - set(TRL_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"trl_args: {unknown[0]!r} is not a GRPOConfig field that TrainConfig leaves to TRL"
+                f"{closest(unknown[0], sorted(TRL_FIELDS))}"
+            )
+        if self.max_error_steps < 0:
+            raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {self.max_error_steps}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
         for name in ("prompts_per_step", "max_turns", "max_completion_length", "max_steps", "save_steps", "lora_r"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -194,26 +267,87 @@ class TrainConfig:
                 raise ValueError(
                     f'{name} must be a JSON object, e.g. \'{{"system_prompt": "..."}}\': {error}'
                 ) from error
+        # agent_args and env_args go to every env of the run: a mix needs each argument to fit at least one of them.
+        failures = []
+        for env_id in self.env:
+            try:
+                check_arguments(env_id, agent_args=json.loads(self.agent_args), env_args=json.loads(self.env_args))
+            except ValueError as error:
+                failures.append(error)
+        if len(failures) == len(self.env):
+            raise failures[0]
+        if self.model is not None:
+            check_model_source(self.model, "model")
+
+
+TRL_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(GRPOConfig)
+    if f.init and f.name not in TrainConfig.__dataclass_fields__ and f.name not in _OURS
+)
+
+
+def closest(name: str, names: list[str], prefix: str = "") -> str:
+    """`` (did you mean x?)`` for the closest of ``names`` to ``name`` (written after ``prefix``), or nothing."""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def trl_options() -> type:
+    """A dataclass of the GRPOConfig fields TrainConfig lacks (their TRL defaults and help), for the parser."""
+    hints = typing.get_type_hints(GRPOConfig)
+    specs = []
+    for name in TRL_FIELDS:
+        original = GRPOConfig.__dataclass_fields__[name]
+        help_text = f"(TRL) {original.metadata.get('help', '')}"
+        kwargs = {"metadata": {**original.metadata, "help": help_text}}
+        if original.default_factory is not dataclasses.MISSING:
+            kwargs["default_factory"] = original.default_factory
+        else:
+            kwargs["default"] = original.default
+        specs.append((name, hints[name], field(**kwargs)))
+    return dataclasses.make_dataclass("TRLOptions", specs)
 
 
 def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
-    """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from."""
+    """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from.
+
+    Keys and flags named after GRPOConfig fields that TrainConfig lacks are collected into ``trl_args``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(TrainConfig)
-    parser.add_argument("--config", help="YAML file of TrainConfig fields")
+    options = trl_options()
+    parser = HfArgumentParser((TrainConfig, options))
+    parser.add_argument("--config", help="YAML file of TrainConfig (and TRL GRPOConfig) fields")
     config_dir = Path.cwd()
+    fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
+    values: dict[str, Any] = {}
     if "--config" in argv:
         path = Path(argv[argv.index("--config") + 1])
+        if not path.is_file():
+            raise ValueError(f"--config {path}: no such file")
         config_dir = path.parent
         values = yaml.safe_load(path.read_text()) or {}
-        unknown = sorted(set(values) - set(TrainConfig.__dataclass_fields__))
+        unknown = sorted(set(values) - set(fields))
         if unknown:
-            raise ValueError(f"{path}: unknown fields {unknown}; see TrainConfig in train/grpo.py")
-        for key in ("agent_args", "env_args"):
+            raise ValueError(
+                f"{path}: unknown fields {unknown}{closest(unknown[0], fields)}; see TrainConfig in train/grpo.py "
+                f"and TRL's GRPOConfig"
+            )
+        for key in ("agent_args", "env_args", "trl_args"):
             if isinstance(values.get(key), dict):
                 values[key] = json.dumps(values[key])
         parser.set_defaults(**values)
-    return parser.parse_args_into_dataclasses(args=argv)[0], config_dir
+    parsed = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    config, trl, remaining = parsed[0], parsed[1], parsed[-1]  # between them: the namespace of --config
+    if remaining:
+        flag = next((item for item in remaining if item.startswith("-")), remaining[0])
+        name = flag.lstrip("-").split("=")[0].replace("-", "_")
+        raise ValueError(f"unknown flag {flag}{closest(name, fields, '--')}; every TrainConfig field is a --flag")
+    given = set(values) | {item.lstrip("-").split("=")[0] for item in argv if item.startswith("--")}
+    chosen = {name: getattr(trl, name) for name in TRL_FIELDS if name in given}
+    if chosen:
+        config.trl_args = json.dumps({**json.loads(config.trl_args), **chosen}, default=str)
+    return config, config_dir
 
 
 def load_tasks(source: str | None, config_dir: Path) -> list[Any]:
@@ -222,8 +356,17 @@ def load_tasks(source: str | None, config_dir: Path) -> list[Any]:
     if source.startswith("seeds:"):
         return list(range(int(source.removeprefix("seeds:"))))
     path = Path(source) if Path(source).is_absolute() or Path(source).exists() else config_dir / source
+    if not path.is_file():
+        raise ValueError(f"tasks: {source} is neither 'seeds:N' nor a JSONL file (looked for {path})")
+    tasks = []
     with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    tasks.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"tasks: {path}:{number} is not JSON: {error.msg}") from None
+    return tasks
 
 
 def trajectory_slots(env_id: str, env_args: dict[str, Any]) -> int:
@@ -341,30 +484,43 @@ class ConsoleLog(TrainerCallback):
         self.history.append(record)
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+        errors = logs.get("rollout/termination/error", 0.0)
         print(
             f"step {state.global_step:>5}  reward {logs['reward']:.3f}  loss {logs.get('loss', float('nan')):.4f}  "
-            f"turns {logs.get('rollout/turns', float('nan')):.2f}  {record['elapsed_s']:.0f}s",
+            f"turns {logs.get('rollout/turns', float('nan')):.2f}  {record['elapsed_s']:.0f}s"
+            + (f"  ERROR episodes {errors:.0%}" if errors else ""),
             flush=True,
         )
+        if math.isnan(logs.get("loss", 0.0)):
+            logger.warning("step %d: the loss is nan: %s", state.global_step, nan_reason(logs))
 
 
-def last_checkpoint(output_dir: Path) -> Path | None:
-    """The newest ``checkpoint-N`` folder that was written to the end, or None.
+def nan_reason(logs: dict[str, Any]) -> str:
+    """Why a logged loss is nan, as far as the step's other metrics tell."""
+    if logs.get("rollout/termination/error", 0.0) >= 1.0:
+        return "every episode of the step ended in ERROR, so no token was trained (see the errors above)"
+    if math.isnan(logs.get("grad_norm", 0.0)) or math.isinf(logs.get("grad_norm", 0.0)):
+        return (
+            "the gradients overflowed (grad_norm is not finite): lower learning_rate, keep max_grad_norm > 0, "
+            "or train in bf16/fp32 rather than fp16"
+        )
+    return (
+        "no trained token or a diverged model: check that episodes produce replies (rollout/turns) and that "
+        "exclude_termination does not mask them all; otherwise lower learning_rate"
+    )
 
-    The trainer writes the model first and ``trainer_state.json`` last, so a run killed mid-save (SIGTERM, OOM)
-    leaves a newest folder without a readable trainer state; resuming from it fails, the one before it is whole.
-    """
-    steps = []
-    for folder in Path(output_dir).glob("checkpoint-*"):
-        step = folder.name.removeprefix("checkpoint-")
-        if not step.isdigit():
-            continue
-        try:
-            json.loads((folder / "trainer_state.json").read_text())
-        except (OSError, ValueError):
-            continue
-        steps.append((int(step), folder))
-    return max(steps)[1] if steps else None
+
+class RecordTraining(TrainerCallback):
+    """Writes the training record and model card (train/model_record.py) into each checkpoint folder."""
+
+    def __init__(self, output_dir: Path, config: dict[str, Any], summary: dict[str, Any]):
+        self.output_dir, self.config, self.summary = output_dir, config, summary
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = self.output_dir / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            before = self.summary.get("greedy_before")
+            write_model_record(folder, training_record(self.config, steps=state.global_step, greedy_before=before))
 
 
 def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
@@ -384,14 +540,8 @@ def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    config, config_dir = load_config(argv)
-    output_dir = Path(config.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    random.seed(config.seed)
-    torch.manual_seed(config.seed)
-
-    # Model
+def load_model(config: TrainConfig) -> tuple[Any, Any, Any]:
+    """The model, its tokenizer and the LoRA config (None for full fine-tuning)."""
     if config.model is None:
         from rllm_gym.tiny_model import default_model_path
 
@@ -407,46 +557,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         except ImportError as error:
             raise SystemExit("lora: true needs peft: pip install peft") from error
         peft_config = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, target_modules="all-linear")
+    return model, tokenizer, peft_config
 
-    # Environments and data
-    dataset, tasks = build_prompts(config, config_dir)
-    rollout = EpisodeRollout(
-        [
-            EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
-            for env_id in config.env
-        ],
-        max_steps=config.max_turns,
-        gamma=config.gamma,
-    )
-    advantage_config = AdvantageConfig(
-        estimator=config.estimator,
-        mode=config.advantage_mode,
-        norm_by_std=config.norm_adv_by_std,
-        drop_uniform_groups=config.drop_uniform_groups,
-        exclude_termination=tuple(config.exclude_termination),
-    )
 
-    # Warm start and the score to beat
-    summary: dict[str, Any] = {"config": asdict(config)}
-    if config.warm_start_steps and not config.resume:
-        summary["warm_start_loss"] = warm_start(model, tokenizer, config, tasks)
-    is_main = int(os.environ.get("RANK", "0")) == 0  # the trainer (and its accelerator) does not exist yet
-    if config.eval_greedy:
-        summary["greedy_before"] = greedy_success(model, tokenizer, config, tasks)
-        if is_main:
-            print(f"greedy success before: {summary['greedy_before']}", flush=True)
-
-    # Training
+def grpo_args(config: TrainConfig, output_dir: Path) -> GRPOConfig:
+    """TRL's config of the run (building it sets up the processes: Accelerate's state exists afterwards)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    trl_args = json.loads(config.trl_args)
+    accumulation = trl_args.get("gradient_accumulation_steps", 1)
     rollouts_per_step = config.prompts_per_step * config.num_generations
-    if rollouts_per_step % world_size:
+    if rollouts_per_step % (world_size * accumulation):
         raise ValueError(
             f"prompts_per_step x num_generations = {rollouts_per_step} rollouts per step must divide among "
-            f"{world_size} processes: change prompts_per_step or the number of processes"
+            f"{world_size} processes x {accumulation} gradient accumulation steps: change prompts_per_step, "
+            f"gradient_accumulation_steps or the number of processes"
         )
-    args = GRPOConfig(
+    ours = dict(
         output_dir=str(output_dir),
-        per_device_train_batch_size=rollouts_per_step // world_size,
+        # prompts_per_step stays per optimizer step: accumulation splits it into micro-batches.
+        per_device_train_batch_size=rollouts_per_step // (world_size * accumulation),
         num_generations=config.num_generations,
         max_completion_length=config.max_completion_length,
         temperature=config.temperature,
@@ -471,10 +600,74 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         shuffle_dataset=not any(env_id in env_ids(multi_agent=True) for env_id in config.env),
         use_cpu=not torch.cuda.is_available(),
         bf16=torch.cuda.is_available() and torch.cuda.is_bf16_supported(),
+        warmup_steps=config.warmup_ratio,  # a float below 1 is a share of max_steps
     )
-    checkpoint = last_checkpoint(output_dir) if config.resume else None
+    return GRPOConfig(**{**ours, **trl_args})  # trl_args were set on purpose: they win
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    config, config_dir = load_config(argv)
+    configure_logging(config.log_level)
+    output_dir = Path(config.output_dir)
+    # Checked on every process before anything loads; nothing is deleted until all of them have checked.
+    checkpoint, record = prepare_output_dir(
+        output_dir, asdict(config), resume=config.resume, overwrite=config.overwrite
+    )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    # Model
+    model, tokenizer, peft_config = load_model(config)
+
+    # Environments and data
+    dataset, tasks = build_prompts(config, config_dir)
+    rollout = EpisodeRollout(
+        [
+            EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
+            for env_id in config.env
+        ],
+        max_steps=config.max_turns,
+        gamma=config.gamma,
+    )
+    advantage_config = AdvantageConfig(
+        estimator=config.estimator,
+        mode=config.advantage_mode,
+        norm_by_std=config.norm_adv_by_std,
+        drop_uniform_groups=config.drop_uniform_groups,
+        exclude_termination=tuple(config.exclude_termination),
+    )
+    args = grpo_args(config, output_dir)
+    state = PartialState()
+    state.wait_for_everyone()
+    if config.overwrite and state.is_main_process:
+        clear_run(output_dir)
+    state.wait_for_everyone()
+
+    # Warm start and the score to beat (a resumed run keeps the ones its first part recorded)
+    summary: dict[str, Any] = {"config": asdict(config)}
     resume_step = int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint else None
-    console = ConsoleLog(output_dir, resume_step, write=is_main)
+    if checkpoint is not None and state.is_main_process:
+        print(f"resuming from {checkpoint} (step {resume_step} of {config.max_steps})", flush=True)
+    for key in ("warm_start_loss", "greedy_before"):
+        if key in record:
+            summary[key] = record[key]
+    if config.warm_start_steps and checkpoint is None:
+        summary["warm_start_loss"] = warm_start(model, tokenizer, config, tasks)
+    if config.eval_greedy:
+        recorded = "greedy_before" in summary
+        if not recorded:
+            summary["greedy_before"] = greedy_success(model, tokenizer, config, tasks)
+        if state.is_main_process:
+            print(f"greedy success before{' (recorded)' if recorded else ''}: {summary['greedy_before']}", flush=True)
+    if state.is_main_process:
+        write_run_record(
+            output_dir, {key: summary[key] for key in ("config", "warm_start_loss", "greedy_before") if key in summary}
+        )
+
+    # Training
+    console = ConsoleLog(output_dir, resume_step, write=state.is_main_process)
+    interrupt = StopOnInterrupt(announce=state.is_main_process)
     trainer = RLLMGRPOTrainer(
         model=model,
         processing_class=tokenizer,
@@ -483,12 +676,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rollout=rollout,
         advantage_config=advantage_config,
         peft_config=peft_config,
-        callbacks=[console],
+        callbacks=[console, interrupt, RecordTraining(output_dir, asdict(config), summary)],
+        max_error_steps=config.max_error_steps,
     )
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    try:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    except TrainingStopped as stop:
+        summary["stopped"] = str(stop)
+        record_outcome(summary, trainer, output_dir)
+        raise
     summary["train_seconds"] = time.monotonic() - start
+    record_outcome(summary, trainer, output_dir)
+    if interrupt.stopped_at is not None:
+        summary["interrupted_at"] = interrupt.stopped_at
+        raise Interrupted(f"checkpoint-{interrupt.stopped_at} saved in {output_dir}")
 
     # Results
     if config.eval_greedy:
@@ -500,15 +703,63 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer.save_model(str(output_dir / "final"))  # on every rank: ZeRO-3 gathers the weights collectively
     summary["num_processes"] = trainer.accelerator.num_processes
     if trainer.is_world_process_zero():
+        record = training_record(
+            asdict(config),
+            steps=trainer.state.global_step,
+            greedy_before=summary.get("greedy_before"),
+            greedy_after=summary.get("greedy_after"),
+        )
+        write_model_record(output_dir / "final", record)
         history = console.history
         if history:
             summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]
             plot_rewards(history, output_dir / "reward_curve.png")
-        with open(output_dir / "summary.json", "w") as handle:
-            json.dump(summary, handle, indent=2, default=str)
+        write_summary(summary, output_dir)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, default=str), flush=True)
     return summary
 
 
+class Interrupted(Exception):
+    """Training stopped on Ctrl-C after saving a checkpoint; the message names it."""
+
+
+def record_outcome(summary: dict[str, Any], trainer: RLLMGRPOTrainer, output_dir: Path) -> None:
+    """Put the run's termination counts and errors in the summary (and summary.json), and say what failed."""
+    summary["termination_reasons"] = dict(sorted(trainer.terminations.items()))
+    summary["errors"] = trainer.errors.groups()
+    if trainer.errors and trainer.is_world_process_zero():
+        count = sum(group["count"] for group in summary["errors"])
+        logger.warning("%d training episodes ended in ERROR:\n%s", count, describe_errors(summary["errors"]))
+    if trainer.is_world_process_zero():
+        write_summary(summary, output_dir)
+
+
+def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
+    with open(output_dir / "summary.json", "w") as handle:
+        json.dump(summary, handle, indent=2, default=str)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """The command line: a run that cannot go on ends with one line on stderr and exit status 1 (130 on Ctrl-C);
+    ``--debug true`` shows the traceback of an error too."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        main(argv)
+    except (TrainingStopped, OutputDirError) as stop:
+        print(f"rllm-gym train: {stop}", file=sys.stderr, flush=True)
+        return 1
+    except Interrupted:
+        return 130  # StopOnInterrupt said so when Ctrl-C came
+    except Exception as error:
+        if "--debug" in argv:
+            raise
+        print(f"rllm-gym train: {type(error).__name__}: {error} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rllm-gym train: interrupted; the last checkpoint saved before it is kept", file=sys.stderr, flush=True)
+        return 130
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -31,6 +31,7 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine import EnvThreadPool, engine_for
+from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
 from rllm_gym.registry import env_ids
@@ -44,10 +45,15 @@ __all__ = [
     "RLLMGRPOTrainer",
     "TrainerVLLMPolicy",
     "TrainingSequence",
+    "TrainingStopped",
     "decode_prompt",
     "encode_prompt",
     "trajectory_to_sequence",
 ]
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot go on (e.g. every episode of several steps in a row ended in ERROR); the message says why."""
 
 
 def encode_prompt(env_id: str, task: Any, slot: int = 0) -> str:
@@ -355,23 +361,59 @@ def _training_view(episode: Episode, slot: int) -> Episode:
     trajectory = episode.trajectories[slot] if slot < len(episode.trajectories) else Trajectory()
     steps = [step.model_copy(update={"chat_completions": [], "model_output": None}) for step in trajectory.steps]
     trimmed = trajectory.model_copy(update={"steps": steps, "task": None})
+    metadata = {"env": episode.metadata.get("env")}
+    if "error" in episode.metadata:  # type and message only: the traceback stays in the process that ran it
+        metadata["error"] = {key: episode.metadata["error"].get(key) for key in ("type", "message")}
     return Episode(
         id=episode.id,
         termination_reason=episode.termination_reason,
         is_correct=episode.is_correct,
         trajectories=[trimmed],
-        metadata={"env": episode.metadata.get("env")},
+        metadata=metadata,
     )
 
 
 class RLLMGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages."""
+    """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages.
 
-    def __init__(self, *args: Any, rollout: EpisodeRollout, advantage_config: AdvantageConfig, **kwargs: Any):
+    It counts the run's episodes per termination reason (``terminations``) and its distinct errors (``errors``), and
+    raises :class:`TrainingStopped` once ``max_error_steps`` steps in a row had only ERROR episodes (0 = never).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        rollout: EpisodeRollout,
+        advantage_config: AdvantageConfig,
+        max_error_steps: int = 0,
+        **kwargs: Any,
+    ):
         kwargs.setdefault("reward_funcs", [episode_reward])
         super().__init__(*args, rollout_func=rollout, **kwargs)
         self.rollout = rollout
         self.advantage_config = advantage_config
+        self.max_error_steps = max_error_steps
+        self.terminations: Counter[str] = Counter()
+        self.errors = ErrorTally()
+        self.error_streak = 0  # steps in a row whose episodes all ended in ERROR
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: train/grpo.py writes a filled-in card into each model folder (train/model_record.py)."""
+
+    def _count_episodes(self, episodes: list[Episode]) -> None:
+        """Add a step's episodes (every process's, each once) to the run's counts; stop on too many failed steps."""
+        unique = list({episode.id: episode for episode in episodes}.values())
+        self.terminations.update(e.termination_reason.value if e.termination_reason else "unknown" for e in unique)
+        self.errors.add(unique)
+        self.error_streak = self.error_streak + 1 if all_errored(unique) else 0
+        if self.max_error_steps and self.error_streak >= self.max_error_steps:
+            step_errors = ErrorTally()
+            step_errors.add(unique)
+            raise TrainingStopped(
+                f"training stopped at step {self.state.global_step + 1}: every episode of the last "
+                f"{self.error_streak} steps ended in ERROR (max_error_steps={self.max_error_steps}):\n"
+                f"{describe_errors(step_errors.groups())}"
+            )
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         from accelerate.utils import gather_object
@@ -381,6 +423,7 @@ class RLLMGRPOTrainer(GRPOTrainer):
         rollout = self.rollout
         local = [_training_view(e, s) for e, s in zip(rollout.last_episodes, rollout.last_slots, strict=True)]
         everyone = gather_object(local)
+        self._count_episodes(everyone)
         result = compute_advantages(everyone, self.advantage_config)
 
         device = output["completion_ids"].device

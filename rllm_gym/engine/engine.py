@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -26,10 +27,13 @@ from typing import Any
 import gymnasium as gym
 
 from rllm_gym.agents.base import BaseAgent
+from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.engine.workflow import MultiTurnWorkflow, Workflow
 from rllm_gym.policies.base import Policy
 from rllm_gym.store import EpisodeWriter, read_episodes
 from rllm_gym.types import Episode, TerminationReason
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "EnvThreadPool", "engine_for", "task_id_of"]
 
@@ -166,6 +170,7 @@ class AgentWorkflowEngine:
         self.gc_threshold = gc_threshold
         self.executor = executor
         self._executor: Executor | None = None
+        self._logged_errors: set[tuple[str, str]] = set()  # each distinct error is a warning once, then debug
 
     def _new_workflow(self) -> Workflow:
         return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
@@ -177,9 +182,29 @@ class AgentWorkflowEngine:
             episode = await workflow.run_with_termination_handling(task, uid)
             if workflow.needs_replacement:  # its env may still be busy in a thread: never reuse it
                 workflow = self._new_workflow()
+            if episode.termination_reason is TerminationReason.ERROR:
+                self._log_error(episode, attempts)
             if episode.termination_reason is not TerminationReason.ERROR or attempts == self.retry_limit:
                 episode.metadata["attempts"] = attempts
                 return episode, workflow
+
+    def _log_error(self, episode: Episode, attempt: int) -> None:
+        error = episode.metadata.get("error") or {}
+        key = (str(error.get("type")), str(error.get("message")))
+        level = logging.DEBUG if key in self._logged_errors else logging.WARNING
+        self._logged_errors.add(key)
+        retry = "retrying" if attempt < self.retry_limit else "no retries left"
+        logger.log(
+            level,
+            "episode %s (attempt %d of %d, %s) ended in ERROR: %s: %s",
+            episode.id,
+            attempt,
+            self.retry_limit,
+            retry,
+            key[0],
+            key[1],
+        )
+        logger.debug("traceback of episode %s:\n%s", episode.id, error.get("traceback", "(none recorded)"))
 
     @staticmethod
     def pairs(tasks: Sequence[Any], n_rollouts: int = 1) -> list[tuple[Any, str]]:
@@ -358,6 +383,8 @@ def engine_for(
     """
     from rllm_gym.engine.multi_agent import MultiAgentWorkflow
     from rllm_gym.registry import _spec, default_agent, env_ids, load
+
+    check_arguments(env_id, agent=agent, agent_args=agent_args, env_args=env_args)
 
     if env_id in env_ids(multi_agent=True):
         if agent is not None:

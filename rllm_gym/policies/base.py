@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rllm_gym.types import ModelOutput, ToolCall
@@ -26,6 +28,7 @@ __all__ = [
     "PolicyError",
     "SamplingParams",
     "build_model_output",
+    "check_model_source",
     "parse_hermes_tool_calls",
     "split_reasoning",
 ]
@@ -34,6 +37,45 @@ Messages = list[dict[str, Any]]
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json")
+
+
+def check_model_source(model: str | os.PathLike[str], what: str = "--model") -> None:
+    """Raise ValueError at once when ``model`` is neither a model folder nor a hub id (``org/name``) that may exist.
+
+    A path that does not exist would otherwise be tried as a hub id and fail a minute later blaming the network. A
+    hub id that is not in the local cache is left to the download (which needs the network).
+    """
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not any((path / name).is_file() for name in MODEL_FILES):
+            raise ValueError(
+                f"{what} {text}: the folder has none of {', '.join(MODEL_FILES)}, so it is not a model folder "
+                f"(a training run's model is in <output_dir>/final or <output_dir>/checkpoint-N)"
+            )
+        return
+    if path.exists():
+        raise ValueError(f"{what} {text} is a file; pass the model's folder or a hub id such as Qwen/Qwen3-0.6B")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+        # "runs/fnial" is a valid hub id, but a folder named like a local one ("runs" exists here) is a typo.
+        local = text.startswith((".", "/", "~")) or Path(text.split("/")[0]).is_dir()
+    except HFValidationError:
+        local = True
+    if local:
+        parent = path.parent
+        while not parent.is_dir() and parent != parent.parent:
+            parent = parent.parent
+        entries = sorted(e.name for e in parent.iterdir() if not e.name.startswith("."))[:8] if parent.is_dir() else []
+        raise ValueError(
+            f"{what} {text}: no such folder (the nearest existing one, {parent}, holds: {', '.join(entries) or '-'}), "
+            f"and it is not a hub id such as Qwen/Qwen3-0.6B"
+        )
 
 
 class PolicyError(RuntimeError):

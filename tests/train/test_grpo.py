@@ -23,7 +23,9 @@ def test_yaml_then_cli_overrides(tmp_path):
 def test_unknown_yaml_field_is_named(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("max_stepz: 7\n")
-    with pytest.raises(ValueError, match=re.escape("unknown fields ['max_stepz']; see TrainConfig")):
+    with pytest.raises(
+        ValueError, match=re.escape("unknown fields ['max_stepz'] (did you mean max_steps?); see Train")
+    ):
         load_config(["--config", str(config_file)])
 
 

@@ -1,0 +1,74 @@
+"""A trained model folder remembers how it was trained: final/ and each checkpoint hold rllm_gym_training.json and a
+filled-in model card, and ``rllm-gym eval --model <folder>`` evaluates in that prompt format unless flags override."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rllm_gym.store import read_episodes
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "train" / "configs" / "test_tiny.yaml"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
+SYSTEM_PROMPT = yaml.safe_load(TINY.read_text())["agent_args"]["system_prompt"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def test_model_folders_record_their_training_and_eval_uses_it(tmp_path):
+    output_dir = tmp_path / "run"
+    trained = run(
+        "-m", "rllm_gym.train.grpo", "--config", str(TINY), "--output_dir", str(output_dir), "--save_steps", "2"
+    )
+    assert trained.returncode == 0, trained.stderr
+
+    final = output_dir / "final"
+    record = json.loads((final / "rllm_gym_training.json").read_text())
+    assert record["env"] == ["rllm/FrozenLake-v0"] and record["steps"] == 3 and record["max_steps"] == 3
+    assert record["agent_args"]["system_prompt"] == SYSTEM_PROMPT and record["env_args"] == {}
+    assert record["max_turns"] == 2 and record["max_completion_length"] == 4
+    checkpoint = json.loads((output_dir / "checkpoint-2" / "rllm_gym_training.json").read_text())
+    assert checkpoint["steps"] == 2 and checkpoint["agent_args"] == record["agent_args"]
+    card = (final / "README.md").read_text()
+    for fact in (
+        "# run/final",
+        "- Base model: the embedded tiny model",
+        "- Environments: `rllm/FrozenLake-v0` (tasks: frozenlake_demo_maps.jsonl)",
+        "- Steps: 3 of 3",
+        SYSTEM_PROMPT,
+        "- Env arguments: none (the env's defaults)",
+        "- Greedy success before training: not measured (eval_greedy: false)",
+    ):
+        assert fact in card, card
+    assert "None" not in card and ": \n" not in card
+    assert (output_dir / "checkpoint-2" / "README.md").is_file() and not (output_dir / "README.md").exists()
+
+    out = tmp_path / "episodes.jsonl"
+    evaluated = run("-m", "rllm_gym.cli", "eval", "--model", str(final), "--tasks", "1", "--n", "1", "--out", str(out))
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert f"rllm-gym eval: settings from {final / 'rllm_gym_training.json'}: --env rllm/FrozenLake-v0" in (
+        evaluated.stderr
+    )
+    assert "--max-steps 2, --max-tokens 4" in evaluated.stderr
+    [episode] = read_episodes(out)
+    first_chat = episode.trajectories[0].steps[0].chat_completions
+    assert first_chat[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert len(episode.trajectories[0].steps) <= 2
+
+    out2 = tmp_path / "override.jsonl"
+    overridden = run(
+        "-m", "rllm_gym.cli", "eval", "--model", str(final), "--tasks", "1", "--n", "1", "--out", str(out2),
+        "--agent-args", '{"system_prompt": "Be brief."}',
+    )  # fmt: skip
+    assert overridden.returncode == 0, overridden.stderr
+    assert "(given on the command line instead: --agent-args)" in overridden.stderr
+    [episode] = read_episodes(out2)
+    assert episode.trajectories[0].steps[0].chat_completions[0]["content"] == "Be brief."

@@ -1,0 +1,138 @@
+"""What a trained model folder says about its training: ``rllm_gym_training.json`` and a model card (README.md).
+
+The trainer writes both into ``final/`` and every ``checkpoint-N``: the env ids, agent and env arguments, chat
+template options, turn and reply limits the model was trained with, its base, its steps and its greedy success before
+(and, in ``final/``, after) training. ``rllm-gym eval --model <folder>`` reads the record and evaluates in the same
+prompt format unless flags say otherwise. This module imports nothing heavy: the CLI reads records with it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EVAL_SETTINGS",
+    "TRAINING_FILE",
+    "eval_settings",
+    "model_card",
+    "read_training_record",
+    "training_record",
+    "write_model_record",
+]
+
+TRAINING_FILE = "rllm_gym_training.json"
+# rllm-gym eval's option -> the record's key it is read from.
+EVAL_SETTINGS = {
+    "env": "env",
+    "agent_args": "agent_args",
+    "env_args": "env_args",
+    "max_steps": "max_turns",
+    "max_tokens": "max_completion_length",
+}
+
+
+def training_record(
+    config: dict[str, Any], *, steps: int, greedy_before: dict | None = None, greedy_after: dict | None = None
+) -> dict[str, Any]:
+    """The record of a model trained with ``config`` (a TrainConfig as a dict) for ``steps`` steps."""
+    agent_args = json.loads(config["agent_args"]) if isinstance(config["agent_args"], str) else config["agent_args"]
+    env_args = json.loads(config["env_args"]) if isinstance(config["env_args"], str) else config["env_args"]
+    thinking = agent_args.get("enable_thinking") if isinstance(agent_args, dict) else None
+    return {
+        "format": 1,
+        "base_model": config.get("model") or "the embedded tiny model (rllm_gym.tiny_model)",
+        "lora": bool(config.get("lora")),
+        "env": list(config["env"]),
+        "env_weights": config.get("env_weights"),
+        "tasks": config.get("tasks") or ["seeds:64"] * len(config["env"]),
+        "agent_args": agent_args,
+        "env_args": env_args,
+        "chat_template_kwargs": {} if thinking is None else {"enable_thinking": thinking},
+        "max_turns": config["max_turns"],
+        "max_completion_length": config["max_completion_length"],
+        "temperature": config["temperature"],
+        "algorithm": f"GRPO ({config['estimator']} advantages, {config['num_generations']} rollouts per task)",
+        "steps": steps,
+        "max_steps": config["max_steps"],
+        "greedy_before": greedy_before,
+        "greedy_after": greedy_after,
+    }
+
+
+def read_training_record(folder: str | Path) -> dict[str, Any] | None:
+    """The record in a model folder, or None when the folder was not written by rllm-gym's trainer."""
+    path = Path(folder) / TRAINING_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def eval_settings(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``rllm-gym eval`` options the record gives (its first env when it was trained on several)."""
+    settings = {option: record[key] for option, key in EVAL_SETTINGS.items()}
+    settings["env"] = record["env"][0]
+    thinking = record.get("chat_template_kwargs", {}).get("enable_thinking")
+    if thinking is not None:
+        settings["thinking"] = "on" if thinking else "off"
+    return settings
+
+
+def _scores(scores: dict[str, float] | None, missing: str) -> str:
+    if not scores:
+        return missing
+    return ", ".join(f"{env_id} {value:.3f}" for env_id, value in scores.items())
+
+
+def _arguments(values: dict[str, Any], owner: str) -> str:
+    return f"`{json.dumps(values)}`" if values else f"none ({owner}'s defaults)"
+
+
+def model_card(name: str, record: dict[str, Any]) -> str:
+    """A README.md for the model folder: what was trained, from which base, on which envs, for how long, and how it
+    scored. Every field says something (a score not measured says why)."""
+    not_measured = "not measured (eval_greedy: false)"
+    at_checkpoint = "not measured at a checkpoint (final/ has it)"
+    after = _scores(record["greedy_after"], not_measured if record["greedy_before"] is None else at_checkpoint)
+    envs = ", ".join(
+        f"`{env_id}` (tasks: {tasks})" for env_id, tasks in zip(record["env"], record["tasks"], strict=False)
+    )
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [rllm-gym, grpo, reinforcement-learning]",
+        "---",
+        "",
+        f"# {name}",
+        "",
+        f"Trained with [rllm-gym](https://github.com/rllm-gym/rllm-gym) by {record['algorithm']}"
+        + (" as a LoRA adapter." if record["lora"] else "."),
+        "",
+        f"- Base model: {record['base_model']}",
+        f"- Environments: {envs}",
+        f"- Steps: {record['steps']} of {record['max_steps']}",
+        f"- Agent arguments: {_arguments(record['agent_args'], 'the agent')}",
+        f"- Env arguments: {_arguments(record['env_args'], 'the env')}",
+        f"- Chat template options: {_arguments(record['chat_template_kwargs'], 'the tokenizer')}",
+        f"- Turns per episode: {record['max_turns']}; tokens per reply: {record['max_completion_length']}",
+        f"- Greedy success before training: {_scores(record['greedy_before'], not_measured)}",
+        f"- Greedy success after training: {after}",
+        "",
+        "## Evaluate",
+        "",
+        f"`{TRAINING_FILE}` records these settings; `rllm-gym eval` uses them by default (flags override):",
+        "",
+        "```bash",
+        "rllm-gym eval --model <this folder> --tasks 64 --n 4",
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_record(folder: str | Path, record: dict[str, Any]) -> None:
+    """Write ``rllm_gym_training.json`` and README.md (the model card) into a model folder."""
+    folder = Path(folder)
+    (folder / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    (folder / "README.md").write_text(model_card(f"{folder.parent.name}/{folder.name}", record))
