@@ -21,6 +21,7 @@ import os
 import signal
 import struct
 import sys
+import tempfile
 
 try:
     import resource  # loaded here: after dropping root, a run may no longer reach the interpreter's lib-dynload
@@ -35,6 +36,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
 _SYS_PIVOT_ROOT = 155
+_BASE = "/tmp"  # where build_view assembles the new root (an empty folder is left on the host's /tmp)
 RUN_DIR = "/tmp"  # inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -68,8 +70,11 @@ def build_view(hidden: list[str], isolation: list[str], packages: list[str] | No
         return False
     # Private first: without it the mounts below could propagate back to the host's mounts.
     mount("none", "/", None, MS_REC | MS_PRIVATE)
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")  # our namespace's /tmp only
-    root = "/tmp/root"
+    # A folder of its own (not /tmp itself: the interpreter or its venv may live under /tmp).
+    global _BASE
+    _BASE = tempfile.mkdtemp(prefix="rllm-sandbox-view-")
+    mount("tmpfs", _BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
+    root = _BASE + "/root"
     os.mkdir(root, 0o755)
     mount(root, root, None, MS_BIND)  # pivot_root needs a mount point
     for name in _SYSTEM_DIRS:
@@ -144,7 +149,7 @@ def _allow_only(folder: str, packages: list[str]) -> None:
         if stem in wanted or stem.lstrip("_") in wanted:  # numpy, numpy.libs, _yaml for yaml, foo.cpython-*.so
             entries.append(entry)
     sources = {entry: os.path.join(folder, entry) for entry in entries}
-    stash = "/tmp/stash-" + str(len(os.listdir("/tmp")))
+    stash = f"{_BASE}/stash-{len(os.listdir(_BASE))}"
     os.mkdir(stash)
     mount(folder, stash, None, MS_BIND)  # the real folder stays reachable while the tmpfs covers it
     mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
