@@ -97,7 +97,7 @@ def build_view(hidden: list[str], isolation: list[str], packages: list[str] | No
     _make_etc(root)
     _make_dev(root)
     for name, mode in (("proc", 0o555), ("tmp", 0o755), (".old", 0o700)):
-        os.mkdir(os.path.join(root, name), mode)
+        os.makedirs(os.path.join(root, name), mode, exist_ok=True)  # tmp exists when the venv lives under /tmp
     os.chdir(root)
     check(libc.syscall(_SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
     os.chdir("/")
