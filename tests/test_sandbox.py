@@ -7,12 +7,14 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import rllm_gym
 from rllm_gym.sandbox import (
     ExecutionStatus,
     Sandbox,
@@ -21,6 +23,7 @@ from rllm_gym.sandbox import (
     arun_python,
     run_python,
 )
+from rllm_gym.sandbox._isolation import RUN_DIR
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 
@@ -228,7 +231,31 @@ def test_writes_outside_the_workdir_are_impossible(sandbox, tmp_path):
     assert "WROTE" not in result.stdout and result.stdout.count("blocked") == len(attempts)
     assert not target.exists() and not Path("/dev/shm/escaped").exists() and not Path("/tmp/escaped-to-tmp").exists()
     workdir = result.stdout.splitlines()[0]
-    assert workdir == "/tmp" and os.listdir(f"/proc/{sandbox._proc.pid}/root{workdir}") == []  # the run's tmpfs died
+    assert workdir == RUN_DIR and os.listdir(f"/proc/{sandbox._proc.pid}/root{workdir}") == []  # the run's tmpfs died
+
+
+def test_an_interpreter_under_tmp_stays_visible_and_the_view_folder_is_removed(tmp_path):
+    """A venv under the host's /tmp (CI clones may live there): its packages reach the code; /tmp is the run's own."""
+    if not LINUX_ROOT:
+        pytest.skip("the view needs root on Linux")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "probe_module.py").write_text("VALUE = 42\n")
+    paths = [str(Path(rllm_gym.__file__).parents[1]), *(p for p in sys.path if p.endswith("site-packages"))]
+    script = (
+        "import glob, tempfile\nfrom rllm_gym.sandbox import Sandbox\n"
+        "before = set(glob.glob(tempfile.gettempdir() + '/rllm-sandbox-view-*'))\n"
+        "with Sandbox(max_parallel=1) as box:\n"
+        '    r = box.run(\'import os, probe_module; open("/tmp/x", "w").write("1"); '
+        'print(probe_module.VALUE, os.getcwd(), os.path.exists(os.environ["TMPDIR"] + "/x"))\')\n'
+        "print(r.status.value, r.stdout.strip(), r.stderr[-300:])\n"
+        "print('left', set(glob.glob(tempfile.gettempdir() + '/rllm-sandbox-view-*')) - before)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert f"ok 42 {RUN_DIR} True" in out.stdout and "left set()" in out.stdout, out.stdout
 
 
 def test_network_connections_fail(sandbox):

@@ -14,8 +14,8 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
 
 * ``rlimits``: CPU time, address space (``memory_mb``), file size, open files, no core dumps, and the process count
   (``max_processes``) when the run has its own uid (root is exempt from ``RLIMIT_NPROC``);
-* ``tmpdir``: a fresh working directory, gone afterwards: with ``minimal_fs`` a private size-capped tmpfs on ``/tmp``
-  (also ``HOME``, ``TMPDIR`` and, through a link, ``/dev/shm``) that no other run can see;
+* ``tmpdir``: a fresh working directory, gone afterwards: with ``minimal_fs`` a private size-capped tmpfs on
+  ``/sandbox`` (also ``HOME``, ``TMPDIR`` and, through links, ``/tmp`` and ``/dev/shm``) that no other run can see;
 * ``scrubbed_env``: the code sees only ``PATH``, ``LANG``, ``HOME``/``TMPDIR`` (its workdir) and the ``env`` passed in,
   never the host's variables (no ``*_KEY``/``*_TOKEN``), neither in ``os.environ`` nor in ``/proc/self/environ``;
 * ``session_kill``: the run is its own session; it is killed as a whole on timeout and after it ends;
@@ -264,6 +264,7 @@ class Sandbox:
         self._owner = os.getpid()
         self._ids = itertools.count()
         self._proc: subprocess.Popen | None = None
+        self._view_base: str | None = None
         self._sock: socket.socket | None = None
         self._cgroup: str | None = None
         self._outbox: queue.Queue[tuple[bytes, list[int]] | None] = queue.Queue()
@@ -283,7 +284,10 @@ class Sandbox:
             self._spawn()
 
     def _spawn(self) -> None:
+        self._remove_view_base()  # a zygote that died before
         host, child = socket.socketpair()
+        # An empty folder of the host's where the zygote, in its own mount namespace, assembles its view's root.
+        self._view_base = tempfile.mkdtemp(prefix="rllm-sandbox-view-")
         # A random uid range per zygote: runs of two zygotes never share a uid (RLIMIT_NPROC counts per uid).
         config = {
             "max_parallel": self.max_parallel,
@@ -291,6 +295,7 @@ class Sandbox:
             "isolate": self.isolate,
             "hidden": _project_folders(),
             "packages": self.packages,
+            "view_base": self._view_base,
         }
         argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)
@@ -315,6 +320,7 @@ class Sandbox:
         if not hello or not hello.get("hello"):
             self._proc.kill()
             self._proc.wait()
+            self._remove_view_base()
             raise RuntimeError(
                 f"the sandbox zygote failed to start: {hello and hello.get('error')} {self._log_tail()}"
             )
@@ -325,6 +331,7 @@ class Sandbox:
         if self.strict and missing:
             host.close()
             self._proc.wait()
+            self._remove_view_base()
             raise SandboxUnavailableError(
                 f"the sandbox cannot isolate model code here: missing layers {missing} (in effect: {self.isolation})."
                 " It needs Linux, root (or a container with CAP_SYS_ADMIN) and x86-64 for seccomp; pass "
@@ -358,6 +365,14 @@ class Sandbox:
             if self._cgroup is not None:  # the zygote empties it; only the host still sees it by path
                 _remove_cgroup(self._cgroup)
                 self._cgroup = None
+            self._remove_view_base()
+
+    def _remove_view_base(self) -> None:
+        """The view's mounts lived in the zygote's mount namespace: on the host the folder is empty."""
+        if self._view_base is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._view_base)
+            self._view_base = None
 
     def __enter__(self) -> Sandbox:
         return self

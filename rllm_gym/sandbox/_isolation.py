@@ -2,11 +2,12 @@
 
 Once, in the zygote: a private mount namespace whose root is a new, read-only tree holding only ``/usr`` (and the
 ``/bin``, ``/lib`` links), the interpreter's prefix and virtual environment, a synthetic ``/etc``, a few ``/dev``
-nodes and empty ``/proc`` and ``/tmp`` mount points (:func:`build_view`); the project's own package folders are
-covered by empty mounts; a memory cgroup of the zygote's own for the runs (:class:`MemoryCgroups`); a probe for
-per-run PID namespaces and the seccomp program. Per run, in the run's supervisor (pid 1 of a fresh PID namespace,
-still root): new mount, network and IPC namespaces, a private size-capped tmpfs on ``/tmp`` owned by the run's uid (its
-working directory, ``HOME`` and ``TMPDIR``; ``/dev/shm`` points into it) and a fresh ``/proc`` (:func:`enter_run`);
+nodes, empty ``/proc`` and ``/sandbox`` mount points and ``/tmp`` as a link to ``/sandbox`` (:func:`build_view`);
+the project's own package folders are covered by empty mounts; a memory cgroup of the zygote's own for the runs
+(:class:`MemoryCgroups`); a probe for per-run PID namespaces and the seccomp program. Per run, in the run's supervisor
+(pid 1 of a fresh PID namespace, still root): new mount, network and IPC namespaces, a private size-capped tmpfs on
+``/sandbox`` owned by the run's uid (its working directory, ``HOME`` and ``TMPDIR``; ``/tmp`` and ``/dev/shm`` point
+into it) and a fresh ``/proc`` (:func:`enter_run`);
 then, in the solution's process: the memory cgroup, the switch to the run's unprivileged uid, ``no_new_privs``, the
 parent-death signal, the seccomp filter and the rlimits. The zygote loads this file by its path (it runs as a script
 under ``python -I``, so its folder is not on ``sys.path``); keep it free of package imports.
@@ -21,7 +22,6 @@ import os
 import signal
 import struct
 import sys
-import tempfile
 
 try:
     import resource  # loaded here: after dropping root, a run may no longer reach the interpreter's lib-dynload
@@ -36,8 +36,11 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 36, 1
 _SYS_PIVOT_ROOT = 155
-_BASE = "/tmp"  # where build_view assembles the new root (an empty folder is left on the host's /tmp)
-RUN_DIR = "/tmp"  # inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR
+_BASE = ""  # the host folder where build_view assembles the new root (made and removed by the host)
+# Inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR. Not /tmp itself: the interpreter
+# or its venv may live under /tmp and must stay visible; /tmp is a link here unless such a tree occupies it.
+RUN_DIR = "/sandbox"
+_TMP_TREES: list[tuple[str, str]] = []  # (path under /tmp, its second read-only mount) for trees each run rebinds
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
@@ -58,9 +61,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 # Set up once, in the zygote itself
 
 
-def build_view(hidden: list[str], isolation: list[str], packages: list[str] | None = None) -> bool:
+def build_view(base: str, hidden: list[str], isolation: list[str], packages: list[str] | None = None) -> bool:
     """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
 
+    ``base``: an empty host folder (the host makes and removes it) where the new root is assembled on a tmpfs.
     ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
     tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
     ``packages``: None exposes every installed third-party package; a list, only those top-level import names
@@ -70,9 +74,8 @@ def build_view(hidden: list[str], isolation: list[str], packages: list[str] | No
         return False
     # Private first: without it the mounts below could propagate back to the host's mounts.
     mount("none", "/", None, MS_REC | MS_PRIVATE)
-    # A folder of its own (not /tmp itself: the interpreter or its venv may live under /tmp).
     global _BASE
-    _BASE = tempfile.mkdtemp(prefix="rllm-sandbox-view-")
+    _BASE = base
     mount("tmpfs", _BASE, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,mode=0755")
     root = _BASE + "/root"
     os.mkdir(root, 0o755)
@@ -85,6 +88,10 @@ def build_view(hidden: list[str], isolation: list[str], packages: list[str] | No
             _bind_readonly(host, root + host)
     for tree in _python_trees():
         _bind_readonly(tree, root + tree)
+        if tree.startswith("/tmp/"):  # each run's /tmp covers it: enter_run binds it back from here
+            stash = f"/.python-trees/{len(_TMP_TREES)}"
+            _bind_readonly(tree, root + stash)
+            _TMP_TREES.append((tree, stash))
     if packages is not None:
         for folder in _site_packages():
             _allow_only(root + folder, packages)
@@ -93,11 +100,17 @@ def build_view(hidden: list[str], isolation: list[str], packages: list[str] | No
             if os.path.isdir(root + path):
                 mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
             else:
-                mount(root + "/tmp", root + path, None, MS_BIND)  # an unreadable place holder over a file
+                placeholder = _BASE + "/hidden-file"  # an empty, unreadable file over the hidden one
+                if not os.path.exists(placeholder):
+                    open(placeholder, "w").close()
+                    os.chmod(placeholder, 0)
+                _bind_readonly(placeholder, root + path)
     _make_etc(root)
     _make_dev(root)
-    for name, mode in (("proc", 0o555), ("tmp", 0o755), (".old", 0o700)):
-        os.makedirs(os.path.join(root, name), mode, exist_ok=True)  # tmp exists when the venv lives under /tmp
+    for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
+        os.mkdir(os.path.join(root, name), mode)
+    if not _TMP_TREES:  # else /tmp holds the interpreter's tree and each run binds its own folder there
+        os.symlink(RUN_DIR, root + "/tmp")
     os.chdir(root)
     check(libc.syscall(_SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
     os.chdir("/")
@@ -162,7 +175,9 @@ def _make_etc(root: str) -> None:
     etc = root + "/etc"
     os.mkdir(etc, 0o755)
     files = {
-        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/tmp:/usr/sbin/nologin\n",
+        "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:"
+        + RUN_DIR
+        + ":/usr/sbin/nologin\n",
         "group": "root:x:0:\nsandbox:x:65534:\n",
         "hosts": "127.0.0.1 localhost\n::1 localhost\n",
     }
@@ -423,12 +438,18 @@ def fork_run(pidns_fd: int | None) -> int:
 
 
 def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool) -> None:
-    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on ``/tmp``, a fresh /proc."""
+    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR, a fresh /proc."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
         options += f",uid={uid},gid={uid}"
     mount("tmpfs", RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    if _TMP_TREES:  # the interpreter lives under /tmp: /tmp becomes the run's folder with that tree bound back in it
+        for tree, stash in _TMP_TREES:
+            inside = RUN_DIR + tree[len("/tmp") :]
+            os.makedirs(inside, 0o755)
+            _bind_readonly(stash, inside)
+        mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
 

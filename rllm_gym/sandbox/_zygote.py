@@ -276,7 +276,7 @@ class Zygote:
         self.view = (
             isolate
             and self.pidns_fd is not None
-            and _isolation.build_view(config["hidden"], self.isolation, config["packages"])
+            and _isolation.build_view(config["view_base"], config["hidden"], self.isolation, config["packages"])
         )
         if self.view:
             for flag, name in ((_isolation.CLONE_NEWNET, "netns"), (_isolation.CLONE_NEWIPC, "ipcns")):

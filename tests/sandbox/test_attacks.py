@@ -21,6 +21,7 @@ import pytest
 import rllm_gym
 from rllm_gym.envs.code import BUILTIN_TASKS_PATH
 from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult, SandboxUnavailableError
+from rllm_gym.sandbox._isolation import RUN_DIR
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 TOOL_TASKS_PATH = Path(str(resources.files("rllm_gym.tools").joinpath("tasks.jsonl")))
@@ -131,12 +132,13 @@ def test_cwd_home_and_tmpdir_are_the_runs_private_tmp(sandbox):
         "print(json.dumps({'cwd': os.getcwd(), 'home': os.environ.get('HOME'), 'tmpdir': os.environ.get('TMPDIR'),\n"
         "    'gettempdir': tempfile.gettempdir(), 'owner': st.st_uid, 'uid': os.getuid(),\n"
         "    'shm': os.path.realpath('/dev/shm'), 'shm_link': os.path.islink('/dev/shm'),\n"
+        "    'tmp': os.path.realpath('/tmp'),\n"
         "    'shm_sees_tmp': os.path.exists('/dev/shm/mine.txt')}))\n"
     )
     out = _last_json(_run(sandbox, code))
-    assert out["cwd"] == out["home"] == out["tmpdir"] == out["gettempdir"] == "/tmp", out
+    assert out["cwd"] == out["home"] == out["tmpdir"] == out["gettempdir"] == out["tmp"] == RUN_DIR, out
     assert out["owner"] == out["uid"] != 0
-    assert out["shm_link"] and out["shm"] == "/tmp" and out["shm_sees_tmp"]
+    assert out["shm_link"] and out["shm"] == RUN_DIR and out["shm_sees_tmp"]
 
 
 def test_files_left_in_tmp_do_not_reach_the_next_run(sandbox):
