@@ -89,7 +89,7 @@ def machine() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(),
         "torch": torch_version,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "load_average_start": round(os.getloadavg()[0], 2),
     }
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import uuid
 from enum import Enum
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from typing_extensions import Self
 
 __all__ = [
     "Episode",

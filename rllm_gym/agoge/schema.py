@@ -13,10 +13,9 @@ import io
 import json
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Self, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from typing_extensions import Self
 
 SCHEMA_VERSION = 1
 

@@ -175,7 +175,7 @@ class Workflow(ABC):
             reason = returned or TerminationReason.ENV_DONE
         except TerminationEvent as event:
             reason = event.reason
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reason = TerminationReason.TIMEOUT
             self.needs_replacement = True  # an env call may still be running in a worker thread
         except Exception as exception:  # an env, agent or policy failed: this episode only

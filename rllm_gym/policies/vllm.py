@@ -5,11 +5,17 @@ built. The vLLM-specific code is kept thin: the mapping from :class:`SamplingPar
 keyword arguments and from a ``vllm.RequestOutput`` to a :class:`ModelOutput` are pure functions, unit-tested with
 stand-in objects on machines without vLLM. Prompts are rendered with the model's chat template by transformers and
 sent as token ids, so the ids in the ModelOutput are exactly the ones the engine saw.
+
+vLLM's async engine belongs to the event loop it first runs on (its output handler is a task of that loop): driven
+from a second loop it hangs. So the engine lives on a thread and loop of its own, and :meth:`VLLMPolicy.generate`
+hands each request over to that loop: any number of event loops and threads can share one policy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -130,7 +136,20 @@ class VLLMPolicy:
             engine_kwargs.setdefault("enable_lora", True)
             self.lora_request = LoRARequest("rllm_gym_adapter", 1, str(lora_path))
         args = vllm.AsyncEngineArgs(model=model, tokenizer=str(tokenizer or model), **engine_kwargs)
-        self.engine = _async_engine_class().from_engine_args(args)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=_run_loop, args=(self._loop, _current_cuda_device()), name="vllm-policy-loop", daemon=True
+        )
+        self._thread.start()
+        try:
+            self.engine = self._on_engine_loop(_build_engine(args))  # built on the loop that will drive it
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _on_engine_loop(self, coroutine: Any) -> Any:
+        """Run ``coroutine`` on the engine's loop from a thread that is not that loop's, and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def generate(
         self,
@@ -144,10 +163,17 @@ class VLLMPolicy:
         params = sampling_params or SamplingParams()
         if prompt_ids is None:
             prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        if self._loop.is_closed():
+            raise PolicyError("this VLLMPolicy was shut down: build a new one")
+        # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
+        request = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), params), self._loop)
+        return await asyncio.wrap_future(request)
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
         vllm_params = self._vllm.SamplingParams(
             **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
         )
-        prompt = self._vllm.TokensPrompt(prompt_token_ids=list(prompt_ids))
+        prompt = self._vllm.TokensPrompt(prompt_token_ids=prompt_ids)
         final = None
         async for output in self.engine.generate(
             prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
@@ -158,7 +184,43 @@ class VLLMPolicy:
         return model_output_from_vllm(final)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        """Stop the engine and its loop's thread (idempotent)."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._on_engine_loop(_shutdown(self.engine))
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, cuda_device: int | None) -> None:
+    if cuda_device is not None:  # a new thread starts on GPU 0: keep the device of the process's rank
+        import torch
+
+        torch.cuda.set_device(cuda_device)
+    asyncio.set_event_loop(loop)
+    loop.run_forever()
+
+
+def _current_cuda_device() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+async def _build_engine(args: Any) -> Any:
+    return _async_engine_class().from_engine_args(args)
+
+
+async def _shutdown(engine: Any) -> None:
+    engine.shutdown()
 
 
 def _async_engine_class() -> Any:

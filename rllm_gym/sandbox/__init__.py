@@ -509,7 +509,7 @@ class Sandbox:
     async def _await(self, future: concurrent.futures.Future, timeout: float, pair: bool) -> Any:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GUARD_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             error = _sandbox_error("the sandbox zygote did not answer in time", self.isolation)
             return PairResult(error, error) if pair else error
 

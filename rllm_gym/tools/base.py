@@ -202,7 +202,7 @@ class Tool(ABC):
         limit = timeout if timeout is not None else self.timeout
         try:
             output = await asyncio.wait_for(self.async_forward(**kwargs), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._error(f"tool {self.name!r} timed out after {limit:g} s", _call_id)
         except Exception as error:
             return self._error(f"{type(error).__name__}: {error}", _call_id)

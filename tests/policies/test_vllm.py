@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import importlib.util
 import re
-from types import SimpleNamespace
+import sys
+import time
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -76,3 +80,94 @@ def test_request_without_completions_is_an_error():
 def test_vllm_policy_without_vllm_says_how_to_install_it():
     with pytest.raises(ImportError, match=re.escape("pip install 'rllm-gym[vllm]'")):
         VLLMPolicy("any-model")
+
+
+# VLLMPolicy's engine driving, with a stand-in for vLLM: its async engine, like the real AsyncLLM, belongs to the
+# event loop it runs on and fails from any other.
+
+
+class _StandInAsyncLLM:
+    def __init__(self, args):
+        self.args = args
+        self.loop = None  # bound on first use, like AsyncLLM's output handler
+        self.cancelled: list[str] = []
+        self.shut_down = False
+
+    @classmethod
+    def from_engine_args(cls, args):
+        return cls(args)
+
+    async def generate(self, prompt, params, request_id, lora_request=None):
+        self.loop = self.loop or asyncio.get_running_loop()
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("the engine's output handler is attached to a different loop")
+        ids = prompt.prompt_token_ids
+        try:
+            await asyncio.sleep(params.delay if hasattr(params, "delay") else 0.01 * (ids[0] % 3))
+        except asyncio.CancelledError:
+            self.cancelled.append(request_id)
+            raise
+        completion = SimpleNamespace(text=f"echo {ids[0]}", token_ids=(ids[0], 2), logprobs=None, finish_reason="stop")
+        yield SimpleNamespace(request_id=request_id, prompt_token_ids=ids, outputs=[completion])
+
+    def shutdown(self):
+        self.shut_down = True
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch):
+    modules = {name: ModuleType(name) for name in ("vllm", "vllm.lora", "vllm.lora.request", "vllm.sampling_params")}
+    modules |= {name: ModuleType(name) for name in ("vllm.v1", "vllm.v1.engine", "vllm.v1.engine.async_llm")}
+    modules["vllm"].AsyncEngineArgs = lambda **kwargs: SimpleNamespace(**kwargs)
+    modules["vllm"].SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
+    modules["vllm"].TokensPrompt = lambda prompt_token_ids: SimpleNamespace(prompt_token_ids=prompt_token_ids)
+    modules["vllm.lora.request"].LoRARequest = lambda *args: args
+    modules["vllm.sampling_params"].RequestOutputKind = SimpleNamespace(FINAL_ONLY="final_only")
+    modules["vllm.v1.engine.async_llm"].AsyncLLM = _StandInAsyncLLM
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+async def _ask(policy: VLLMPolicy, first_ids: list[int]) -> list[str]:
+    outputs = await asyncio.gather(*(policy.generate(prompt_ids=[i, 7]) for i in first_ids))
+    return [output.content for output in outputs]
+
+
+def test_one_policy_serves_many_event_loops_and_threads(standin_vllm, tiny_model_dir):
+    policy = VLLMPolicy(str(tiny_model_dir))
+    try:
+        # Two loops in a row on this thread (the second used to hang on the first's engine) ...
+        assert asyncio.run(_ask(policy, [1, 2])) == ["echo 1", "echo 2"]
+        assert asyncio.run(_ask(policy, [3])) == ["echo 3"]
+        # ... and eight threads with a loop each, all at once.
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            batches = [list(range(k * 10, k * 10 + 5)) for k in range(8)]
+            results = list(pool.map(lambda ids: asyncio.run(_ask(policy, ids)), batches))
+        assert results == [[f"echo {i}" for i in ids] for ids in batches]
+        assert policy.engine.loop is policy._loop and not policy.engine.cancelled
+    finally:
+        policy.shutdown()
+    assert policy.engine.shut_down and not policy._thread.is_alive()
+    policy.shutdown()  # twice is fine
+    with pytest.raises(PolicyError, match="shut down"):
+        asyncio.run(_ask(policy, [1]))
+
+
+def test_cancelling_a_request_aborts_it_on_the_engine(standin_vllm, tiny_model_dir):
+    policy = VLLMPolicy(str(tiny_model_dir))
+
+    async def slow() -> None:
+        params = SamplingParams(max_tokens=8)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await policy.generate(prompt_ids=[4, 7], sampling_params=params)
+
+    try:
+        policy._vllm.SamplingParams = lambda **kwargs: SimpleNamespace(delay=30, **kwargs)
+        asyncio.run(slow())
+        deadline = time.monotonic() + 5
+        while not policy.engine.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(policy.engine.cancelled) == 1  # the engine saw the abort, it does not generate on for nobody
+    finally:
+        policy.shutdown()
