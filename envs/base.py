@@ -32,7 +32,9 @@ class SingleTurnEnv(gym.Env[str, str]):
     grades the reply with ``reward_fn(task, action)`` and ends the episode.
 
     ## Action Space
-    ``TextSpace(max_length=1_000_000)``: the model's full reply.
+    ``TextSpace(max_length=1_000_000)``: the model's full reply. An action outside the space (``bytes``, ``None``,
+    a number, longer text) is an invalid action: it is graded as the empty reply ``""`` and
+    ``info["invalid_action"]`` is True.
 
     ## Observation Space
     ``TextSpace(max_length=1_000_000)``: the task's ``question`` (see :meth:`format_observation`); ``""`` after the
@@ -43,25 +45,28 @@ class SingleTurnEnv(gym.Env[str, str]):
     seeded generator (``reset(seed=s)`` draws the same task every time).
 
     ## Rewards
-    Whatever ``reward_fn`` returns for the reply (``RewardOutput.reward``).
+    Whatever ``reward_fn`` returns for the reply (``RewardOutput.reward``); for an invalid action, what it returns
+    for ``""``.
 
     ## Episode End
     Terminated after the one step. Never truncated by the env itself.
 
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct`` (from the reward function, False when it
-    does not say), ``reward_metadata`` (its metadata dict), ``turn`` (1-based).
+    does not say), ``reward_metadata`` (its metadata dict), ``turn`` (1-based), ``invalid_action`` (the action was
+    outside the action space).
 
     ## Arguments
     ``reward_fn`` (RewardFunction): grades ``(task, action)``. ``tasks`` (a sequence of task dicts, e.g. a
     :class:`rllm_gym.data.Dataset`, or None: then every reset needs ``options["task"]``).
-    ``render_mode`` (``"ansi"`` or None).
+    ``render_mode`` (``"human"``: the current observation printed after every reset and step; ``"ansi"``:
+    ``render()`` returns it; or None).
 
     ## Version History
     * v0: initial version.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["human", "ansi"], "render_fps": 4}
 
     def __init__(
         self,
@@ -129,23 +134,37 @@ class SingleTurnEnv(gym.Env[str, str]):
             self.task = self.validate_task(self._draw_task())
         self.turn, self._done = 0, False
         self._last_observation = self.format_observation(self.task)
+        if self.render_mode == "human":
+            self.render()
         return self._last_observation, {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
 
-    def _grade(self, action: str) -> RewardOutput:
+    def _grade(self, action: Any) -> tuple[RewardOutput, bool]:
+        """The grade of ``action`` and whether it was invalid (outside the action space: graded as ``""``)."""
         assert self.task is not None
-        return self.reward_fn(self.task, action if isinstance(action, str) else str(action))
+        invalid = not self.action_space.contains(action)
+        return self.reward_fn(self.task, "" if invalid else action), invalid
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1
-        output = self._grade(action)
+        output, invalid = self._grade(action)
         self._done = True
         self._last_observation = ""
-        info = {"is_correct": bool(output.is_correct), "turn": self.turn, **self.step_info(output)}
+        info = {
+            "is_correct": bool(output.is_correct),
+            "turn": self.turn,
+            "invalid_action": invalid,
+            **self.step_info(output),
+        }
+        if self.render_mode == "human":
+            self.render()
         return "", float(output.reward), True, False, info
 
     def render(self) -> str | None:
+        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
+        if self.render_mode == "human":
+            print(self._last_observation)
         return self._last_observation if self.render_mode == "ansi" else None
 
 
@@ -204,7 +223,7 @@ class MultiTurnEnv(SingleTurnEnv):
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1
-        output = self._grade(action)
+        output, invalid = self._grade(action)
         turns_left = self.max_turns - self.turn
         self._done = bool(output.is_correct) or turns_left == 0
         self._last_observation = "" if self._done else self.feedback(output, turns_left)
@@ -212,6 +231,9 @@ class MultiTurnEnv(SingleTurnEnv):
             "is_correct": bool(output.is_correct),
             "turn": self.turn,
             "turns_left": turns_left,
+            "invalid_action": invalid,
             **self.step_info(output),
         }
+        if self.render_mode == "human":
+            self.render()
         return self._last_observation, float(output.reward), self._done, False, info

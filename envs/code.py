@@ -132,7 +132,8 @@ class CodeEnv(gym.Env[str, str]):
     and may be revised N times.
 
     ## Action Space
-    ``TextSpace(max_length=100_000)``: the model's reply.
+    ``TextSpace(max_length=100_000)``: the model's reply. An action outside the space (``bytes``, ``None``, a
+    number, text over 100,000 characters) is graded as the empty reply: no code block, no code run.
 
     ## Observation Space
     ``TextSpace``: at reset, the problem statement, how to read input or which function to define, any starter code,
@@ -169,20 +170,23 @@ class CodeEnv(gym.Env[str, str]):
     ungraded), ``graded`` (bool), ``passed`` and ``total`` (tests), ``tests`` (per-test results: input, expected, got,
     status among ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``, ``memory_limit``,
     ``output_limit``, ``not_plain_data``; error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply
-    or the sandbox failed, or None).
+    or the sandbox failed, or None), ``invalid_action`` (the action was outside the action space).
 
     ## Arguments
     ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks).
     ``max_revisions`` (int, 0): revisions after feedback. ``fraction`` (bool, False). ``timeout`` (float, 5.0) and
     ``memory_mb`` (int, 512) per test run. ``stop_on_first_failure`` (bool, True): stop grading at the first failing
-    test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default shared). ``render_mode`` (``"ansi"`` or None).
+    test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default: the process's own, started on first use and
+    stopped at exit; after a fork the child starts its own). ``render_mode`` (``"human"``: the observation printed
+    after every reset and step; ``"ansi"``: ``render()`` returns it; or None).
 
     ## Version History
     * v0: initial version; grading since made unforgeable (paired function tests, strict comparison, a minimal
-      file system view): replies that exploited the old grader now earn 0.0.
+      file system view): replies that exploited the old grader now earn 0.0. Text over ``max_length`` is no
+      longer run, and ``render_mode="human"`` was added.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
 
     def __init__(
         self,
@@ -233,13 +237,22 @@ class CodeEnv(gym.Env[str, str]):
         task = self.tasks[int(self.np_random.integers(len(self.tasks)))] if task is None else normalize_task(task)
         self._task, self._attempt, self._done = task, 0, False
         self._last_observation = _instructions(task)
+        if self.render_mode == "human":
+            self.render()
         return self._last_observation, {"task": {"id": task["id"], "prompt": task["prompt"]}, "is_correct": False}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("CodeEnv.step called after the episode ended: call reset() first")
+        result = self._attempt_step(action)
+        if self.render_mode == "human":
+            self.render()
+        return result
+
+    def _attempt_step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._attempt += 1
-        result = self.grader(self._task, action if isinstance(action, str) else "")
+        invalid = not self.action_space.contains(action)
+        result = self.grader(self._task, "" if invalid else action)
         meta = result.metadata
         graded = bool(meta.get("graded"))
         revisions_left = self.max_revisions - (self._attempt - 1)
@@ -252,6 +265,7 @@ class CodeEnv(gym.Env[str, str]):
             "attempt": self._attempt,
             "revisions_left": revisions_left,
             "error": meta.get("error"),
+            "invalid_action": invalid,
         }
         if result.is_correct or not graded or revisions_left <= 0:
             self._done = True
@@ -268,4 +282,7 @@ class CodeEnv(gym.Env[str, str]):
         return self._last_observation, 0.0, False, False, info
 
     def render(self) -> str | None:
+        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
+        if self.render_mode == "human":
+            print(self._last_observation)
         return self._last_observation if self.render_mode == "ansi" else None

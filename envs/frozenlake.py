@@ -121,7 +121,8 @@ class FrozenLakeEnv(gym.Env[str, str]):
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply. It is parsed into one of ``left``, ``down``, ``right``,
-    ``up`` (see Action Parsing).
+    ``up`` (see Action Parsing). An action outside the space (``bytes``, ``None``, a number, text over 100,000
+    characters) is an invalid action.
 
     ## Observation Space
     ``TextSpace``: the grid, one row per line, tiles separated by spaces: ``P`` the player, ``_`` frozen, ``O`` a
@@ -162,13 +163,15 @@ class FrozenLakeEnv(gym.Env[str, str]):
     ## Arguments
     ``size`` (int, 4): side of generated maps, 2 to 64. ``p`` (float, 0.8): probability of a frozen tile.
     ``is_slippery`` (bool, False): with probability 2/3 the player slides perpendicular to the chosen direction,
-    as in Gymnasium. ``invalid_action_reward`` (float, 0.0). ``render_mode`` (``"ansi"`` or None).
+    as in Gymnasium. ``invalid_action_reward`` (float, 0.0). ``render_mode`` (``"human"``: the grid printed after
+    every reset and step; ``"ansi"``: ``render()`` returns it; or None).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version; text over ``max_length`` became an invalid action, and ``render_mode="human"`` was
+      added.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4, "rllm_gym.inline_step": True}
+    metadata = {"render_modes": ["human", "ansi"], "render_fps": 4, "rllm_gym.inline_step": True}
 
     def __init__(
         self,
@@ -238,12 +241,20 @@ class FrozenLakeEnv(gym.Env[str, str]):
         else:
             rows, task_id = self._task_map(task), task.get("id")
         info = {"task": self._load(rows, task_id), "position": (self._row, self._col), "is_correct": False}
+        if self.render_mode == "human":
+            self.render()
         return self._render_grid(), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("FrozenLakeEnv.step called after the episode ended: call reset() first")
-        move = parse_action(action)
+        result = self._move(action)
+        if self.render_mode == "human":
+            self.render()
+        return result
+
+    def _move(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        move = parse_action(action) if self.action_space.contains(action) else None
         if move is None:
             quoted = action if isinstance(action, str) else repr(action)
             if len(quoted) > _INVALID_QUOTE:
@@ -272,6 +283,9 @@ class FrozenLakeEnv(gym.Env[str, str]):
         return self._render_grid(), 1.0 if reached else 0.0, self._done, False, info
 
     def render(self) -> str | None:
+        """``"ansi"``: the grid as text; ``"human"``: the grid printed (returns None)."""
+        if self.render_mode == "human":
+            print(self._render_grid(), end="\n\n")
         return self._render_grid() if self.render_mode == "ansi" else None
 
     def _render_grid(self) -> str:

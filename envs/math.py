@@ -25,7 +25,8 @@ class MathEnv(MultiTurnEnv):
     again, up to N replies.
 
     ## Action Space
-    ``TextSpace(max_length=1_000_000)``: the model's full reply, reasoning included.
+    ``TextSpace(max_length=1_000_000)``: the model's full reply, reasoning included. An action outside the space
+    (``bytes``, ``None``, a number, longer text) is an invalid action, graded as the empty reply: a format error.
 
     ## Observation Space
     ``TextSpace(max_length=1_000_000)``: the problem text; in the multi-turn variant, after a wrong reply, a line
@@ -58,7 +59,8 @@ class MathEnv(MultiTurnEnv):
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct``, ``extracted_answer`` (None on a
     format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
-    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``.
+    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
+    ``invalid_action`` (the action was outside the action space).
 
     ## Arguments
     ``dataset``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path, a Hugging
@@ -66,11 +68,15 @@ class MathEnv(MultiTurnEnv):
     generator. ``split`` (str, "train"): the split to load by name. ``difficulty`` (1-5 or None for a mix): level of
     the built-in generator; ``seed`` (int, 0): its task stream. ``reward_config`` (dict): keyword arguments of
     ``MathGrader`` (``correct_reward``, ``incorrect_reward``, ``format_error_reward``, ``time_limit``,
-    ``max_answer_chars``). ``reward_fn``: any RewardFunction instead of the math grader. ``max_turns`` (int, 1).
-    ``render_mode`` (``"ansi"`` or None).
+    ``max_answer_chars``, ``significant_digits``: 6 by default, an int in [1, 30], the fewest significant digits a
+    decimal needs to count as a more precise value correctly rounded at its last digit, so ``0.333333`` matches
+    ``1/3`` but ``0.33333`` does not). ``reward_fn``: any RewardFunction instead of the math grader. ``max_turns``
+    (int, 1).
+    ``render_mode`` (``"human"``, ``"ansi"`` or None; see :class:`~rllm_gym.envs.base.SingleTurnEnv`).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version; a non-string action (e.g. the int ``4``) became a format error instead of being graded
+      as its ``str()``, and ``render_mode="human"`` was added.
     """
 
     def __init__(

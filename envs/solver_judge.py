@@ -4,6 +4,10 @@ Like a PettingZoo module, this one exposes ``env()`` (the AEC env wrapped with P
 ``raw_env`` (the unwrapped AEC class) and ``parallel_env()``; ``rllm_gym.make("rllm/SolverJudge-v0")`` and
 ``rllm_gym.make("rllm/SolverJudge-v0", parallel=True)`` build them by id. Both APIs share the rules in
 :class:`_SolverJudgeRules`, so the same seed poses the same task and the same replies earn the same rewards.
+
+The game's protocol lives here too, so that agents depend on the env and never the other way round: the judge's
+view (:func:`judge_observation`), its system prompt (:data:`JUDGE_SYSTEM_PROMPT`) and the parsing of its pick
+(:func:`read_verdict`, :func:`parse_verdict`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils import wrappers
 
-from rllm_gym.agents.solver_judge import judge_observation
 from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.rewards.math import MathGrader
@@ -27,10 +30,12 @@ from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
 __all__ = [
+    "JUDGE_SYSTEM_PROMPT",
     "MAX_TEXT_CHARS",
     "SolverJudgeEnv",
     "SolverJudgeParallelEnv",
     "env",
+    "judge_observation",
     "parallel_env",
     "parse_verdict",
     "raw_env",
@@ -41,8 +46,21 @@ MAX_TEXT_CHARS = 1_000_000  # longest question, and longest solution shown to th
 MAX_SOLVERS = 64
 JUDGE = "judge_0"
 
+JUDGE_SYSTEM_PROMPT = (
+    "You are a judge. You will see a problem and several candidate solutions, numbered from 1. Check them, decide "
+    "which one reaches the correct final answer, and end your reply with its number as <verdict>k</verdict>."
+)
+
 _VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.IGNORECASE | re.DOTALL)
 _NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only; nine of them keep int() cheap and far from its limits
+
+
+def judge_observation(problem: str, solutions: Sequence[str]) -> str:
+    """The judge's view: the problem, then each solution under its number, then the verdict format."""
+    parts = [f"Problem:\n{problem}"]
+    parts += [f"Solution {number}:\n{solution}" for number, solution in enumerate(solutions, 1)]
+    parts.append(f"Which solution is correct? End with <verdict>k</verdict>, k from 1 to {len(solutions)}.")
+    return "\n\n".join(parts)
 
 
 def read_verdict(text: Any, n_solutions: int) -> tuple[int | None, str | None]:
@@ -85,7 +103,14 @@ def _role(agent: str) -> str:
 class _SolverJudgeRules:
     """The game both APIs share: arguments, task drawing, grading, observations and infos."""
 
-    metadata: dict[str, Any] = {"name": "solver_judge_v0", "render_modes": ["ansi"], "rllm_gym.inline_step": False}
+    # Not parallelizable in PettingZoo's sense: in the AEC form each agent takes its dead step right after acting,
+    # so ``aec_to_parallel`` does not apply; the native parallel form is ``parallel_env()``.
+    metadata: dict[str, Any] = {
+        "name": "solver_judge_v0",
+        "render_modes": ["human", "ansi"],
+        "is_parallelizable": False,
+        "rllm_gym.inline_step": False,
+    }
 
     def __init__(
         self,
@@ -193,15 +218,17 @@ class _SolverJudgeRules:
         }
 
     def _play(self, agent: str, action: Any) -> tuple[float, dict[str, Any]]:
-        """Apply one agent's move: ``(reward, info)``."""
-        if not isinstance(action, str):
-            raise TypeError(f"the action of {agent} must be a str (the model's reply), got {type(action).__name__}")
-        return self._judge(action) if agent == JUDGE else self._solve(agent, action)
+        """Apply one agent's move: ``(reward, info)``. An action outside the action space is an invalid action."""
+        invalid = not self.action_spaces[agent].contains(action)
+        reward, info = self._judge(action, invalid) if agent == JUDGE else self._solve(agent, action, invalid)
+        info["invalid_action"] = invalid
+        return reward, info
 
-    def _solve(self, agent: str, action: str) -> tuple[float, dict[str, Any]]:
-        """Grade one solver's reply on its own."""
-        grade = self.grader(self.task, action)
-        self.solutions[agent], self.grades[agent] = action, grade
+    def _solve(self, agent: str, action: Any, invalid: bool) -> tuple[float, dict[str, Any]]:
+        """Grade one solver's reply on its own; an invalid action is graded as the empty reply."""
+        reply = "" if invalid else action
+        grade = self.grader(self.task, reply)
+        self.solutions[agent], self.grades[agent] = reply, grade
         info = {
             "role": "solver",
             "task_id": str(self.task.get("id", "")),
@@ -211,9 +238,13 @@ class _SolverJudgeRules:
         }
         return float(grade.reward), info
 
-    def _judge(self, action: str) -> tuple[float, dict[str, Any]]:
+    def _judge(self, action: Any, invalid: bool) -> tuple[float, dict[str, Any]]:
         """The judge earns the grade of the solution it names; a malformed verdict earns invalid_verdict_reward."""
-        verdict, error = read_verdict(action, self.n_solvers)
+        if invalid and isinstance(action, str):
+            limit = self.action_spaces[JUDGE].max_length
+            verdict, error = None, f"the reply is longer than the limit of {limit} characters"
+        else:
+            verdict, error = read_verdict(action, self.n_solvers)
         self.verdict, self.judged = verdict, True
         if verdict is None:
             chosen = RewardOutput(reward=self.invalid_verdict_reward, is_correct=False)
@@ -232,7 +263,8 @@ class _SolverJudgeRules:
         return float(chosen.reward), info
 
     def render(self) -> str | None:
-        if self.render_mode != "ansi":
+        """``"ansi"``: the task, the solutions so far and the verdict, as text; ``"human"``: that text printed."""
+        if self.render_mode is None:
             return None
         lines = [f"Task {self.task.get('id', '')}: {self.task.get('question', '')}"]
         for solver in self.solvers:
@@ -240,10 +272,13 @@ class _SolverJudgeRules:
                 lines.append(f"{solver} (reward {self.grades[solver].reward}): {self.solutions[solver]}")
         if self.judged:
             lines.append(f"{JUDGE} verdict: {self.verdict}")
+        if self.render_mode == "human":
+            print("\n".join(lines))
+            return None
         return "\n".join(lines)
 
     def close(self) -> None:
-        """Nothing to release: the grader's worker pool is shared by the process."""
+        """Nothing to release: the grader's worker pool is the process's own, started on first use."""
 
 
 class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
@@ -264,13 +299,15 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     (PettingZoo's dead step), where ``last()`` shows its reward.
 
     ## Action Space
-    ``TextSpace(max_length=1_000_000)`` for every agent: the model's reply. Non-string actions are a programming
-    error (``TypeError``); any text, malformed or not, is normal input.
+    ``TextSpace(max_length=1_000_000)`` for every agent: the model's reply. Any text, malformed or not, is normal
+    input, and so is an action outside the space (``bytes``, ``None``, a number, text over 1,000,000 characters):
+    it is an invalid action (``info["invalid_action"]``), graded as an empty reply for a solver and as a malformed
+    verdict for the judge.
 
     ## Observation Space
     ``TextSpace`` (long enough for the judge's view): a solver sees the task's ``question`` until it has answered,
     then ``""``. The judge sees ``""`` until every solver has answered, then
-    :func:`rllm_gym.agents.solver_judge.judge_observation` of the question and the solutions (each cut at 1,000,000
+    :func:`judge_observation` of the question and the solutions (each cut at 1,000,000
     characters), then ``""`` after its verdict. Example judge observation::
 
         Problem:
@@ -286,7 +323,8 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
 
     ## Prompt Format
     Observations hold no instructions beyond the judge's last line: agents (:mod:`rllm_gym.agents.solver_judge`)
-    add the system prompts ("put your final answer within \\boxed{}", "end with <verdict>k</verdict>").
+    add the system prompts ("put your final answer within \\boxed{}", and for the judge
+    :data:`JUDGE_SYSTEM_PROMPT`, "end with <verdict>k</verdict>").
 
     ## Action Parsing
     Solvers: the grader's own (for the math grader, the last ``\\boxed{}`` after any ``</think>``). Judge:
@@ -313,19 +351,30 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     After ``reset`` every agent's info is ``role`` (``"solver"``/``"judge"``), ``task_id``, ``task`` (the task
     dict) and ``active`` (whether the agent's next action is used: False for the judge until every solver has
     answered; the parallel runner reads it). After a solver answers: ``role``, ``task_id``, ``active`` (False),
-    ``is_correct``, ``reward_metadata`` (the grader's metadata). After the verdict: ``role``, ``task_id``, ``active``,
-    ``is_correct`` (the named solution is correct), ``verdict`` (int or None), ``invalid_verdict`` (bool),
-    ``verdict_error`` (why it was rejected, or None), ``solutions_correct`` (each solution's correctness).
+    ``is_correct``, ``reward_metadata`` (the grader's metadata), ``invalid_action``. After the verdict: ``role``,
+    ``task_id``, ``active``, ``is_correct`` (the named solution is correct), ``verdict`` (int or None),
+    ``invalid_verdict`` (bool), ``verdict_error`` (why it was rejected, or None), ``solutions_correct`` (each
+    solution's correctness), ``invalid_action`` (the action was outside the action space).
 
     ## Arguments
     ``tasks``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path or a name
     :func:`rllm_gym.data.load_dataset` understands, or None for the built-in offline math generator.
     ``grader`` (RewardFunction, default :class:`rllm_gym.rewards.math.MathGrader`): grades ``(task, reply)``.
     ``n_solvers`` (int, 2; 1 to 64). ``invalid_verdict_reward`` (float, 0.0): the judge's reward for a malformed
-    verdict, e.g. -0.5 to penalise format errors. ``render_mode`` (``"ansi"`` or None).
+    verdict, e.g. -0.5 to penalise format errors. ``render_mode`` (``"human"``: the text below printed after every
+    step; ``"ansi"``: ``render()`` returns the task, the solutions so far and the verdict; or None).
+
+    ## Conformance
+    PettingZoo's ``parallel_api_test``, ``seed_test``, ``parallel_seed_test`` and ``render_test`` pass as shipped,
+    and so does ``aec_to_parallel(parallel_to_aec(parallel_env()))``. ``api_test`` checks numpy observations, so it
+    passes through :class:`rllm_gym.spaces.TextAsArrayWrapper` (on ``env()``, ``raw_env()`` and
+    ``parallel_to_aec(parallel_env())``). ``aec_to_parallel`` of the AEC form does not apply (each agent's dead
+    step follows its move, so the AEC form is not parallelizable: use ``parallel_env()``), nor does
+    ``max_cycles_test`` (the game always ends after two rounds).
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version; actions outside the action space became invalid actions instead of a ``TypeError``, and
+      ``render_mode="human"`` was added.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -360,6 +409,8 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
             self.infos[JUDGE] = self._waiting_info(JUDGE)  # a new dict: infos handed out earlier stay as they were
         self._accumulate_rewards()
         self._deads_step_first()  # the agent that just finished takes its None step before the next one acts
+        if self.render_mode == "human":
+            self.render()
 
 
 class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
@@ -400,6 +451,8 @@ class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
             infos[JUDGE] = self._waiting_info(JUDGE)
         self.agents = [agent for agent in live if not terminations[agent]]
         observations = {agent: self.observe(agent) for agent in live}
+        if self.render_mode == "human":
+            self.render()
         return observations, rewards, terminations, dict.fromkeys(live, False), infos
 
 

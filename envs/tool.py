@@ -15,7 +15,16 @@ import gymnasium as gym
 
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
-from rllm_gym.tools import BUILTIN_TOOLS, MultiTool, Tool, ToolOutput, ToolParser, get_parser
+from rllm_gym.tools import (
+    BUILTIN_TOOLS,
+    MultiTool,
+    ParsedReply,
+    Tool,
+    ToolCallError,
+    ToolOutput,
+    ToolParser,
+    get_parser,
+)
 from rllm_gym.types import ModelOutput, RewardOutput, ToolCall
 
 __all__ = ["DEFAULT_TOOLS", "ToolEnv", "builtin_tasks"]
@@ -68,7 +77,9 @@ class ToolEnv(gym.Env[str, str]):
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply. A :class:`~rllm_gym.types.ModelOutput` is also accepted,
-    so that calls an OpenAI-compatible server returned as structured ``tool_calls`` are used as they are.
+    so that calls an OpenAI-compatible server returned as structured ``tool_calls`` are used as they are. Any other
+    action (``bytes``, ``None``, a number, text over 100,000 characters) is one malformed call of kind
+    ``invalid_input``: it costs ``malformed_call_penalty`` and the episode goes on.
 
     ## Observation Space
     ``TextSpace``: after ``reset``, the question. After a tool turn, the tool results in the parser's format (for
@@ -105,7 +116,8 @@ class ToolEnv(gym.Env[str, str]):
     ``tool_calls`` (the well-formed calls, as dicts), ``tool_outputs`` (one ``ToolOutput`` dict per call run),
     ``malformed_calls`` (``{"index", "kind", "message", "text"}`` per malformed call), ``n_tool_calls`` (calls run so
     far), ``tool_calls_left``, ``final_answer`` (the graded text, or None), ``is_correct``, ``reward_metadata`` (the
-    reward function's metadata on the final step, else ``{}``).
+    reward function's metadata on the final step, else ``{}``), ``invalid_action`` (the action was neither text
+    within the action space nor a ModelOutput).
 
     ## Arguments
     ``tools`` (names from :data:`~rllm_gym.tools.BUILTIN_TOOLS` or Tool objects, default calculator, search, python,
@@ -114,13 +126,18 @@ class ToolEnv(gym.Env[str, str]):
     ``"hermes"``). ``reward_fn`` (a :class:`~rllm_gym.rewards.RewardFunction`, default the math grader).
     ``tasks`` (the pool ``reset`` draws from). ``max_tool_calls`` (int, 8). ``tool_timeout`` (seconds per call,
     10.0). ``tool_timeouts`` (dict tool name -> seconds, overriding ``tool_timeout``). ``malformed_call_penalty``
-    (float >= 0, 0.05). ``render_mode`` (``"ansi"`` or None).
+    (float >= 0, 0.05). ``render_mode`` (``"human"``: the observation printed after every reset and step;
+    ``"ansi"``: ``render()`` returns it; or None).
+
+    Tool calls run on worker threads of the env's own, started on first use in the process that steps the env (a
+    pickled, copied or forked env starts its own) and stopped by :meth:`close`.
 
     ## Version History
-    * v0: initial version.
+    * v0: initial version; text over ``max_length`` became a malformed call instead of a graded answer, and
+      ``render_mode="human"`` was added.
     """
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
 
     def __init__(
         self,
@@ -224,12 +241,30 @@ class ToolEnv(gym.Env[str, str]):
             "tool_names": self.tools.names,
             **self._info([], [], [], final_answer=None),
         }
+        if self.render_mode == "human":
+            self.render()
         return self._last_observation, info
 
     def step(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("ToolEnv.step called after the episode ended: call reset() first")
-        reply = self.parser.parse_with_errors(action)
+        observation, reward, terminated, truncated, info = self._turn(action)
+        info["invalid_action"] = not (isinstance(action, ModelOutput) or self.action_space.contains(action))
+        if self.render_mode == "human":
+            self.render()
+        return observation, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        """Stop the tool worker threads; a later step starts new ones."""
+        self.tools.close()
+
+    def _turn(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if isinstance(action, str) and not self.action_space.contains(action):
+            limit = self.action_space.max_length
+            message = f"a reply must be at most {limit} characters, got {len(action)}"
+            reply = ParsedReply(errors=[ToolCallError(index=0, kind="invalid_input", message=message)])
+        else:
+            reply = self.parser.parse_with_errors(action)
         # Malformed calls: unparsable ones from the parser, then well-formed ones that fail their tool's schema.
         problems: dict[int, ToolOutput] = {
             e.index: ToolOutput(name="invalid_tool_call", error=e.message) for e in reply.errors
@@ -283,6 +318,9 @@ class ToolEnv(gym.Env[str, str]):
         return self._last_observation, penalty, False, False, info
 
     def render(self) -> str | None:
+        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
+        if self.render_mode == "human":
+            print(self._last_observation)
         return self._last_observation if self.render_mode == "ansi" else None
 
     # Helpers
@@ -315,4 +353,5 @@ class ToolEnv(gym.Env[str, str]):
             "final_answer": final_answer,
             "is_correct": is_correct,
             "reward_metadata": {},
+            "invalid_action": False,
         }

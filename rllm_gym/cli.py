@@ -1,9 +1,11 @@
-"""The ``rllm-gym`` command: ``eval`` runs a policy on an env and tables the results, ``view`` prints episodes.
+"""The ``rllm-gym`` command: ``list`` the envs, ``eval`` a policy on one, ``train`` with GRPO, ``view`` episodes.
 
+rllm-gym list                                        # every env id, its default agent, the extras it needs
 rllm-gym eval --env rllm/FrozenLake-v0 --tasks 16 --n 4 --out episodes.jsonl     # the embedded tiny model
 rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-url http://127.0.0.1:8000/v1
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
-rllm-gym view episodes.jsonl --index 0
+rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50     # = python -m rllm_gym.train.grpo ...
+rllm-gym view episodes.jsonl --range 2:5             # or --index -1, --id seed-3:0, --task seed-3, --brief
 
 An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
 ``debug``, with tracebacks) shows what the engine does as it goes.
@@ -15,6 +17,7 @@ import argparse
 import asyncio
 import difflib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,13 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 def build_parser() -> argparse.ArgumentParser:
     from rllm_gym.log import LOG_LEVELS
 
-    parser = argparse.ArgumentParser(prog="rllm-gym", description=__doc__.splitlines()[0])
+    lines = __doc__.replace("``", "").splitlines()
+    parser = argparse.ArgumentParser(
+        prog="rllm-gym",
+        description=lines[0],
+        epilog="examples:\n" + "\n".join("  " + line for line in lines[2 : lines.index("", 2)]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -52,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="messages of the rllm_gym logger printed to stderr (default: %(default)s)",
     )
     common.add_argument("--debug", action="store_true", help="show the traceback of an error, not only its message")
+
+    listing = commands.add_parser(
+        "list", parents=[common], help="every env id with its default agent, extras and one line about it"
+    )
+    listing.add_argument("--json", action="store_true", help="a JSON list, with full module:Class agent paths")
+    # `rllm-gym train ...` is handed to the trainer before this parser runs (see main); listed here for --help.
+    commands.add_parser(
+        "train",
+        add_help=False,
+        help="GRPO training: python -m rllm_gym.train.grpo with the same flags (rllm-gym train --help lists them)",
+    )
 
     run = commands.add_parser(
         "eval", parents=[common], help="run a policy on an env and print pass@k, rewards and turns"
@@ -80,12 +100,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--seed", type=int, default=0, help="seed of sampling and env resets (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
-
-    view = commands.add_parser("view", parents=[common], help="print episodes of a JSONL file readably")
-    view.add_argument("path", type=Path)
-    view.add_argument("--index", type=int, default=0, help="which episode, counted from 0 (default: %(default)s)")
-    view.add_argument("--id", help="the episode with this id instead of --index")
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar on stderr (it is drawn only when stderr is a terminal; TQDM_DISABLE=1 also hides it)",
+    )
+    add_view_parser(commands, common)
     return parser
+
+
+def add_view_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    from rllm_gym.view import REASONS
+
+    view = commands.add_parser(
+        "view",
+        parents=[common],
+        help="print the episodes of a JSONL file (all, or a selection); model text is printed literally",
+        description="Print episodes of a JSONL file written by eval --out: every one by default, or a selection.",
+    )
+    view.add_argument("path", type=Path, help="episode JSONL file")
+    which = view.add_mutually_exclusive_group()
+    which.add_argument("--index", type=int, help="only the episode at this position, from 0 (-1: the last)")
+    which.add_argument(
+        "--range",
+        type=range_type,
+        help="positions START:STOP, STOP excluded: 2:5, :3, 10: (negative, from the end: --range=-5:)",
+    )
+    which.add_argument("--id", action="append", help="the episode with this id (e.g. seed-3:0); repeat for more")
+    which.add_argument("--task", help="every rollout of this task id (an episode id without its ':N')")
+    view.add_argument("--reason", choices=REASONS, help="only the episodes that ended this way (e.g. error)")
+    view.add_argument("--brief", action="store_true", help="one line per episode instead of the whole chat")
+
+
+def range_type(text: str) -> slice:
+    """``--range``'s type: :func:`rllm_gym.view.parse_range`, its message shown (argparse hides a ValueError's)."""
+    from rllm_gym.view import parse_range
+
+    try:
+        return parse_range(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def apply_training_record(args: argparse.Namespace) -> str | None:
@@ -229,7 +283,15 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         max_steps=args.max_steps,
     )
     tasks = load_tasks(args)
-    bar = tqdm(total=len(tasks) * args.n, desc=f"eval {args.env}", unit="ep", dynamic_ncols=True)
+    # disable=None: drawn only when stderr is a terminal, so logs and CI output get no carriage-return noise.
+    bar = tqdm(
+        total=len(tasks) * args.n,
+        desc=f"eval {args.env}",
+        unit="ep",
+        dynamic_ncols=True,
+        # None is tqdm's "only on a terminal"; passed explicitly it would override TQDM_DISABLE, so read it here.
+        disable=True if args.no_progress or os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true") else None,
+    )
     correct = [0, 0]
 
     def progress(episode: Any) -> None:
@@ -268,34 +330,6 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         console.print(describe_errors(summary["errors"]), markup=False, highlight=False)
 
 
-def view_episode(args: argparse.Namespace, console: Console) -> None:
-    from rllm_gym.store import read_episodes
-
-    for index, episode in enumerate(read_episodes(args.path)):
-        if (args.id is not None and episode.id == args.id) or (args.id is None and index == args.index):
-            break
-    else:
-        wanted = f"id {args.id!r}" if args.id is not None else f"index {args.index}"
-        raise SystemExit(f"{args.path} has no episode with {wanted}")
-    reason = episode.termination_reason.value if episode.termination_reason else "unknown"
-    console.rule(f"[bold]{episode.id}[/]  {reason}  correct={episode.is_correct}")
-    if "error" in episode.metadata:
-        console.print(f"[red]error:[/] {episode.metadata['error']['type']}: {episode.metadata['error']['message']}")
-    for trajectory in episode.trajectories:
-        console.rule(f"trajectory '{trajectory.name}'  reward={trajectory.reward}", style="dim")
-        shown = 0  # messages already printed: each step's chat repeats the history
-        for number, step in enumerate(trajectory.steps):
-            for message in step.chat_completions[shown:]:
-                style = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}.get(message["role"])
-                console.print(f"[{style}]{message['role']}:[/] ", end="")
-                console.print(str(message.get("content", "")), markup=False, highlight=False)
-            shown = len(step.chat_completions)
-            calls = step.model_output.tool_calls if step.model_output else []
-            for call in calls:
-                console.print(f"[yellow]tool call:[/] {call.name}({json.dumps(call.arguments)})")
-            console.print(f"[bold]step {number}: reward={step.reward} done={step.done}[/]")
-
-
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """``parser.parse_args``, but an unknown flag is a usage error that names the closest known one."""
     args, unknown = parser.parse_known_args(argv)
@@ -315,6 +349,9 @@ def commands_of(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; a user error ends with one line on stderr (``--debug``: the traceback too)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        return run_train(argv[1:])
     parser = build_parser()
     args = parse_args(parser, argv)
     try:
@@ -334,12 +371,12 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     from rllm_gym.log import configure_logging
 
     configure_logging(args.log_level)
+    if args.command == "list":
+        list_envs(args.json)
+        return 0
     console = Console()
     if args.command == "view":
-        if not args.path.is_file():
-            parser.error(f"view: {args.path} is not a file: pass an episode JSONL file written by eval --out")
-        view_episode(args, console)
-        return 0
+        return run_view(parser, args)
     recorded = apply_training_record(args)
     if recorded:
         print(recorded, file=sys.stderr, flush=True)
@@ -364,6 +401,90 @@ def report_failure(summary: dict[str, Any], episodes: list[Any]) -> bool:
         file=sys.stderr,
     )
     return True
+
+
+def run_train(argv: list[str]) -> int:
+    """``rllm-gym train ARGS`` is ``python -m rllm_gym.train.grpo ARGS``: the same flags, messages and exit status."""
+    from rllm_gym.train.grpo import cli  # imported here: torch and TRL take seconds to load
+
+    program, sys.argv[0] = sys.argv[0], "rllm-gym train"  # the trainer's --help then reads "usage: rllm-gym train"
+    try:
+        return cli(argv)
+    finally:
+        sys.argv[0] = program
+
+
+def list_envs(as_json: bool) -> None:
+    """Print every registered env: id, default agent, pip extras, one line about it (all from the registry)."""
+    from rllm_gym.registry import ENV_SPECS
+
+    rows = [env_row(spec) for spec in ENV_SPECS]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = [("id", "default agent", "extras", "description")]
+    for row in rows:
+        agent = row["agent"]
+        if isinstance(agent, dict):
+            agent = " ".join(f"{role}={path.rpartition(':')[2]}" for role, path in agent.items())
+        elif agent:
+            agent = agent.rpartition(":")[2]
+        table.append((row["id"], agent or "-", ",".join(row["extras"]) or "-", row["description"]))
+    widths = [max(len(line[column]) for line in table) for column in range(3)]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line[:3], widths, strict=True)) + "  " + line[3])
+
+
+def env_row(spec: Any) -> dict[str, Any]:
+    """One env as ``rllm-gym list --json`` prints it; the agent is ``module:Class`` or ``{role: module:Class}``."""
+    import importlib
+
+    from rllm_gym.registry import default_agent
+
+    def path(agent: Any) -> str:
+        return f"{agent.__module__}:{agent.__qualname__}"
+
+    try:
+        agent = default_agent(spec.id)
+    except ValueError:  # no agent registered: eval and train need --agent
+        agent = None
+    except ImportError:  # the agent needs an extra that is not installed: list it as registered
+        agent = spec.agent
+    if isinstance(agent, dict):
+        agent = {role: path(cls) for role, cls in agent.items()}
+    elif agent is not None:
+        agent = path(agent)
+    description = spec.description
+    if not description:  # an env registered without one: the first line of its module's docstring
+        doc = importlib.import_module(spec.entry_point.partition(":")[0]).__doc__ or ""
+        description = doc.strip().splitlines()[0] if doc.strip() else ""
+    return {
+        "id": spec.id,
+        "description": description,
+        "agent": agent,
+        "extras": list(spec.extras),
+        "multi_agent": spec.multi_agent,
+        "install": f'pip install "rllm-gym[{",".join(spec.extras)}]"' if spec.extras else None,
+    }
+
+
+def run_view(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from rllm_gym.view import Selection, SelectionError, view
+
+    if not args.path.is_file():
+        parser.error(f"view: {args.path} is not a file: pass an episode JSONL file written by eval --out")
+    selection = Selection(args.index, args.range, tuple(args.id or ()), args.task, args.reason)
+    # Model text may hold anything: no emoji codes, no highlighting (markup is never parsed, see rllm_gym.view).
+    console = Console(emoji=False, highlight=False)
+    try:
+        shown = view(args.path, selection, console, brief=args.brief)
+    except SelectionError as error:
+        parser.error(f"view: {args.path}: {error}")
+    if not shown:
+        why = f"no selected episode ended with reason {args.reason!r}" if args.reason else "it holds no episodes"
+        print(f"rllm-gym view: nothing to show in {args.path}: {why}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ __all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "default_agent", "env_ids"
 class EnvSpec:
     """One registered environment: its versioned id, ``module:Class`` entry point, default arguments, and the
     ``module:Class`` of the agent that plays it by default (``rllm-gym eval`` and the trainer use it); a multi-agent
-    id may name its runner (``workflow``, a MultiAgentWorkflow subclass that e.g. decides episode correctness)."""
+    id may name its runner (``workflow``, a MultiAgentWorkflow subclass that e.g. decides episode correctness).
+    ``description`` is the one line ``rllm-gym list`` prints, and ``extras`` the pip extras it needs beyond the core
+    install (``pip install "rllm-gym[extra]"``)."""
 
     id: str
     entry_point: str
@@ -32,6 +34,8 @@ class EnvSpec:
     multi_agent: bool = False
     agent: str | None = None
     workflow: str | None = None
+    description: str = ""
+    extras: tuple[str, ...] = ()
 
 
 ENV_SPECS: tuple[EnvSpec, ...] = (
@@ -40,13 +44,34 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         "rllm_gym.envs.frozenlake:FrozenLakeEnv",
         max_episode_steps=100,
         agent="rllm_gym.agents.frozenlake:FrozenLakeAgent",
-    ),
-    EnvSpec("rllm/Math-v0", "rllm_gym.envs.math:MathEnv", agent="rllm_gym.agents.math:MathAgent"),
-    EnvSpec(
-        "rllm/Tool-v0", "rllm_gym.envs.tool:ToolEnv", max_episode_steps=16, agent="rllm_gym.agents.tool:ToolAgent"
+        description="walk a random frozen-lake grid from S to G around the holes, one move per turn",
     ),
     EnvSpec(
-        "rllm/Code-v0", "rllm_gym.envs.code:CodeEnv", max_episode_steps=10, agent="rllm_gym.agents.code:CodeAgent"
+        "rllm/Math-v0",
+        "rllm_gym.envs.math:MathEnv",
+        agent="rllm_gym.agents.math:MathAgent",
+        description="math problems graded by rllm_gym.rewards.math (math-verify for symbolic answers); retries: max_turns",
+    ),
+    EnvSpec(
+        "rllm/Tool-v0",
+        "rllm_gym.envs.tool:ToolEnv",
+        max_episode_steps=16,
+        agent="rllm_gym.agents.tool:ToolAgent",
+        description="answer a question by calling tools (calculator, search, python) over several turns",
+    ),
+    EnvSpec(
+        "rllm/Code-v0",
+        "rllm_gym.envs.code:CodeEnv",
+        max_episode_steps=10,
+        agent="rllm_gym.agents.code:CodeAgent",
+        description="write Python that passes the task's tests, run in the sandbox (fully isolated on Linux)",
+    ),
+    EnvSpec(
+        "rllm/ReasoningGym-v0",
+        "rllm_gym.envs.reasoning_gym:ReasoningGymEnv",
+        agent="rllm_gym.agents.math:MathAgent",  # asks for a final \boxed{} answer, the env's default format
+        description="any reasoning-gym dataset or weighted mix, scored by the dataset's own score_answer",
+        extras=("reasoning-gym",),
     ),
     EnvSpec(
         "rllm/SolverJudge-v0",
@@ -54,6 +79,7 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         multi_agent=True,
         agent="rllm_gym.engine.multi_agent:SOLVER_JUDGE_AGENTS",  # {role: agent class}
         workflow="rllm_gym.engine.multi_agent:SolverJudgeWorkflow",  # correct = the judge picked a correct solution
+        description="multi-agent (PettingZoo): solvers answer a task, a judge picks the correct solution",
     ),
 )
 

@@ -1,11 +1,22 @@
+import copy
+import doctest
 import re
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
+from gymnasium.vector.utils import (
+    batch_space,
+    concatenate,
+    create_empty_array,
+    create_shared_memory,
+    iterate,
+    read_from_shared_memory,
+    write_to_shared_memory,
+)
 
-from rllm_gym.spaces import TextSpace
+from rllm_gym import spaces
+from rllm_gym.spaces import CodePointSpace, TextSpace, decode_text, encode_text
 
 
 def test_contains_any_unicode_up_to_max_length():
@@ -67,3 +78,64 @@ def test_sync_vector_env_with_text_spaces():
     observations, rewards, *_ = envs.step(("right", "down"))
     assert len(observations) == 2 and rewards.shape == (2,) and np.all(rewards >= 0)
     envs.close()
+
+
+def test_create_empty_array_and_batch_space_seeding():
+    space = TextSpace(max_length=10, min_length=2, seed=0)
+    assert create_empty_array(space, 2) == ("  ", "  ")
+    batched = batch_space(space, 2)
+    first = batched.sample()
+    assert batch_space(TextSpace(max_length=10, min_length=2, seed=0), 2).sample() == first
+    assert first[0] != first[1], "each copy has its own generator"
+
+
+def test_shared_memory_round_trips_any_unicode_and_reads_live():
+    space = TextSpace(max_length=6)
+    memory = create_shared_memory(space, n=3)
+    view = read_from_shared_memory(space, memory, n=3)
+    write_to_shared_memory(space, 0, "héllo✓", memory)
+    write_to_shared_memory(space, 2, "\ud800x", memory)  # a lone surrogate survives too
+    assert tuple(view) == ("héllo✓", "", "\ud800x")
+    write_to_shared_memory(space, 0, "ab", memory)  # a shorter text replaces the longer one entirely
+    assert view[0] == "ab" and len(view) == 3 and view[1:] == ("", "\ud800x")
+    snapshot = copy.deepcopy(view)  # what AsyncVectorEnv hands out: a plain tuple, frozen in time
+    write_to_shared_memory(space, 1, "later", memory)
+    assert snapshot == ("ab", "", "\ud800x") and isinstance(snapshot, tuple)
+    assert view == ("ab", "later", "\ud800x")
+
+
+def test_shared_memory_refuses_overlong_text_naming_the_limit():
+    space = TextSpace(max_length=4)
+    memory = create_shared_memory(space, n=1)
+    message = "text of 5 characters exceeds the TextSpace(min_length=0, max_length=4) limit of 4; text is never cut"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        write_to_shared_memory(space, 0, "hello", memory)
+    with pytest.raises(TypeError, match=re.escape("holds str, got bytes")):
+        write_to_shared_memory(space, 0, b"hi", memory)
+
+
+def test_async_vector_env_with_shared_memory_matches_sync():
+    import rllm_gym  # noqa: F401 - registers the envs
+
+    results = []
+    for mode, kwargs in (("sync", {}), ("async", {"shared_memory": True, "context": "fork"})):
+        envs = gym.make_vec("rllm/FrozenLake-v0", num_envs=2, vectorization_mode=mode, vector_kwargs=kwargs)
+        observations, _ = envs.reset(seed=[1, 2])
+        stepped, rewards, *_ = envs.step(("right", "down"))
+        results.append((observations, stepped, rewards.tolist()))
+        envs.close()
+    assert results[0] == results[1]
+    assert results[0][0] != results[0][1], "the shared buffer is read after every step, not once"
+
+
+def test_code_point_arrays_round_trip_and_fit_their_space():
+    text_space = TextSpace(max_length=3)
+    space = CodePointSpace(text_space)
+    assert encode_text("").tolist() == [0] and decode_text(encode_text("hé✓")) == "hé✓"
+    assert space.contains(encode_text("abc")) and not space.contains(encode_text("abcd"))
+    assert not space.contains(np.array([97, 98], dtype=np.int32)), "the final 0 is required"
+    assert space.contains(space.sample()) and space.dtype == np.int32
+
+
+def test_module_doctests_pass():
+    assert doctest.testmod(spaces).failed == 0

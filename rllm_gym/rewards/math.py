@@ -1,11 +1,16 @@
 """Math answer grading: pull the final answer out of a model reply, then decide whether it equals the ground truth.
 
 Grading runs three paths, cheapest first: an exact match of the normalized strings, an exact rational comparison
-when both answers are plain numbers (integers, decimals, fractions, percentages), and only then math-verify for
-everything symbolic (LaTeX expressions, sets, intervals, tuples, equations). math-verify times itself out with
-``signal.alarm``, which only works in a main thread, so it runs in a small pool of worker processes
-(:class:`MathVerifyPool`) that the caller can kill: grading is safe from any thread and from an asyncio loop, each
-answer has a hard wall-clock limit, and one pathological answer never stalls the others.
+when both answers are plain numbers (integers, decimals, fractions, percentages, scientific notation such as
+``4.2e1``, ``6.02 \\times 10^{23}`` or ``3x10^5``), and only then math-verify for everything symbolic (LaTeX
+expressions, sets, intervals, tuples, equations). Near misses are judged relative to the magnitude of the values: a
+decimal counts as equal to a more precise value only when it is that value correctly rounded and carries at least
+``significant_digits`` significant digits (6 by default), so ``0.333333`` is 1/3 but twice 1e-5 is never 1e-5.
+The numeric path lives in :mod:`rllm_gym.rewards.numbers`.
+
+math-verify times itself out with ``signal.alarm``, which only works in a main thread, so it runs in a small pool
+of worker processes (:class:`MathVerifyPool`) that the caller can kill: grading is safe from any thread and from an
+asyncio loop, each answer has a hard wall-clock limit, and one pathological answer never stalls the others.
 
 Use :func:`math_reward_fn` as a :class:`~rllm_gym.rewards.RewardFunction`, or :class:`MathGrader` to choose the
 rewards and limits.
@@ -17,6 +22,7 @@ import asyncio
 import atexit
 import json
 import math
+import os
 import re
 import select
 import subprocess
@@ -27,6 +33,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.rewards.numbers import exact_scientific, numeric_verdict, parse_number
 from rllm_gym.types import RewardOutput
 
 __all__ = [
@@ -116,16 +123,12 @@ def extract_answer(text: str) -> tuple[str | None, str | None]:
     return None, "no final answer found: put it in \\boxed{...}, after '####', or after 'The answer is'"
 
 
-# Normalization and the numeric path
+# Normalization
 
 
 _DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |~|\\displaystyle|\^\s*\{?\\circ\}?|\\\$|\s+")
 _UNITS = re.compile(r"(?:\\(?:text|mbox|mathrm)\{\s*[A-Za-z][A-Za-z\s.]*\}|\s+(?!pi\b)[A-Za-z]{2,}\.?)\s*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=(?!=)")
-_INTEGER = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)"
-_DECIMAL = re.compile(rf"^{_INTEGER}(?:\.\d*)?$|^[+-]?\.\d+$")
-_SLASH = re.compile(r"^([+-]?\d+)/([+-]?\d+)$")
-_FRAC = re.compile(r"^([+-]?)\\frac(?:\{([+-]?\d+)\}|(\d))(?:\{([+-]?\d+)\}|(\d))$")
 
 
 def normalize_answer(answer: str) -> str:
@@ -139,109 +142,6 @@ def normalize_answer(answer: str) -> str:
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _DROP.sub("", text)
     return _ASSIGNMENT.sub("", text)
-
-
-def parse_number(answer: str) -> tuple[Fraction, bool, bool] | None:
-    """``(value, exact, percent)`` for a normalized plain number, or None for anything else.
-
-    Accepts integers (``1,000`` with thousands separators), decimals, ``a/b``, ``\\frac{a}{b}``, ``\\frac12``, each
-    optionally followed by ``%``/``\\%``. ``exact`` is False for decimals, which math-verify compares after rounding.
-    """
-    percent = answer.endswith("%")
-    if percent:
-        answer = answer.removesuffix("%").removesuffix("\\")
-    if _DECIMAL.match(answer):
-        return Fraction(answer.replace(",", "")), "." not in answer, percent
-    match = _SLASH.match(answer)
-    if match and int(match.group(2)) != 0:
-        return Fraction(int(match.group(1)), int(match.group(2))), True, percent
-    match = _FRAC.match(answer)
-    if match:
-        numerator, denominator = int(match.group(2) or match.group(3)), int(match.group(4) or match.group(5))
-        if denominator != 0:
-            value = Fraction(numerator, denominator)
-            return (-value if match.group(1) == "-" else value), True, percent
-    return None
-
-
-def _numeric_verdict(gold: tuple[Fraction, bool, bool], answer: tuple[Fraction, bool, bool]) -> bool | None:
-    """True/False when two plain numbers decide it, None when it is too close to call without math-verify."""
-    gold_values = {gold[0], gold[0] / 100} if gold[2] else {gold[0]}
-    answer_values = {answer[0], answer[0] / 100} if answer[2] else {answer[0]}
-    if gold_values & answer_values:
-        return True
-    if gold[1] and answer[1]:
-        return False
-    # Decimals: math-verify rounds before comparing, so near misses (0.333333 vs 1/3) are its call.
-    scale = max(1, *(abs(value) for value in gold_values | answer_values))
-    if all(abs(g - a) > scale * Fraction(1, 10_000) for g in gold_values for a in answer_values):
-        return False
-    return None
-
-
-_SURD = re.compile(r"^(\d*)\\sqrt(?:\{(\d+)\}|(\d))$")
-_PI = re.compile(r"^(\d*)\\pi$")
-_OVER = re.compile(r"^\\frac\{(.+)\}\{(\d+)\}$|^(.+)/(\d+)$")
-_INTERVAL = re.compile(r"^([(\[])([^,()\[\]]+),([^,()\[\]]+)([)\]])$")
-
-
-def _squarefree(coefficient: int, radicand: int) -> tuple[int, int]:
-    """``c * sqrt(r)`` rewritten with ``r`` square-free, e.g. ``sqrt(28) -> 2 * sqrt(7)``."""
-    factor = 2
-    while factor * factor <= radicand:
-        while radicand % (factor * factor) == 0:
-            coefficient, radicand = coefficient * factor, radicand // (factor * factor)
-        factor += 1
-    return coefficient, radicand
-
-
-def _simple_term(text: str) -> tuple[Fraction, int | str] | None:
-    """``(q, basis)`` for ``q * basis`` with q rational and basis 1, ``"pi"`` or a square-free radicand, else None.
-
-    Covers the exact forms math answers take most often: ``-3``, ``\\frac{3}{4}``, ``2\\sqrt{7}``, ``\\sqrt{28}``,
-    ``\\frac{\\sqrt{2}}{2}``, ``\\pi/3``, ``\\frac{2\\pi}{3}``. 1, pi and square roots of distinct square-free
-    integers are linearly independent over the rationals, so two such terms are equal exactly when these match.
-    """
-    sign = -1 if text.startswith("-") else 1
-    text = text.removeprefix("-").removeprefix("+")
-    number = parse_number(text)
-    if number is not None:
-        return (sign * number[0], 1) if number[1] and not number[2] else None
-    over = _OVER.match(text)
-    if over:
-        numerator = _simple_term(over.group(1) or over.group(3))
-        denominator = int(over.group(2) or over.group(4))
-        if numerator is None or denominator == 0:
-            return None
-        return sign * numerator[0] / denominator, numerator[1]
-    surd = _SURD.match(text)
-    if surd:
-        coefficient, radicand = _squarefree(int(surd.group(1) or 1), int(surd.group(2) or surd.group(3)))
-        return Fraction(sign * coefficient), radicand if radicand > 1 else 1
-    pi = _PI.match(text)
-    if pi:
-        return Fraction(sign * int(pi.group(1) or 1)), "pi"
-    return None
-
-
-def _simple_verdict(gold: str, answer: str) -> bool | None:
-    """Exact verdict for simple terms and for intervals of plain numbers, None when neither fits."""
-    gold_interval, answer_interval = _INTERVAL.match(gold), _INTERVAL.match(answer)
-    if gold_interval and answer_interval:
-        gold_ends = [_simple_term(gold_interval.group(i)) for i in (2, 3)]
-        answer_ends = [_simple_term(answer_interval.group(i)) for i in (2, 3)]
-        if None in gold_ends or None in answer_ends:
-            return None
-        same_brackets = (gold_interval.group(1), gold_interval.group(4)) == (
-            answer_interval.group(1),
-            answer_interval.group(4),
-        )
-        # "(a, b)" is an open interval or a pair: both readings agree on equality of exact endpoints.
-        return same_brackets and gold_ends == answer_ends
-    gold_term, answer_term = _simple_term(gold), _simple_term(answer)
-    if gold_term is None or answer_term is None:
-        return None
-    return gold_term == answer_term or (gold_term[0] == answer_term[0] == 0)
 
 
 # The math-verify worker pool
@@ -339,13 +239,33 @@ _shared_pool_lock = threading.Lock()
 
 
 def shared_pool() -> MathVerifyPool:
-    """The process-wide pool every :class:`MathGrader` uses unless it is given its own."""
+    """The process-wide pool every :class:`MathGrader` uses unless it is given its own; a forked child gets its own."""
     global _shared_pool
     with _shared_pool_lock:
         if _shared_pool is None:
             _shared_pool = MathVerifyPool(max_workers=2)
-            atexit.register(_shared_pool.close)
         return _shared_pool
+
+
+def _close_shared_pool() -> None:
+    # Looks the pool up at exit rather than binding one at creation: a forked child that exits normally runs the
+    # atexit handlers it inherited, and must close only its own workers, never the parent's.
+    if _shared_pool is not None:
+        _shared_pool.close()
+
+
+def _forget_shared_pool_after_fork() -> None:
+    # A forked child inherits the parent's pool object, whose workers' pipes it would then share: a request from the
+    # child could read the parent's reply. Dropping the reference (not closing it) leaves those workers to the
+    # parent; the child starts its own on first use. The lock is new because another parent thread may have held it
+    # at the fork, and in the child nothing would ever release it.
+    global _shared_pool, _shared_pool_lock
+    _shared_pool = None
+    _shared_pool_lock = threading.Lock()
+
+
+atexit.register(_close_shared_pool)
+os.register_at_fork(after_in_child=_forget_shared_pool_after_fork)
 
 
 # The grader
@@ -393,6 +313,10 @@ class MathGrader:
         time_limit: hard wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong.
         max_answer_chars: longer extracted answers are format errors and never reach the parser.
         use_math_verify: False keeps to the exact and numeric paths (symbolic answers then only match exactly).
+        significant_digits: how many significant digits a decimal must carry to count as a correctly rounded value
+            of a more precise one (``0.333333`` for 1/3, ``1.41421`` for ``\\sqrt{2}``, ``6.02214e23``); the
+            rounding must be correct at its last digit, so the tolerance scales with the magnitude. The default 6
+            matches math-verify's six decimal places for values of order one.
         pool: the worker pool; by default one shared by every grader in the process.
     """
 
@@ -402,6 +326,7 @@ class MathGrader:
     time_limit: float = 5.0
     max_answer_chars: int = 1000
     use_math_verify: bool = True
+    significant_digits: int = 6
     pool: MathVerifyPool | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -419,6 +344,14 @@ class MathGrader:
             raise ValueError(f"MathGrader max_answer_chars must be a positive int, got {self.max_answer_chars!r}")
         if not isinstance(self.use_math_verify, bool):
             raise ValueError(f"MathGrader use_math_verify must be True or False, got {self.use_math_verify!r}")
+        if (
+            not isinstance(self.significant_digits, int)
+            or isinstance(self.significant_digits, bool)
+            or not 1 <= self.significant_digits <= 30
+        ):
+            raise ValueError(
+                f"MathGrader significant_digits must be an int in [1, 30], got {self.significant_digits!r}"
+            )
         if self.pool is not None and not isinstance(self.pool, MathVerifyPool):
             raise ValueError(f"MathGrader pool must be a MathVerifyPool or None (shared), got {self.pool!r}")
 
@@ -427,17 +360,13 @@ class MathGrader:
         norm_answer, norm_gold = normalize_answer(answer), normalize_answer(ground_truth)
         if norm_answer and norm_answer == norm_gold:
             return True, "exact"
-        number_answer, number_gold = parse_number(norm_answer), parse_number(norm_gold)
-        if number_answer is not None and number_gold is not None:
-            verdict = _numeric_verdict(number_gold, number_answer)
-            if verdict is not None:
-                return verdict, "numeric"
-        verdict = _simple_verdict(norm_gold, norm_answer)
+        verdict = numeric_verdict(norm_gold, norm_answer, self.significant_digits)
         if verdict is not None:
             return verdict, "numeric"
         if not self.use_math_verify:
             return False, "exact"
-        verdict, outcome = (self.pool or shared_pool()).verify(ground_truth, answer, self.time_limit)
+        gold, answer = exact_scientific(ground_truth), exact_scientific(answer)
+        verdict, outcome = (self.pool or shared_pool()).verify(gold, answer, self.time_limit)
         return verdict, "math_verify" if outcome == "ok" else outcome
 
     def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:

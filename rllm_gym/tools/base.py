@@ -13,7 +13,9 @@ import asyncio
 import functools
 import inspect
 import json
+import os
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,14 +35,37 @@ __all__ = [
     "ToolOutput",
     "function_schema",
     "tool",
+    "tool_executor",
 ]
 
 DEFAULT_MAX_OUTPUT_CHARS = 10_000
 # OpenAI's rule for function names; Hermes/Qwen templates accept the same set.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-# Sync forwards run here when awaited. A module-level pool (not asyncio's default executor) so that a timed-out
-# tool thread never blocks the shutdown of a short-lived event loop such as the one ``asyncio.run`` creates.
-_EXECUTOR = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rllm-tool")
+_EXECUTOR_WORKERS = 16
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def tool_executor() -> ThreadPoolExecutor:
+    """The threads that run sync forwards for async callers: created on first use, one pool per process.
+
+    Not asyncio's default executor, so that a timed-out tool thread never blocks the shutdown of a short-lived event
+    loop such as the one ``asyncio.run`` creates. Nothing is started at import, and a forked child starts its own
+    pool (it inherits the parent's pool object but none of its threads, which would hang every submit).
+    """
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_EXECUTOR_WORKERS, thread_name_prefix="rllm-tool")
+        return _executor
+
+
+def _forget_executor_in_child() -> None:
+    global _executor, _executor_lock
+    _executor, _executor_lock = None, threading.Lock()  # the parent's lock may have been held by a thread at fork
+
+
+os.register_at_fork(after_in_child=_forget_executor_in_child)
 
 
 class ToolOutput(Record):
@@ -144,6 +169,16 @@ class Tool(ABC):
         self.timeout = None if timeout is None else float(timeout)
         self._validator = jsonschema.Draft202012Validator(parameters)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The schema validator holds closures that the standard pickle cannot store; it is rebuilt on load.
+        state = self.__dict__.copy()
+        state.pop("_validator", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._validator = jsonschema.Draft202012Validator(self.parameters)
+
     @abstractmethod
     def forward(self, **kwargs: Any) -> ToolOutput:
         """Run the tool on validated arguments."""
@@ -151,7 +186,7 @@ class Tool(ABC):
     async def async_forward(self, **kwargs: Any) -> ToolOutput:
         """Run the tool without blocking the event loop (default: :meth:`forward` on a worker thread)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_EXECUTOR, functools.partial(self.forward, **kwargs))
+        return await loop.run_in_executor(tool_executor(), functools.partial(self.forward, **kwargs))
 
     @property
     def json_schema(self) -> dict[str, Any]:
@@ -275,7 +310,7 @@ class FunctionTool(Tool):
         except RuntimeError:
             return self._finish(asyncio.run(self.function(**kwargs)), None)
         # Called synchronously from inside a running loop: run the coroutine on its own loop in a worker thread.
-        return _EXECUTOR.submit(lambda: asyncio.run(self.function(**kwargs))).result()
+        return tool_executor().submit(lambda: asyncio.run(self.function(**kwargs))).result()
 
     async def async_forward(self, **kwargs: Any) -> ToolOutput:
         if self._is_async:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import difflib
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rllm_gym.tools.base import _EXECUTOR, FunctionTool, Tool, ToolOutput
+from rllm_gym.tools.base import FunctionTool, Tool, ToolOutput
 from rllm_gym.tools.builtins import FinishTool, PythonTool
 from rllm_gym.tools.calculator import CalculatorTool
 from rllm_gym.tools.search import SearchTool
@@ -42,6 +44,9 @@ def _as_tool(name: str, value: Any) -> Tool:
 
 class MultiTool:
     """Tools by name: built-ins named in ``tools`` (or Tool instances), plus a ``tool_map`` of name -> tool.
+
+    :meth:`execute_many` runs calls on worker threads of this MultiTool's own, started on first use (in each process
+    that uses it: they are never pickled, copied or inherited through a fork) and stopped by :meth:`close`.
 
     Example::
 
@@ -82,6 +87,32 @@ class MultiTool:
             if tool.name != name:
                 raise ValueError(f"tool_map key {name!r} differs from the tool's own name {tool.name!r}")
             self._add(name, tool)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_pid = os.getpid()
+        self._pool_lock = threading.Lock()
+
+    def _threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool_pid != os.getpid():  # a forked copy has the pool object and lock, but not their threads
+            self._pool, self._pool_pid, self._pool_lock = None, os.getpid(), threading.Lock()
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="rllm-multitool")
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the worker threads (a call still running past its timeout finishes on its own); reusable after."""
+        pool, self._pool = self._pool, None
+        if pool is not None and self._pool_pid == os.getpid():
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_pool"], state["_pool_pid"], state["_pool_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool, self._pool_pid, self._pool_lock = None, os.getpid(), threading.Lock()
 
     def _add(self, name: str, tool: Tool) -> None:
         if name in self.tools:
@@ -155,7 +186,8 @@ class MultiTool:
             return [self.execute(calls[0])]
         timeouts = timeouts or {}
         start = time.monotonic()
-        futures = [_EXECUTOR.submit(self.execute, call) for call in calls]
+        pool = self._threads()
+        futures = [pool.submit(self.execute, call) for call in calls]
         outputs = []
         for call, future in zip(calls, futures, strict=True):
             limit = timeouts.get(call.name, default_timeout)

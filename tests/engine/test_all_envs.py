@@ -12,6 +12,7 @@ REPLIES = {
     "rllm/FrozenLake-v0": ["Let me go down.\nAction: down", "Action: right"],
     "rllm/Math-v0": ["<think>add them</think>The answer is \\boxed{4}."],
     "rllm/Code-v0": ["```python\nprint(input())\n```"],
+    "rllm/ReasoningGym-v0": ["<think>add them</think>\\boxed{4}"],
     "rllm/Tool-v0": [
         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2**10"}}\n</tool_call>',
         '<tool_call>\n{"name": "finish", "arguments": {"response": "1024"}}\n</tool_call>',

@@ -134,7 +134,7 @@ def test_bad_task_names_the_field(task, message):
     [
         ({"size": 1}, "FrozenLake size must be an int in [2, 64], got 1"),
         ({"p": 0}, "FrozenLake p (the probability of a frozen tile) must lie in (0, 1], got 0"),
-        ({"render_mode": "human"}, "FrozenLakeEnv render_mode must be one of ['ansi'] or None, got 'human'"),
+        ({"render_mode": "rgb_array"}, "FrozenLakeEnv render_mode must be one of ['human', 'ansi'] or None, got 'rgb"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, message):

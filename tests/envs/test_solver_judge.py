@@ -245,8 +245,8 @@ def test_bad_arguments_and_tasks_name_the_field():
         solver_judge.env(n_solvers=0)
     with pytest.raises(ValueError, match=re.escape("invalid_verdict_reward must be a finite number, got nan")):
         solver_judge.parallel_env(invalid_verdict_reward=math.nan)
-    with pytest.raises(ValueError, match=re.escape("render_mode must be one of ['ansi'] or None, got 'human'")):
-        solver_judge.env(render_mode="human")
+    with pytest.raises(ValueError, match=re.escape("render_mode must be one of ['human', 'ansi'] or None, got 'rgb")):
+        solver_judge.env(render_mode="rgb_array")
     with pytest.raises(ValueError, match=re.escape("tasks is empty")):
         solver_judge.env(tasks=[])
     env = solver_judge.env()
@@ -256,8 +256,9 @@ def test_bad_arguments_and_tasks_name_the_field():
         env.reset(options={"task": {"ground_truth": "4"}})
     env.reset(options={"task": {"problem": "2+2?", "answer": "4"}})  # DeepScaleR-style rows are mapped
     assert env.observe("solver_0") == "2+2?"
-    with pytest.raises(TypeError, match=re.escape("the action of solver_0 must be a str (the model's reply)")):
-        env.step(4)
+    env.step(4)  # not text: an invalid action, graded as the empty reply (no answer)
+    assert env.rewards["solver_0"] == 0.0 and env.infos["solver_0"]["invalid_action"] is True
+    assert env.infos["solver_0"]["reward_metadata"]["format_error"] is True
 
 
 def test_parallel_step_needs_every_acting_agent_and_ends():

@@ -588,6 +588,10 @@ def test_tool_env_python_cannot_read_the_tool_tasks():
         f"paths = [{str(TOOL_TASKS_PATH)!r}, {str(BUILTIN_TASKS_PATH)!r}]\n"
         "for root, dirs, files in os.walk('/'):\n"
         "    dirs[:] = [d for d in dirs if root != '/' or d not in ('proc', 'sys')]\n"
+        # Of the installed packages only an installed rllm_gym could hold the files: walking torch's thousands of
+        # files would only race the tool's time limit on a loaded machine.
+        "    if root.endswith('-packages'):\n"
+        "        dirs[:] = [d for d in dirs if d.startswith('rllm')]\n"
         "    paths += [os.path.join(root, f) for f in files if f.endswith('tasks.jsonl')]\n"
         "for path in paths:\n"
         "    try:\n"

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -392,3 +395,71 @@ def test_pathological_answer_hits_the_time_limit_without_stalling_others() -> No
         assert slow({"ground_truth": "x^2+1"}, "\\boxed{1+x^2}").metadata["path"] == "math_verify"
     finally:
         pool.close()
+
+
+# Fork safety
+
+# Run in a fresh interpreter: forking pytest itself would leave a second copy of the test session running in the
+# child, and a child that exits normally (running its inherited atexit handlers) is the case worth checking.
+_FORK_SCRIPT = r"""
+import json, os, signal, sys
+import rllm_gym.rewards.math as math_module
+from rllm_gym.rewards.math import MathGrader, shared_pool
+
+grader = MathGrader(time_limit=30)
+
+
+def grade():
+    out = grader({"ground_truth": "x^2+2x"}, "\\boxed{x(x+2)}")
+    return [out.is_correct, out.metadata["path"]]
+
+
+before = grade()
+parent_pool = shared_pool()
+parent_pids = [process.pid for process in parent_pool._idle]
+read_end, write_end = os.pipe()
+lock = math_module._shared_pool_lock
+lock.acquire()  # held at the fork, as another parent thread might hold it
+child = os.fork()
+if child == 0:
+    signal.alarm(60)  # a deadlocked child must not outlive the test
+    os.close(read_end)
+    verdict = grade()
+    pool = shared_pool()
+    report = {"verdict": verdict, "new_pool": pool is not parent_pool, "pids": [p.pid for p in pool._idle]}
+    with os.fdopen(write_end, "w") as out:
+        json.dump(report, out)
+    sys.exit(0)  # a normal exit: the child runs the atexit handlers it inherited
+lock.release()
+os.close(write_end)
+with os.fdopen(read_end) as inp:
+    child_report = json.load(inp)
+_, status = os.waitpid(child, 0)
+after = grade()
+print(json.dumps({
+    "before": before,
+    "after": after,
+    "child": child_report,
+    "child_status": status,
+    "parent_pids": parent_pids,
+    "same_parent_pool": shared_pool() is parent_pool,
+    "parent_pids_after": [process.pid for process in shared_pool()._idle],
+}))
+"""
+
+
+def test_a_forked_child_starts_its_own_pool_and_leaves_the_parents_alone() -> None:
+    run = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["before"] == [True, "math_verify"]
+    assert report["child"]["verdict"] == [True, "math_verify"]
+    assert report["child_status"] == 0
+    # The child graded with a pool and workers of its own, not the ones it inherited.
+    assert report["child"]["new_pool"] is True
+    assert len(report["child"]["pids"]) == 1
+    assert not set(report["child"]["pids"]) & set(report["parent_pids"])
+    # The child's exit closed only its own workers: the parent still grades with the very same worker process.
+    assert report["after"] == [True, "math_verify"]
+    assert report["same_parent_pool"] is True
+    assert report["parent_pids_after"] == report["parent_pids"] and len(report["parent_pids"]) == 1

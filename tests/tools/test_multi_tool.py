@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import doctest
+import multiprocessing
+import pickle
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -128,3 +132,60 @@ async def test_aexecute_many_concurrent_with_timeouts():
     assert [o.call_id for o in outs] == ["0", "1", "2", "slow"]
     assert [o.output for o in outs[:3]] == ["slept 0.2"] * 3
     assert outs[3].error == "tool 'nap' timed out after 1 s"
+
+
+# Processes: nothing at import, pickling, close, fork
+
+
+def test_importing_the_tools_starts_no_thread():
+    code = (
+        "import threading, rllm_gym.tools, rllm_gym.envs.tool, rllm_gym.registry; "
+        "print([t.name for t in threading.enumerate()])"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "['MainThread']"
+
+
+def test_tools_pickle_with_the_standard_library_and_still_validate():
+    tools = MultiTool(["calculator", "search", "python", "finish"])
+    tools.execute_many([ToolCall(name="calculator", arguments={"expression": "1+1"})], default_timeout=5)
+    copied = pickle.loads(pickle.dumps(tools))
+    assert copied.names == tools.names
+    assert copied.validate(ToolCall(name="calculator", arguments={"expression": 3})) == tools.validate(
+        ToolCall(name="calculator", arguments={"expression": 3})
+    )
+    calls = [ToolCall(name="calculator", arguments={"expression": "2**10"})] * 2
+    assert [o.output for o in copied.execute_many(calls, default_timeout=5)] == ["1024", "1024"]
+    tools.close()
+    copied.close()
+
+
+def test_close_stops_the_threads_and_a_later_call_starts_new_ones():
+    tools = MultiTool(["calculator"])
+    calls = [ToolCall(name="calculator", arguments={"expression": "6*7"})] * 2
+    tools.execute_many(calls, default_timeout=5)
+    assert any(t.name.startswith("rllm-multitool") for t in threading.enumerate())
+    tools.close()
+    time.sleep(0.2)
+    assert [o.output for o in tools.execute_many(calls, default_timeout=5)] == ["42", "42"]
+    tools.close()
+
+
+def test_execute_many_works_in_a_forked_child_after_the_parent_used_its_threads():
+    tools = MultiTool(["calculator"])
+    calls = [ToolCall(name="calculator", arguments={"expression": "2+3"})] * 2
+    tools.execute_many(calls, default_timeout=5)  # the parent's worker threads exist now; a child has none
+    context = multiprocessing.get_context("fork")
+    results = context.SimpleQueue()
+    child = context.Process(target=lambda: results.put(_run_calls(tools, calls)))  # inherits `tools`, unpickled
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("execute_many hung in a forked child")
+    assert results.get() == ["5", "5"]
+    tools.close()
+
+
+def _run_calls(tools: MultiTool, calls: list[ToolCall]) -> list[str]:
+    return [output.output for output in tools.execute_many(calls, default_timeout=5)]

@@ -1,0 +1,178 @@
+"""The whole ``rllm-gym`` command line, driven as a subprocess: ``list`` prints the registry, ``train`` is the trainer
+with its flags and messages, ``eval`` draws a progress bar only on a terminal (and not with ``--no-progress``), and
+an eval on an OpenAI-compatible server without a tokenizer records the server's token counts."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from rllm_gym import registry
+from rllm_gym.cli import main
+from rllm_gym.policies.stub_server import StubOpenAIServer, count_tokens
+from rllm_gym.registry import ENV_SPECS, EnvSpec, default_agent, env_ids
+from rllm_gym.store import read_episodes
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "train" / "configs" / "test_tiny.yaml"
+# No TQDM_DISABLE here: the progress tests need tqdm's own terminal detection.
+ENV = {**{k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}, "OMP_NUM_THREADS": "1"}
+ENV["CUDA_VISIBLE_DEVICES"] = ""
+CLI = [sys.executable, "-m", "rllm_gym.cli"]
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300, cwd=REPO)
+
+
+# list ----------------------------------------------------------------------------------------------------------------
+
+
+def test_list_prints_one_line_per_registered_env():
+    result = run([*CLI, "list"])
+    assert result.returncode == 0, result.stderr
+    header, *lines = result.stdout.splitlines()
+    assert header.split() == ["id", "default", "agent", "extras", "description"]
+    assert len(lines) == len(ENV_SPECS)
+    for spec, line in zip(ENV_SPECS, lines, strict=True):
+        assert line.startswith(f"{spec.id} ") and line.endswith(spec.description)
+    frozen = lines[env_ids().index("rllm/FrozenLake-v0")]
+    assert frozen.split()[:3] == ["rllm/FrozenLake-v0", "FrozenLakeAgent", "-"]
+    judge = lines[env_ids().index("rllm/SolverJudge-v0")]
+    assert judge.split()[:4] == ["rllm/SolverJudge-v0", "solver=SolverAgent", "judge=JudgeAgent", "-"]
+
+
+def test_list_json_gives_the_registry_with_full_agent_paths():
+    result = run([*CLI, "list", "--json"])
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["id"] for row in rows] == env_ids()
+    for spec, row in zip(ENV_SPECS, rows, strict=True):
+        agent = default_agent(row["id"])
+        if row["multi_agent"]:
+            assert row["agent"] == {role: f"{cls.__module__}:{cls.__qualname__}" for role, cls in agent.items()}
+        else:
+            assert row["agent"] == f"{agent.__module__}:{agent.__qualname__}"
+        assert row["description"] == spec.description != ""
+        assert row["extras"] == list(spec.extras)
+        assert row["install"] == (f'pip install "rllm-gym[{",".join(spec.extras)}]"' if spec.extras else None)
+
+
+def test_list_shows_extras_and_falls_back_to_the_module_docstring(monkeypatch, capsys):
+    extra = EnvSpec("my/Lake-v0", "rllm_gym.envs.frozenlake:FrozenLakeEnv", agent=None, extras=("vllm", "serve"))
+    monkeypatch.setattr(registry, "ENV_SPECS", (*ENV_SPECS, extra))
+    assert main(["list"]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.split()[:3] == ["my/Lake-v0", "-", "vllm,serve"]
+    assert line.endswith("FrozenLake as a text environment: the reference env that every other rllm-gym env copies.")
+    assert main(["list", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[-1]
+    assert row["agent"] is None and row["install"] == 'pip install "rllm-gym[vllm,serve]"'
+
+
+# train ---------------------------------------------------------------------------------------------------------------
+
+
+def test_train_runs_the_trainer_with_its_flags(tmp_path):
+    output_dir = tmp_path / "run"
+    result = run([*CLI, "train", "--config", str(TINY), "--output_dir", str(output_dir), "--max_steps", "1"])
+    assert result.returncode == 0, result.stderr
+    assert [line.split()[:2] for line in result.stdout.splitlines() if line.startswith("step ")] == [["step", "1"]]
+    assert json.loads((output_dir / "summary.json").read_text())["termination_reasons"]
+    assert (output_dir / "final").is_dir()
+
+
+def test_train_fails_exactly_as_the_trainer_module_does(tmp_path):
+    args = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--max_stepz", "1"]
+    ours = run([*CLI, "train", *args])
+    theirs = run([sys.executable, "-m", "rllm_gym.train.grpo", *args])
+    assert ours.returncode == theirs.returncode == 1
+    assert ours.stderr.splitlines()[-1] == theirs.stderr.splitlines()[-1]
+    assert "rllm-gym train: ValueError: unknown flag --max_stepz (did you mean --max_steps?)" in ours.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_help_is_the_trainers():
+    result = run([*CLI, "train", "--help"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: rllm-gym train")
+    assert "--max_steps" in result.stdout and "--gradient_accumulation_steps" in result.stdout
+    top = run([*CLI, "--help"])
+    assert "GRPO training: python -m rllm_gym.train.grpo with the same flags" in " ".join(top.stdout.split())
+
+
+# eval: progress bar and token counts ---------------------------------------------------------------------------------
+
+
+def stub_eval(url: str, *extra: str) -> list[str]:
+    args = ["eval", "--policy", "openai", "--model", "stub", "--base-url", url, "--tasks", "2", "--n", "2"]
+    return [*CLI, *args, "--max-steps", "2", "--json", *extra]
+
+
+def stderr_on_a_terminal(command: list[str], **env: str) -> tuple[int, str]:
+    """Run with stderr on a pseudo-terminal (100 columns), as in an interactive shell; its exit status and stderr."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=slave, env={**ENV, **env}, cwd=REPO)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return process.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+
+
+def test_eval_draws_a_progress_bar_only_on_a_terminal_and_not_with_no_progress():
+    with StubOpenAIServer() as server:
+        status, terminal = stderr_on_a_terminal(stub_eval(server.url))
+        assert status == 0, terminal
+        assert "eval rllm/FrozenLake-v0: 100%" in terminal and "4/4" in terminal
+
+        status, quiet = stderr_on_a_terminal(stub_eval(server.url, "--no-progress"))
+        assert status == 0, quiet
+        assert "eval rllm/FrozenLake-v0" not in quiet
+
+        status, quiet = stderr_on_a_terminal(stub_eval(server.url), TQDM_DISABLE="1")
+        assert status == 0, quiet
+        assert "eval rllm/FrozenLake-v0" not in quiet
+
+        piped = run(stub_eval(server.url))
+        assert piped.returncode == 0, piped.stderr
+        assert "eval rllm/FrozenLake-v0" not in piped.stderr and "\r" not in piped.stderr
+    help_text = run([*CLI, "eval", "--help"]).stdout
+    assert "--no-progress" in help_text and "only when stderr is a terminal" in " ".join(help_text.split())
+
+
+def test_eval_without_a_tokenizer_records_the_servers_token_counts(tmp_path):
+    out = tmp_path / "episodes.jsonl"
+    with StubOpenAIServer() as server:
+        result = run(stub_eval(server.url, "--out", str(out)))
+    assert result.returncode == 0, result.stderr
+    steps = [step for episode in read_episodes(out) for step in episode.trajectories[0].steps]
+    assert len(steps) == 8  # 2 tasks x 2 rollouts x 2 turns
+    for step in steps:
+        *prompt, reply = step.chat_completions
+        assert step.prompt_ids == step.response_ids == []  # no tokenizer: no ids
+        assert step.model_output.prompt_length == count_tokens(prompt) > 0
+        assert step.model_output.completion_length == count_tokens(reply["content"]) > 0
+    summary = json.loads(result.stdout)  # the summary's token figures come from the same counts
+    replies = sum(step.model_output.completion_length for step in steps)
+    assert summary["mean_response_tokens"] == pytest.approx(replies / 4)
+    first = next(iter(read_episodes(out))).trajectories[0].steps[0].model_output
+    shown = run([*CLI, "view", str(out), "--index", "0"])
+    assert f"step 0: reward=0.0 done=False tokens={first.prompt_length}+{first.completion_length}" in shown.stdout
