@@ -1,94 +1,125 @@
-"""Executions per second of a trivial program: the sandbox (all isolation on) vs a bare ``python -c`` subprocess.
+"""What isolation costs: the same programs fully isolated, with the isolation layers off, and as ``python -c``.
 
-Run: ``python benchmarks/bench_sandbox.py [--quick] [--runs N] [--json PATH]``. Three sides run the same program one
-at a time (sequential) and with the same number of runs in flight (concurrent): a bare ``python -c`` subprocess, the
-sandbox with every isolation layer on, and the same sandbox runner with the isolation layers off
-(``Sandbox(isolate=False, strict=False)``: the zygote's forks, rlimits and scrubbed environment only). The ratio is
-sandbox throughput over bare throughput in the same mode (the goal is >= 3); the cost of isolation itself is the
-per-run time with the layers on minus the time with them off.
+Run: ``python benchmarks/bench_sandbox.py [--quick] [--in-flight 1 4 16 64] [--json PATH]``. Each program runs on
+three sides, with 1, 4, 16 and 64 runs in flight:
+
+* ``isolated``: :class:`~rllm_gym.sandbox.Sandbox` with every isolation layer on (the default, strict);
+* ``layers_off``: the same runner (the warm zygote's forks, rlimits, scrubbed environment, capture) with the
+  namespace, view, uid, cgroup and seccomp layers off (``Sandbox(isolate=False, strict=False)``);
+* ``bare``: a ``python -c`` subprocess, no sandbox at all.
+
+The cost of isolation is ``isolated`` against ``layers_off`` (same runner, layers on vs off). ``bare`` against
+``layers_off`` is a different question: what the warm fork server saves over a cold interpreter start, not what
+isolation costs. Programs: ``trivial`` (a print) and ``cpu`` (about 0.1 s of pure-Python arithmetic), so the fixed
+cost per run shows next to a run whose own work dominates. Memory per run is the mean peak RSS of the run's process
+(the sandbox's ``max_rss_mb``; ``wait4``'s for ``python -c``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from rllm_gym.sandbox import Sandbox
 
-PROGRAM = "print(sum(range(100)))"
+PROGRAMS = {
+    "trivial": ("print(sum(range(100)))", "4950\n"),
+    "cpu": ("total = 0\nfor i in range(1_500_000):\n    total += i * i % 7\nprint(total)", None),
+}
 
 
-def bare_run() -> None:
-    result = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, check=True)
-    assert result.stdout == "4950\n"
+def bare_run(program: str) -> tuple[str, float]:
+    """Run ``python -c program``; its stdout and peak RSS in MB."""
+    process = subprocess.Popen([sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    stdout = process.stdout.read().decode()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    process.stdout.close()
+    assert process.returncode == 0, process.returncode
+    return stdout, usage.ru_maxrss / 1024
 
 
-def throughput(run_once, runs: int, parallel: int, budget_s: float) -> tuple[float, int]:
-    """Runs per second over at most ``runs`` runs or ``budget_s`` seconds, whichever ends first."""
-    done = 0
+def sandbox_run(box: Sandbox, program: str) -> tuple[str, float]:
+    result = box.run(program, timeout=60)
+    assert result.ok, result
+    return result.stdout, result.max_rss_mb or 0.0
+
+
+def measure(run_once, program: str, expected: str, runs: int, in_flight: int, budget_s: float) -> dict[str, float]:
+    """Runs/s and mean peak RSS over at most ``runs`` runs or ``budget_s`` seconds, ``in_flight`` at a time."""
+    done, rss = 0, 0.0
     start = time.perf_counter()
-    with ThreadPoolExecutor(parallel) as pool:
+    with ThreadPoolExecutor(in_flight) as pool:
         while done < runs and time.perf_counter() - start < budget_s:
-            batch = min(parallel, runs - done)
-            list(pool.map(lambda _: run_once(), range(batch)))
-            done += batch
-    return done / (time.perf_counter() - start), done
+            for stdout, peak in pool.map(lambda _: run_once(program), range(in_flight)):
+                assert stdout == expected, stdout
+                rss += peak
+            done += in_flight
+    elapsed = time.perf_counter() - start
+    return {
+        "per_s": round(done / elapsed, 1),
+        "ms_per_run": round(1000 * elapsed / done, 2),
+        "runs": done,
+        "rss_mb": round(rss / done, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a few seconds in all (each phase capped at ~1 s)")
-    parser.add_argument("--runs", type=int, default=300, help="runs per phase (default 300)")
-    parser.add_argument("--parallel", type=int, default=4, help="runs in flight in the concurrent phases")
+    parser.add_argument("--quick", action="store_true", help="about a minute in all (each phase capped at ~1.5 s)")
+    parser.add_argument("--runs", type=int, default=256, help="most runs per phase (default 256)")
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 4, 16, 64], help="runs in flight")
     parser.add_argument("--json", help="also write the results to this JSON file")
     args = parser.parse_args()
-    budget = 1.0 if args.quick else 60.0
-    runs = min(args.runs, 100) if args.quick else args.runs
-
+    budget = 1.5 if args.quick else 30.0
+    most = max(args.in_flight)
+    results: dict[str, Any] = {"in_flight": args.in_flight, "programs": {}, "cpu_count": os.cpu_count()}
     with (
-        Sandbox(max_parallel=args.parallel) as sandbox,
-        Sandbox(max_parallel=args.parallel, isolate=False, strict=False) as open_box,
+        Sandbox(max_parallel=most) as isolated,
+        Sandbox(max_parallel=most, isolate=False, strict=False) as open_box,
     ):
-        sandbox.start()
+        isolated.start()
         open_box.start()
-
-        def runner(box: Sandbox):
-            def run_once() -> None:
-                result = box.run(PROGRAM)
-                assert result.ok and result.stdout == "4950\n", result
-
-            return run_once
-
-        sandbox_run, open_run = runner(sandbox), runner(open_box)
-        sandbox_run()  # warm
-        open_run()
-        bare_run()
-        results = {"isolation": sandbox.isolation, "program": PROGRAM, "parallel": args.parallel}
-        for mode, parallel in (("sequential", 1), ("concurrent", args.parallel)):
-            bare, bare_n = throughput(bare_run, runs, parallel, budget)
-            boxed, boxed_n = throughput(sandbox_run, runs, parallel, budget)
-            layers_off, off_n = throughput(open_run, runs, parallel, budget)
-            cost_ms = 1000 / boxed - 1000 / layers_off
-            results[mode] = {
-                "bare_per_s": round(bare, 1),
-                "sandbox_per_s": round(boxed, 1),
-                "layers_off_per_s": round(layers_off, 1),
-                "bare_runs": bare_n,
-                "sandbox_runs": boxed_n,
-                "layers_off_runs": off_n,
-                "ratio": round(boxed / bare, 2),
-                "isolation_cost_ms": round(cost_ms, 2),
-            }
-            print(
-                f"{mode:>10}: bare python -c {bare:7.1f}/s ({1000 / bare:5.1f} ms)   sandbox {boxed:7.1f}/s "
-                f"({1000 / boxed:5.1f} ms)   ratio {boxed / bare:.2f}x   layers off {layers_off:7.1f}/s "
-                f"(isolation costs {cost_ms:+.2f} ms a run)"
-            )
-    print(f"isolation: {', '.join(results['isolation'])}")
+        sides = {
+            "isolated": lambda program: sandbox_run(isolated, program),
+            "layers_off": lambda program: sandbox_run(open_box, program),
+            "bare": bare_run,
+        }
+        results["isolation"] = isolated.isolation
+        print(f"{'program':>8} {'in flight':>9} {'side':>10} {'runs/s':>8} {'ms/run':>8} {'RSS MB':>7}")
+        for name, (program, expected) in PROGRAMS.items():
+            expected = expected if expected is not None else bare_run(program)[0]
+            for run_once in sides.values():
+                run_once(program)  # warm
+            rows = []
+            for in_flight in args.in_flight:
+                row: dict[str, Any] = {"in_flight": in_flight}
+                for side, run_once in sides.items():
+                    row[side] = measure(run_once, program, expected, args.runs, in_flight, budget)
+                    m = row[side]
+                    print(
+                        f"{name:>8} {in_flight:>9} {side:>10} {m['per_s']:>8.1f} {m['ms_per_run']:>8.2f} "
+                        f"{m['rss_mb']:>7.1f}"
+                    )
+                # Same runner, layers on vs off: the price of isolation, per run and as a throughput ratio.
+                row["isolation_cost_ms"] = round(row["isolated"]["ms_per_run"] - row["layers_off"]["ms_per_run"], 2)
+                row["isolated_vs_layers_off"] = round(row["isolated"]["per_s"] / row["layers_off"]["per_s"], 2)
+                # Warm fork server vs a cold interpreter start: start-up savings, not an isolation figure.
+                row["layers_off_vs_bare"] = round(row["layers_off"]["per_s"] / row["bare"]["per_s"], 2)
+                rows.append(row)
+                print(
+                    f"{'':>8} {'':>9} isolation costs {row['isolation_cost_ms']:+.2f} ms a run "
+                    f"({row['isolated_vs_layers_off']:.2f}x the layers-off throughput)"
+                )
+            results["programs"][name] = {"code": program, "rows": rows}
+    results["load_average"] = round(os.getloadavg()[0], 2)
+    print(f"isolation: {', '.join(results['isolation'])}; load average {results['load_average']}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=2)

@@ -37,6 +37,7 @@ EVAL_DEFAULTS: dict[str, Any] = {
     "max_steps": 10,
     "max_tokens": 256,
     "thinking": None,
+    "chat_template_kwargs": {},
 }
 RECORDED = "; a --model folder written by the trainer gives its training value"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
@@ -97,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=float, help="wall-clock seconds per episode")
     run.add_argument(
         "--thinking", choices=("on", "off"), help=f"chat template thinking switch, where supported{RECORDED}"
+    )
+    run.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        help=f"JSON dict of chat template arguments, e.g. '{{\"enable_thinking\": false}}' (default: {{}}{RECORDED})",
     )
     run.add_argument("--seed", type=int, default=0, help="seed of sampling and env resets (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
@@ -183,7 +189,11 @@ def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
     if args.timeout is not None and args.timeout <= 0:
         parser.error(f"--timeout must be > 0 seconds (leave it out for no limit), got {args.timeout}")
-    for flag, value in (("--env-args", args.env_args), ("--agent-args", args.agent_args)):
+    for flag, value in (
+        ("--env-args", args.env_args),
+        ("--agent-args", args.agent_args),
+        ("--chat-template-kwargs", args.chat_template_kwargs),
+    ):
         if not isinstance(value, dict):
             parser.error(f"{flag} must be a JSON object such as '{{\"size\": 6}}', got {value!r}")
     if args.agent and ":" not in args.agent:
@@ -213,18 +223,21 @@ def _check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 def make_policy(args: argparse.Namespace) -> Any:
     thinking = None if args.thinking is None else args.thinking == "on"
+    template_kwargs = args.chat_template_kwargs  # --thinking, when given, wins over its enable_thinking
     if args.policy == "hf":
         from rllm_gym.policies.hf import HFPolicy
 
-        return HFPolicy(args.model, enable_thinking=thinking, device="auto")
+        return HFPolicy(args.model, enable_thinking=thinking, chat_template_kwargs=template_kwargs, device="auto")
     if args.policy == "openai":
         from rllm_gym.policies.openai import OpenAIPolicy
 
         urls = args.base_url or [DEFAULT_BASE_URL]
-        return OpenAIPolicy(args.model, urls, tokenizer=args.tokenizer, enable_thinking=thinking)
+        return OpenAIPolicy(
+            args.model, urls, tokenizer=args.tokenizer, enable_thinking=thinking, chat_template_kwargs=template_kwargs
+        )
     from rllm_gym.policies.vllm import VLLMPolicy
 
-    return VLLMPolicy(args.model, enable_thinking=thinking)
+    return VLLMPolicy(args.model, enable_thinking=thinking, chat_template_kwargs=template_kwargs)
 
 
 def load_tasks(args: argparse.Namespace) -> list[Any]:

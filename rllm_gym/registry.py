@@ -50,7 +50,7 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         "rllm/Math-v0",
         "rllm_gym.envs.math:MathEnv",
         agent="rllm_gym.agents.math:MathAgent",
-        description="math problems graded by rllm_gym.rewards.math (math-verify for symbolic answers); retries: max_turns",
+        description="math problems, graded exactly (math-verify for symbolic answers); retries with max_turns",
     ),
     EnvSpec(
         "rllm/Tool-v0",

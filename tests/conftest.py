@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import struct
+import subprocess
+import termios
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -13,3 +20,34 @@ from rllm_gym.tiny_model import build_tiny_model
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded tiny model, built once per test session into a temporary folder (no download)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+def _run_with_stderr_on_a_terminal(
+    command: list[str],
+    *,
+    stdout: int | IO = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> tuple[int, str]:
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    process = subprocess.Popen(command, stdout=stdout, stderr=slave, env=env)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return process.wait(timeout=timeout), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture
+def stderr_on_a_terminal() -> Callable[..., tuple[int, str]]:
+    """Runs a command with stderr on a pseudo-terminal of 100 columns, as in an interactive shell (progress bars draw
+    only there): ``run(command, stdout=..., env=...)`` gives its exit status and what it wrote to stderr."""
+    return _run_with_stderr_on_a_terminal

@@ -4,17 +4,15 @@ an eval on an OpenAI-compatible server without a tokenizer records the server's 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import pty
-import struct
+import shutil
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from rllm_gym import registry
 from rllm_gym.cli import main
@@ -118,36 +116,17 @@ def stub_eval(url: str, *extra: str) -> list[str]:
     return [*CLI, *args, "--max-steps", "2", "--json", *extra]
 
 
-def stderr_on_a_terminal(command: list[str], **env: str) -> tuple[int, str]:
-    """Run with stderr on a pseudo-terminal (100 columns), as in an interactive shell; its exit status and stderr."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=slave, env={**ENV, **env}, cwd=REPO)
-    os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 4096)
-        except OSError:  # EIO: the process closed its end
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    return process.wait(timeout=60), b"".join(chunks).decode(errors="replace")
-
-
-def test_eval_draws_a_progress_bar_only_on_a_terminal_and_not_with_no_progress():
+def test_eval_draws_a_progress_bar_only_on_a_terminal_and_not_with_no_progress(stderr_on_a_terminal):
     with StubOpenAIServer() as server:
-        status, terminal = stderr_on_a_terminal(stub_eval(server.url))
+        status, terminal = stderr_on_a_terminal(stub_eval(server.url), env=ENV)
         assert status == 0, terminal
         assert "eval rllm/FrozenLake-v0: 100%" in terminal and "4/4" in terminal
 
-        status, quiet = stderr_on_a_terminal(stub_eval(server.url, "--no-progress"))
+        status, quiet = stderr_on_a_terminal(stub_eval(server.url, "--no-progress"), env=ENV)
         assert status == 0, quiet
         assert "eval rllm/FrozenLake-v0" not in quiet
 
-        status, quiet = stderr_on_a_terminal(stub_eval(server.url), TQDM_DISABLE="1")
+        status, quiet = stderr_on_a_terminal(stub_eval(server.url), env={**ENV, "TQDM_DISABLE": "1"})
         assert status == 0, quiet
         assert "eval rllm/FrozenLake-v0" not in quiet
 
@@ -176,3 +155,35 @@ def test_eval_without_a_tokenizer_records_the_servers_token_counts(tmp_path):
     first = next(iter(read_episodes(out))).trajectories[0].steps[0].model_output
     shown = run([*CLI, "view", str(out), "--index", "0"])
     assert f"step 0: reward=0.0 done=False tokens={first.prompt_length}+{first.completion_length}" in shown.stdout
+
+
+def test_eval_renders_prompts_with_the_recorded_chat_template_options(tmp_path, tiny_model_dir):
+    """A model folder's recorded chat_template_kwargs reach the template; --chat-template-kwargs overrides them."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    # A template that shows the option it was given: the proof that it arrived.
+    config["chat_template"] = (
+        "{{ 'mode=' ~ (mode | default('none')) ~ '\\n' }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\\n"
+        "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    record = {"env": ["rllm/FrozenLake-v0"], "agent_args": {}, "env_args": {}, "max_turns": 1}
+    record |= {"max_completion_length": 2, "chat_template_kwargs": {"mode": "recorded"}}
+    (model / "rllm_gym_training.json").write_text(json.dumps(record))
+
+    def first_prompt(*flags: str) -> tuple[str, str]:
+        out = tmp_path / f"episodes{len(flags)}.jsonl"
+        command = [*CLI, "eval", "--model", str(model), "--tasks", "1", "--n", "1", "--out", str(out), *flags]
+        result = run(command)
+        assert result.returncode == 0, result.stderr
+        step = next(iter(read_episodes(out))).trajectories[0].steps[0]
+        return AutoTokenizer.from_pretrained(model).decode(step.prompt_ids), result.stderr
+
+    prompt, stderr = first_prompt()
+    assert prompt.startswith("mode=recorded\n") and '--chat-template-kwargs {"mode": "recorded"}' in stderr
+    prompt, stderr = first_prompt("--chat-template-kwargs", '{"mode": "flag"}')
+    assert prompt.startswith("mode=flag\n") and "instead: --chat-template-kwargs" in stderr
+    bad = run([*CLI, "eval", "--chat-template-kwargs", "[1]"])
+    assert bad.returncode == 2 and "--chat-template-kwargs must be a JSON object" in bad.stderr

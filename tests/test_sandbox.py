@@ -373,3 +373,11 @@ def test_paired_run_carries_plain_data_only(sandbox):
     ]
     gone = sandbox.run_pair("import os\nos._exit(0)", harness)
     assert gone.harness.status is ExecutionStatus.RUNTIME_ERROR and "ended before answering" in gone.harness.stderr
+
+
+def test_in_flight_counts_runs_submitted_and_not_answered(sandbox):
+    assert sandbox.in_flight == 0
+    futures = [sandbox.submit("import time; time.sleep(0.3)", timeout=10) for _ in range(3)]
+    assert sandbox.in_flight == 3  # what a caller's backpressure bounds: queued or running, not yet answered
+    assert all(future.result(timeout=40).ok for future in futures)
+    assert sandbox.in_flight == 0

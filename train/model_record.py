@@ -1,8 +1,9 @@
 """What a trained model folder says about its training: ``rllm_gym_training.json`` and a model card (README.md).
 
 The trainer writes both into ``final/`` and every ``checkpoint-N``: the env ids, agent and env arguments, chat
-template options, turn and reply limits the model was trained with, its base, its steps and its greedy success before
-(and, in ``final/``, after) training. ``rllm-gym eval --model <folder>`` reads the record and evaluates in the same
+template options (``chat_template_kwargs``: the trainer's, with the agent's ``enable_thinking``), the dtype, turn and
+reply limits the model was trained with, its base, its steps and its greedy success before (and, in ``final/``,
+after) training. ``rllm-gym eval --model <folder>`` reads the record and evaluates in the same
 prompt format unless flags say otherwise. This module imports nothing heavy: the CLI reads records with it.
 """
 
@@ -39,7 +40,11 @@ def training_record(
     """The record of a model trained with ``config`` (a TrainConfig as a dict) for ``steps`` steps."""
     agent_args = json.loads(config["agent_args"]) if isinstance(config["agent_args"], str) else config["agent_args"]
     env_args = json.loads(config["env_args"]) if isinstance(config["env_args"], str) else config["env_args"]
+    template_kwargs = config.get("chat_template_kwargs") or {}
+    template_kwargs = json.loads(template_kwargs) if isinstance(template_kwargs, str) else dict(template_kwargs)
     thinking = agent_args.get("enable_thinking") if isinstance(agent_args, dict) else None
+    if thinking is not None:  # the agent's switch, as its policies pass it to the template
+        template_kwargs.setdefault("enable_thinking", thinking)
     return {
         "format": 1,
         "base_model": config.get("model") or "the embedded tiny model (rllm_gym.tiny_model)",
@@ -49,7 +54,8 @@ def training_record(
         "tasks": config.get("tasks") or ["seeds:64"] * len(config["env"]),
         "agent_args": agent_args,
         "env_args": env_args,
-        "chat_template_kwargs": {} if thinking is None else {"enable_thinking": thinking},
+        "chat_template_kwargs": template_kwargs,
+        "dtype": config.get("dtype") or "auto",
         "max_turns": config["max_turns"],
         "max_completion_length": config["max_completion_length"],
         "temperature": config["temperature"],
@@ -76,6 +82,9 @@ def eval_settings(record: dict[str, Any]) -> dict[str, Any]:
     thinking = record.get("chat_template_kwargs", {}).get("enable_thinking")
     if thinking is not None:
         settings["thinking"] = "on" if thinking else "off"
+    others = {k: v for k, v in record.get("chat_template_kwargs", {}).items() if k != "enable_thinking"}
+    if others:  # needs rllm-gym eval's --chat-template-kwargs (rllm_gym/cli.py)
+        settings["chat_template_kwargs"] = others
     return settings
 
 
@@ -115,6 +124,7 @@ def model_card(name: str, record: dict[str, Any]) -> str:
         f"- Agent arguments: {_arguments(record['agent_args'], 'the agent')}",
         f"- Env arguments: {_arguments(record['env_args'], 'the env')}",
         f"- Chat template options: {_arguments(record['chat_template_kwargs'], 'the tokenizer')}",
+        f"- Dtype: {record.get('dtype', 'auto')} (the weights are saved in it)",
         f"- Turns per episode: {record['max_turns']}; tokens per reply: {record['max_completion_length']}",
         f"- Greedy success before training: {_scores(record['greedy_before'], not_measured)}",
         f"- Greedy success after training: {after}",

@@ -40,6 +40,7 @@ IDENTITY_FIELDS = (
     "agent_args",
     "env_args",
     "max_turns",
+    "chat_template_kwargs",
     "model",
     "lora",
     "num_generations",

@@ -1,17 +1,23 @@
 """TRL's GRPOTrainer with generation through rllm-gym's envs, agents and engine, and our advantages in its loss.
 
-:class:`EpisodeRollout` is TRL's ``rollout_func``: each prompt slot TRL hands it is a task (the prompt string is the
-task as JSON, see :func:`encode_prompt`), and it answers with one token sequence per slot, built from one trajectory
-of one episode run by :class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory becomes ONE sequence:
-the first step's prompt, then each reply (``env_mask`` 1, trained) followed by the tokens the chat template adds for
-the next observation (``env_mask`` 0, never trained). Each step's prompt must extend the previous prompt plus reply
-token for token; where the template re-tokenizes differently, the sequence stops before that step and the mismatch
-is counted (``rollout/prefix_mismatch``) rather than trained on wrong tokens.
+:class:`EpisodeRollout` runs the episodes of TRL's prompt slots: each slot is a task (the prompt string is the task as
+JSON, see :func:`encode_prompt`) and trains one trajectory of one episode run by
+:class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory becomes one token sequence while the chat
+template keeps its history: the first step's prompt, then each reply (``env_mask`` 1, trained) followed by the tokens
+the template adds for the next observation (``env_mask`` 0, never trained), as long as each step's prompt extends the
+previous prompt plus reply token for token. A template that re-renders earlier turns (Qwen3 drops the ``<think>``
+blocks of earlier assistant turns) breaks that prefix; then the trajectory is split there: a new training row starts
+with that step's full prompt (as the model saw it, masked out) and its reply trained. So no turn is ever dropped: a
+trajectory gives one row per run of steps that extend each other, one row per turn at worst, and every row carries its
+trajectory's advantages (groups and statistics stay one entry per trajectory). ``rollout/prefix_mismatch`` is the
+share of trajectories split so, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when every prefix holds).
 
-:class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: after TRL has built the batch, it gathers
-the episodes of every process, computes :func:`~rllm_gym.train.advantages.compute_advantages` over the groups
-``{task_id}:{trajectory.name}`` (so roles are compared only with themselves), and replaces TRL's advantages with ours,
-per sequence (``broadcast``) or per token (``per_step``); masked trajectories get ``env_mask`` 0 throughout. Tested
+:class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: it runs the episodes first, repeats TRL's
+inputs once per row (padded with untrained rows to a size every process shares, ``rollout/padding_rows``), lets TRL
+build the batch from them (its ``rollout_func`` hands over the rows), then gathers the episodes of every process,
+computes :func:`~rllm_gym.train.advantages.compute_advantages` over the groups ``{task_id}:{trajectory.name}`` (so
+roles are compared only with themselves), and replaces TRL's advantages with ours, per row (``broadcast``) or per
+token (``per_step``); masked trajectories get ``env_mask`` 0 throughout. Tested
 with TRL 1.16 (the ``rollout_func`` hook is experimental there, hence the pinned range in pyproject.toml).
 """
 
@@ -31,11 +37,19 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine import EnvThreadPool, engine_for
+from rllm_gym.engine.common import default_env_workers
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
+from rllm_gym.train.sequences import (
+    TrainingSequence,
+    decode_prompt,
+    encode_prompt,
+    placeholder_sequence,
+    trajectory_to_sequences,
+)
 from rllm_gym.train.vllm_server import ServerVLLMPolicy, sampled_logprobs
 from rllm_gym.types import Episode, ModelOutput, Trajectory
 
@@ -48,69 +62,13 @@ __all__ = [
     "TrainingStopped",
     "decode_prompt",
     "encode_prompt",
-    "trajectory_to_sequence",
+    "placeholder_sequence",
+    "trajectory_to_sequences",
 ]
 
 
 class TrainingStopped(RuntimeError):
     """Training cannot go on (e.g. every episode of several steps in a row ended in ERROR); the message says why."""
-
-
-def encode_prompt(env_id: str, task: Any, slot: int = 0) -> str:
-    """The dataset ``prompt`` for a task: which env, which task (a dict or an int seed), which trajectory slot."""
-    return json.dumps({"env": env_id, "task": task, "slot": slot}, sort_keys=True)
-
-
-def decode_prompt(prompt: Any) -> tuple[str, Any, int]:
-    try:
-        data = json.loads(prompt)
-        return data["env"], data["task"], int(data.get("slot", 0))
-    except (TypeError, ValueError, KeyError) as error:
-        raise ValueError(
-            f"a training prompt must be made by rllm_gym.train.trl_rollout.encode_prompt(env_id, task), got {prompt!r}"
-        ) from error
-
-
-@dataclass
-class TrainingSequence:
-    """One trajectory as TRL's batch row: ``env_mask`` 1 on model tokens; ``spans[i]`` are step i's reply tokens."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    env_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    spans: list[tuple[int, int]] = field(default_factory=list)
-    prefix_mismatch: bool = False
-
-
-def trajectory_to_sequence(trajectory: Trajectory, filler_id: int = 0) -> TrainingSequence:
-    """Join a trajectory's steps into one sequence, observation tokens masked (see the module docstring).
-
-    A trajectory without steps (its episode failed before the first LLM call) becomes a one-token placeholder
-    (``filler_id``) with ``env_mask`` 0: TRL needs a row per prompt slot, and nothing of it is trained.
-    """
-    steps = trajectory.steps
-    if not steps:
-        return TrainingSequence(prompt_ids=[filler_id], completion_ids=[filler_id], env_mask=[0], logprobs=[0.0])
-    sequence = TrainingSequence(prompt_ids=list(steps[0].prompt_ids))
-    context = list(sequence.prompt_ids)
-    for index, step in enumerate(steps):
-        if index > 0:
-            if step.prompt_ids[: len(context)] != context:
-                sequence.prefix_mismatch = True
-                break
-            observation = step.prompt_ids[len(context) :]
-            sequence.completion_ids += observation
-            sequence.env_mask += [0] * len(observation)
-            sequence.logprobs += [0.0] * len(observation)
-        start = len(sequence.completion_ids)
-        sequence.completion_ids += step.response_ids
-        sequence.env_mask += [1] * len(step.response_ids)
-        logprobs = step.logprobs if len(step.logprobs) == len(step.response_ids) else [0.0] * len(step.response_ids)
-        sequence.logprobs += logprobs
-        sequence.spans.append((start, len(sequence.completion_ids)))
-        context = sequence.prompt_ids + sequence.completion_ids
-    return sequence
 
 
 @dataclass
@@ -134,7 +92,14 @@ class TrainerVLLMPolicy(BatchingPolicy):
     keep in step, so it is rejected with a clear error.
     """
 
-    def __init__(self, trainer: GRPOTrainer, *, max_batch_size: int = 1024, batch_wait_s: float = 0.02):
+    def __init__(
+        self,
+        trainer: GRPOTrainer,
+        *,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        max_batch_size: int = 1024,
+        batch_wait_s: float = 0.02,
+    ):
         generation = trainer.vllm_generation
         if generation.mode != "colocate" or generation.tensor_parallel_size != 1:
             raise ValueError(
@@ -142,7 +107,7 @@ class TrainerVLLMPolicy(BatchingPolicy):
                 f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}; for a model that needs "
                 f"several GPUs, serve it with `trl vllm-serve` and train with vllm_mode='server'"
             )
-        super().__init__(trainer.processing_class, {}, max_batch_size, batch_wait_s)
+        super().__init__(trainer.processing_class, dict(chat_template_kwargs or {}), max_batch_size, batch_wait_s)
         self.generation = generation
         self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}
 
@@ -163,7 +128,11 @@ class TrainerVLLMPolicy(BatchingPolicy):
 
 
 class EpisodeRollout:
-    """TRL's ``rollout_func``: runs the episodes of TRL's prompt slots through our engine and returns token sequences.
+    """Runs the episodes of TRL's prompt slots through our engine; answers with their training rows (TRL's form).
+
+    A call gives one row or more per prompt (see the module docstring); :class:`RLLMGRPOTrainer` lays TRL's batch out
+    row by row. ``last_episodes`` and ``last_slots`` follow the prompts, ``last_sequences`` the rows (each names its
+    prompt in ``source``). ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) go to every policy it builds.
 
     Prompt slots that name the same env and task share episodes: the ``k``-th slot of ``(env, task, slot s)`` in a
     call trains trajectory ``s`` of the ``k``-th episode of ``(env, task)``. For a single-agent env that is one
@@ -188,6 +157,7 @@ class EpisodeRollout:
         timeout_s: float | None = None,
         stop_on_truncation: bool = True,
         policy_factory: Callable[[GRPOTrainer], Policy] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ):
         if not envs:
             raise ValueError("EpisodeRollout needs at least one EnvSetup")
@@ -198,10 +168,13 @@ class EpisodeRollout:
         self.timeout_s = timeout_s
         self.stop_on_truncation = stop_on_truncation
         self.policy_factory = policy_factory
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.calls = 0
         self.last_episodes: list[Episode] = []  # aligned with the last call's prompts (shared episodes repeat)
         self.last_slots: list[int] = []
-        self.last_sequences: list[TrainingSequence] = []
+        self.last_rewards: list[float] = []
+        self.last_sequences: list[TrainingSequence] = []  # the rows: one or more per prompt, then padding
+        self.filler_id = 0
         self.last_metrics: dict[str, float] = {}  # the generation backend's, e.g. vLLM server rounds
         self.last_seconds = 0.0  # wall time of the last call
         self._runner: asyncio.Runner | None = None
@@ -232,7 +205,7 @@ class EpisodeRollout:
         if self._pool is None or self._pool.busy:  # busy between calls: a hung env call holds a thread
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = EnvThreadPool(max_workers=32, thread_name_prefix="rllm-gym-train-env")
+            self._pool = EnvThreadPool(max_workers=default_env_workers(), thread_name_prefix="rllm-gym-train-env")
         return self._runner.run(coroutine)
 
     def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
@@ -261,11 +234,12 @@ class EpisodeRollout:
         if self.policy_factory is not None:
             episodes = self._run_sync(self._run(runs, self.policy_factory(trainer), sampling))
         elif trainer.use_vllm and trainer.args.vllm_mode == "server":
-            policy = ServerVLLMPolicy.from_trainer(trainer)
+            policy = ServerVLLMPolicy.from_trainer(trainer, chat_template_kwargs=self.chat_template_kwargs)
             episodes = self._run_sync(policy.run(self._run(runs, policy, sampling)))
             self.last_metrics = policy.metrics()
         elif trainer.use_vllm:
-            episodes = self._run_sync(self._run(runs, TrainerVLLMPolicy(trainer), sampling))
+            policy = TrainerVLLMPolicy(trainer, chat_template_kwargs=self.chat_template_kwargs)
+            episodes = self._run_sync(self._run(runs, policy, sampling))
         else:
             model = trainer.model_wrapped
             was_training = model.training
@@ -278,6 +252,7 @@ class EpisodeRollout:
                     unwrapped,
                     tokenizer=trainer.processing_class,
                     device=str(trainer.accelerator.device),
+                    chat_template_kwargs=self.chat_template_kwargs,
                     max_batch_size=len(runs),
                     batch_wait_s=0.02,
                 )
@@ -290,16 +265,31 @@ class EpisodeRollout:
             ep.trajectories[slot] if slot < len(ep.trajectories) else Trajectory()
             for ep, slot in zip(row_episodes, slots, strict=True)
         ]
-        filler = trainer.processing_class.eos_token_id or 0
-        sequences = [trajectory_to_sequence(t, filler) for t in trajectories]
-        self.last_episodes, self.last_slots, self.last_sequences = row_episodes, slots, sequences
+        self.filler_id = trainer.processing_class.eos_token_id or 0
+        self.last_sequences = [
+            row
+            for source, trajectory in enumerate(trajectories)
+            for row in trajectory_to_sequences(trajectory, self.filler_id, source)
+        ]
+        self.last_episodes, self.last_slots = row_episodes, slots
+        self.last_rewards = [float(t.reward or 0.0) for t in trajectories]
         self.last_seconds = time.monotonic() - start
+        return self.rows()
+
+    def pad_rows(self, count: int) -> None:
+        """Add placeholder rows (nothing trained) to the last call's until there are ``count``."""
+        missing = count - len(self.last_sequences)
+        self.last_sequences += [placeholder_sequence(self.filler_id) for _ in range(missing)]
+
+    def rows(self) -> dict[str, Any]:
+        """TRL's rollout output for the last call's rows (``trajectory_reward`` feeds TRL's logs only)."""
+        sequences = self.last_sequences
         return {
             "prompt_ids": [s.prompt_ids for s in sequences],
             "completion_ids": [s.completion_ids for s in sequences],
             "logprobs": [s.logprobs for s in sequences],
             "env_mask": [s.env_mask for s in sequences],
-            "trajectory_reward": [float(t.reward or 0.0) for t in trajectories],
+            "trajectory_reward": [self.last_rewards[s.source] if s.source >= 0 else 0.0 for s in sequences],
         }
 
     async def _run(self, runs: list[tuple[str, Any, str]], policy: Any, sampling: SamplingParams) -> list[Episode]:
@@ -389,7 +379,7 @@ class RLLMGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
-        super().__init__(*args, rollout_func=rollout, **kwargs)
+        super().__init__(*args, rollout_func=self._collected_rows, **kwargs)
         self.rollout = rollout
         self.advantage_config = advantage_config
         self.max_error_steps = max_error_steps
@@ -415,12 +405,41 @@ class RLLMGRPOTrainer(GRPOTrainer):
                 f"{describe_errors(step_errors.groups())}"
             )
 
+    def _collected_rows(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
+        """TRL's ``rollout_func``: the rows :meth:`_generate_and_score_completions` collected (one prompt per row)."""
+        rows = self.rollout.rows()
+        if len(rows["prompt_ids"]) != len(prompts):
+            raise RuntimeError(f"{len(prompts)} prompts for {len(rows['prompt_ids'])} collected rows")
+        return rows
+
+    def _row_count(self, count: int) -> int:
+        """Rows every process trains: the most any process has, then up to a batch TRL can group and split whole
+        (a multiple of ``num_generations`` over all processes, of ``steps_per_generation`` on each)."""
+        from accelerate.utils import gather_object
+
+        rows = max(gather_object([count]))
+        group = self.num_generations if self.model.training else self.num_generations_eval
+        world = self.accelerator.num_processes
+        while rows % self.args.steps_per_generation or (rows * world) % group:
+            rows += 1
+        return rows
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         from accelerate.utils import gather_object
 
-        output = super()._generate_and_score_completions(inputs)
-        mode = "train" if self.model.training else "eval"
+        # The episodes run first, so that TRL's batch can hold a row per training sample (a trajectory whose template
+        # rewrote its history has several, see trajectory_to_sequences): TRL's inputs are repeated per row, padded
+        # with untrained rows to a size every process shares. TRL syncs vLLM's weights in _generate, after the
+        # rollout: here that would be too late, so it is done before.
+        if self.use_vllm and self.state.global_step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
         rollout = self.rollout
+        rollout([example["prompt"] for example in inputs], self)
+        rollout.pad_rows(self._row_count(len(rollout.last_sequences)))
+        sequences = rollout.last_sequences
+        output = super()._generate_and_score_completions([dict(inputs[max(s.source, 0)]) for s in sequences])
+        mode = "train" if self.model.training else "eval"
         local = [_training_view(e, s) for e, s in zip(rollout.last_episodes, rollout.last_slots, strict=True)]
         everyone = gather_object(local)
         self._count_episodes(everyone)
@@ -428,51 +447,55 @@ class RLLMGRPOTrainer(GRPOTrainer):
 
         device = output["completion_ids"].device
         width = output["completion_ids"].size(1)
-        per_token = torch.zeros(len(local), width, device=device)  # (B, T)
+        per_token = torch.zeros(len(sequences), width, device=device)  # (rows, T)
+        per_row = torch.zeros(len(sequences), device=device)  # (rows,)
         mask = output.get("tool_mask")
         if mask is None:
             mask = output["completion_mask"].clone()
-        for row, (view, sequence) in enumerate(zip(local, rollout.last_sequences, strict=True)):
-            entry = result.by_uid[view.trajectories[0].uid]
-            for (start, end), advantage, trained in zip(sequence.spans, entry.advantages, entry.mask, strict=False):
-                per_token[row, start:end] = advantage
-                if not trained:
+        for row, sequence in enumerate(sequences):
+            if sequence.source < 0 or not sequence.spans:
+                mask[row] = 0
+                continue
+            entry = result.by_uid[local[sequence.source].trajectories[0].uid]
+            steps = range(sequence.first_step, sequence.first_step + len(sequence.spans))
+            for (start, end), step in zip(sequence.spans, steps, strict=True):
+                per_token[row, start:end] = entry.advantages[step]
+                if not entry.mask[step]:
                     mask[row, start:end] = 0
-        if self.advantage_config.mode == "broadcast":
-            # One advantage per sequence: TRL's (B,) form, the first span's value (all spans share it).
-            output["advantages"] = torch.tensor(
-                [
-                    result.by_uid[v.trajectories[0].uid].advantages[0] if v.trajectories[0].steps else 0.0
-                    for v in local
-                ],
-                device=device,
-            )
-        else:
-            output["advantages"] = per_token
+            per_row[row] = entry.advantages[sequence.first_step]  # broadcast: every step has the trajectory's
+        output["advantages"] = per_row if self.advantage_config.mode == "broadcast" else per_token
         output["tool_mask"] = mask
         loss_mask = output["completion_mask"] * mask
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        split = {s.source for s in sequences if s.prefix_mismatch}
         counts = gather_object(
             [
                 (
-                    sum(s.prefix_mismatch for s in rollout.last_sequences),
-                    sum(sum(s.env_mask) for s in rollout.last_sequences),
+                    len(split),
+                    sum(s.source >= 0 for s in sequences),
+                    len(sequences),
+                    sum(sum(s.env_mask) for s in sequences),
                 )
             ]
         )
-        mismatches, tokens = (sum(column) for column in zip(*counts, strict=True))
-        speed = {"rollout/model_tokens_per_s": tokens / max(rollout.last_seconds, 1e-9)}
-        self._log_rollout(mode, everyone, {**result.metrics, **speed}, mismatches)
+        split_trajectories, trained_rows, rows, tokens = (sum(column) for column in zip(*counts, strict=True))
+        n = max(len(everyone), 1)
+        metrics = {
+            "rollout/prefix_mismatch": split_trajectories / n,
+            "rollout/rows_per_trajectory": trained_rows / n,
+            "rollout/padding_rows": (rows - trained_rows) / max(rows, 1),
+            "rollout/model_tokens_per_s": tokens / max(rollout.last_seconds, 1e-9),
+        }
+        self._log_rollout(mode, everyone, {**result.metrics, **metrics})
         return output
 
-    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float], mismatches: int) -> None:
+    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float]) -> None:
         """Per step: advantage stats, turns, pass rate, reward per role and env, termination reasons, speed."""
         for name, value in {**metrics, **self.rollout.last_metrics}.items():
             self._metrics[mode][name].append(value)
         self._metrics[mode]["rollout/pass_rate"].append(sum(e.is_correct for e in episodes) / max(len(episodes), 1))
         n = max(len(episodes), 1)
         self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
-        self._metrics[mode]["rollout/prefix_mismatch"].append(mismatches / n)
         by_role: dict[str, list[float]] = defaultdict(list)
         for episode in episodes:
             for trajectory in episode.trajectories:

@@ -14,20 +14,22 @@ or ints (a reset seed: the env draws its own task; the id is ``seed-<n>``). Epis
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import logging
-import queue
-import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from os import PathLike
 from typing import Any
 
 import gymnasium as gym
 
 from rllm_gym.agents.base import BaseAgent
-from rllm_gym.engine.arguments import check_arguments
+from rllm_gym.engine.common import (
+    EnvThreadPool,
+    call_in_executor,
+    default_env_workers,
+    responsive_loop,
+    task_id_of,
+)
 from rllm_gym.engine.workflow import MultiTurnWorkflow, Workflow
 from rllm_gym.policies.base import Policy
 from rllm_gym.store import EpisodeWriter, read_episodes
@@ -35,97 +37,30 @@ from rllm_gym.types import Episode, TerminationReason
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "EnvThreadPool", "engine_for", "task_id_of"]
+__all__ = ["AgentExecutionEngine", "AgentWorkflowEngine", "EnvThreadPool", "task_id_of"]
 
 _DONE = object()  # end-of-stream marker on the results queue
-
-
-class EnvThreadPool(Executor):
-    """A thread pool for env calls whose threads never keep the process alive.
-
-    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so one env call abandoned at an
-    episode's timeout (a user reward function that never returns) kept the process from exiting after the run had
-    ended. These threads are daemons: an abandoned call is dropped at exit instead. Idle threads are reused and new
-    ones started up to ``max_workers``, as in the standard pool. ``busy`` counts the calls running now: a pool kept
-    across runs (the trainer's) with calls still busy between runs holds abandoned calls and should be replaced.
-    """
-
-    def __init__(self, max_workers: int, thread_name_prefix: str):
-        self._max_workers = max_workers
-        self._prefix = thread_name_prefix
-        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self.busy = 0
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("cannot run env calls after the engine's thread pool shut down")
-            future: Future = Future()
-            self._work.put((future, fn, args, kwargs))
-            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
-                name = f"{self._prefix}_{len(self._threads)}"
-                thread = threading.Thread(target=self._worker, name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
-            return future
-
-    def _worker(self) -> None:
-        while (item := self._work.get()) is not None:
-            future, fn, args, kwargs = item
-            result: Any = None
-            error: BaseException | None = None
-            if future.set_running_or_notify_cancel():
-                with self._lock:
-                    self.busy += 1
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as caught:  # the caller sees it through the future, as with any executor
-                    error = caught
-                with self._lock:  # before the caller wakes up: a finished call is never counted as busy
-                    self.busy -= 1
-                if error is None:
-                    future.set_result(result)
-                else:
-                    future.set_exception(error)
-            del item, future, fn, args, kwargs, result, error  # do not hold the finished call's objects while waiting
-            self._idle.release()
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        with self._lock:
-            self._closed = True
-            if cancel_futures:
-                with contextlib.suppress(queue.Empty):
-                    while True:
-                        self._work.get_nowait()[0].cancel()
-            for _ in self._threads:
-                self._work.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-
-
-def task_id_of(task: Any, index: int) -> str:
-    """The id episodes of ``task`` carry: ``task["id"]``, ``seed-<n>`` for an int task, else ``task-<index>``."""
-    if isinstance(task, bool) or not isinstance(task, (dict, int)):
-        raise TypeError(f"tasks[{index}] must be a task dict or an int seed, got {type(task).__name__}")
-    if isinstance(task, int):
-        return f"seed-{task}"
-    task_id = task.get("id")
-    return str(task_id) if task_id not in (None, "") else f"task-{index}"
+_ADMIT_BATCH = 64  # workers started per event-loop iteration
+_BUILDERS = 2  # workflows built at once (in the env pool's threads)
 
 
 class AgentWorkflowEngine:
     """Runs ``workflow_cls(policy=policy, **workflow_args)`` instances over tasks, ``n_parallel`` episodes at a time.
 
     ``out``: an episode JSONL file; finished episodes are appended as they complete and skipped when the run is
-    repeated (resume). ``env_workers``: threads for env calls that must not block the loop (sandboxed code, grading).
+    repeated (resume). ``env_workers``: threads for env calls that must not block the loop (sandboxed code, grading);
+    at most this many env calls run at once and the rest wait on the loop (backpressure). The default, twice the CPUs
+    (at least 4), is the sandbox's own ``max_parallel``: more threads only queue in the sandbox, and each busy one
+    competes with the event loop for the GIL (32 on 2 cores made the loop's 99th-percentile lag 10x worse). Raise it
+    for envs that wait on the network.
     ``gc_threshold``: while episodes run, Python's generation-0 collection threshold is raised to at least this
     (restored afterwards): every Step allocates objects that live on, and the default threshold (700) made garbage
     collection a third of the engine's CPU per LLM call in ``benchmarks/bench_engine.py``. ``None`` leaves it alone.
+    ``gc_freeze``: objects that survive a collection while episodes run are not scanned again until the run ends:
+    full passes over thousands of live envs stalled the event loop for a quarter of a second. ``switch_interval_s``:
+    the GIL switch interval while episodes run (at most this; ``None`` leaves it alone): with env threads running
+    Python, the loop waits up to one interval for the GIL at each iteration, 5 ms by default. Both are process-wide
+    and restored afterwards (see :func:`~rllm_gym.engine.common.responsive_loop`).
     ``executor``: an :class:`EnvThreadPool` (or any executor) for env calls that the caller keeps across runs, instead
     of a pool each run starts and shuts down (the trainer passes one: thread starts were a tenth of its rollout time).
     """
@@ -140,8 +75,10 @@ class AgentWorkflowEngine:
         retry_limit: int = 3,
         out: str | PathLike[str] | None = None,
         fsync: bool = False,
-        env_workers: int = 32,
+        env_workers: int | None = None,
         gc_threshold: int | None = 50_000,
+        gc_freeze: bool = True,
+        switch_interval_s: float | None = 0.001,
         executor: Executor | None = None,
     ):
         if not (isinstance(workflow_cls, type) and issubclass(workflow_cls, Workflow)):
@@ -150,6 +87,7 @@ class AgentWorkflowEngine:
             )
         if workflow_args is not None and not isinstance(workflow_args, dict):
             raise TypeError(f"workflow_args must be a dict of the workflow's keyword arguments, got {workflow_args!r}")
+        env_workers = default_env_workers() if env_workers is None else env_workers
         for name, value in (("n_parallel", n_parallel), ("retry_limit", retry_limit), ("env_workers", env_workers)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -159,6 +97,12 @@ class AgentWorkflowEngine:
             raise ValueError(f"retry_limit must be >= 1 (1 = no retry), got {retry_limit}")
         if env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {env_workers}")
+        if switch_interval_s is not None and (
+            isinstance(switch_interval_s, bool)
+            or not isinstance(switch_interval_s, (int, float))
+            or not 0 < switch_interval_s <= 1
+        ):
+            raise ValueError(f"switch_interval_s must be seconds in (0, 1] or None, got {switch_interval_s!r}")
         self.workflow_cls = workflow_cls
         self.policy = policy
         self.workflow_args = dict(workflow_args or {})
@@ -168,6 +112,8 @@ class AgentWorkflowEngine:
         self.fsync = fsync
         self.env_workers = env_workers
         self.gc_threshold = gc_threshold
+        self.gc_freeze = gc_freeze
+        self.switch_interval_s = switch_interval_s
         self.executor = executor
         self._executor: Executor | None = None
         self._logged_errors: set[tuple[str, str]] = set()  # each distinct error is a warning once, then debug
@@ -243,15 +189,17 @@ class AgentWorkflowEngine:
             max_workers=self.env_workers, thread_name_prefix="rllm-gym-env"
         )
         first = self._new_workflow()  # bad workflow arguments fail here, before any episode starts
-
-        loop = asyncio.get_running_loop()
+        builders = asyncio.Semaphore(_BUILDERS)
 
         async def worker(workflow: Workflow | None) -> None:
             if workflow is None and first.cheap_to_build:
                 workflow = self._new_workflow()
             elif workflow is None:
                 # Built in a thread: thousands of env constructors (data files, sandboxes) must not stall the loop.
-                workflow = await loop.run_in_executor(self._executor, self._new_workflow)
+                # Constructors are mostly Python (parsing, schema checks) that the GIL runs one at a time anyway, so
+                # running more of them at once adds no speed, only threads that keep the loop from the GIL.
+                async with builders:
+                    workflow = await call_in_executor(self._executor, self._new_workflow)
             try:
                 while not work.empty():
                     task, uid = work.get_nowait()
@@ -261,33 +209,52 @@ class AgentWorkflowEngine:
                 await results.put(_DONE)
 
         writer = EpisodeWriter(self.out, fsync=self.fsync) if self.out is not None else None
-        thresholds = gc.get_threshold()
-        if self.gc_threshold is not None:
-            gc.set_threshold(max(thresholds[0], self.gc_threshold), *thresholds[1:])
-        workers = [asyncio.create_task(worker(first if i == 0 else None)) for i in range(n_workers)]
-        try:
-            finished = 0
-            while finished < n_workers:
-                item = await results.get()
-                if item is _DONE:
-                    finished += 1
-                    continue
+        workers: list[asyncio.Task[None]] = []
+
+        async def admit() -> None:
+            # A batch of workers per loop iteration: thousands started (and first stepped) in one iteration held the
+            # loop for hundreds of milliseconds. Past admission, the env pool's slots pace the episodes.
+            for i in range(n_workers):
+                workers.append(asyncio.create_task(worker(first if i == 0 else None)))
+                if i % _ADMIT_BATCH == _ADMIT_BATCH - 1:
+                    await asyncio.sleep(0)
+
+        with responsive_loop(self.gc_threshold, self.gc_freeze, self.switch_interval_s):
+            admitter = asyncio.create_task(admit())
+            try:
+                finished = 0
+                while finished < n_workers:
+                    item = await results.get()
+                    if item is _DONE:
+                        finished += 1
+                        continue
+                    if writer is not None:  # JSON and file writes off the loop; one at a time keeps the file's order
+                        await asyncio.to_thread(writer.write, item)
+                    yield item
+                admitter.result()
+                for task_handle in workers:
+                    task_handle.result()  # re-raise a bug in the engine itself rather than lose episodes silently
+            finally:
+                admitter.cancel()
+                for task_handle in workers:
+                    task_handle.cancel()
                 if writer is not None:
-                    writer.write(item)
-                yield item
-            for task_handle in workers:
-                task_handle.result()  # re-raise a bug in the engine itself rather than lose episodes silently
-        finally:
-            gc.set_threshold(*thresholds)
-            for task_handle in workers:
-                task_handle.cancel()
-            if writer is not None:
-                writer.close()
-            if owned:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+                    writer.close()
+                if owned:
+                    self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run(self, tasks: Sequence[Any], n_rollouts: int = 1, progress: Callable[[Episode], None] | None = None):
-        """Every episode of every task (those read back from ``out`` included), in task and rollout order."""
+        """Every episode of every task (those read back from ``out`` included), in task and rollout order.
+
+        ``progress``, if given, is called with each episode as it finishes, in finishing order, from the event loop
+        that runs the engine. Episodes read back from ``out`` are not passed to it (a bar over all the episodes starts
+        at their count). It suits a progress bar::
+
+            bar = tqdm(total=len(tasks) * n_rollouts, unit="ep")
+            episodes = asyncio.run(engine.run(tasks, n_rollouts=n_rollouts, progress=lambda episode: bar.update()))
+
+        Keep it quick: it runs on the engine's event loop, where no episode moves on while it does.
+        """
         episodes = {episode.id: episode for episode in self._previous()}
         pairs = self.pairs(tasks, n_rollouts)
         async for episode in self.stream_pairs([p for p in pairs if p[1] not in episodes]):
@@ -328,6 +295,7 @@ class AgentExecutionEngine(AgentWorkflowEngine):
         retry_limit: int = 3,
         out: str | PathLike[str] | None = None,
         executor: Executor | None = None,
+        env_workers: int | None = None,
         **workflow_kwargs: Any,
     ):
         # The workflow (and its env) is built when a run starts: check the arguments a typo breaks now instead.
@@ -358,62 +326,5 @@ class AgentExecutionEngine(AgentWorkflowEngine):
             retry_limit=retry_limit,
             out=out,
             executor=executor,
+            env_workers=env_workers,
         )
-
-
-def engine_for(
-    env_id: str,
-    policy: Policy,
-    *,
-    agent: str | None = None,
-    agent_args: dict[str, Any] | None = None,
-    env_args: dict[str, Any] | None = None,
-    n_parallel: int = 128,
-    out: str | PathLike[str] | None = None,
-    executor: Executor | None = None,
-    **workflow_kwargs: Any,
-) -> AgentWorkflowEngine:
-    """The engine that plays a registered id, as ``rllm-gym eval`` and the trainer run it.
-
-    A single-agent id gets :class:`AgentExecutionEngine` with ``agent`` (``"module:Class"``) or the id's registered
-    agent; a multi-agent (PettingZoo) id gets :class:`AgentWorkflowEngine` over its registered workflow (default
-    :class:`~rllm_gym.engine.MultiAgentWorkflow`), one registered agent per role, ``agent_args`` keyed by role
-    (``{"judge": {...}}``). ``executor`` is the engine's (see :class:`AgentWorkflowEngine`); ``workflow_kwargs`` are
-    the workflow options (``max_steps``, ``sampling_params``, ...).
-    """
-    from rllm_gym.engine.multi_agent import MultiAgentWorkflow
-    from rllm_gym.registry import _spec, default_agent, env_ids, load
-
-    check_arguments(env_id, agent=agent, agent_args=agent_args, env_args=env_args)
-
-    if env_id in env_ids(multi_agent=True):
-        if agent is not None:
-            raise ValueError(f"agent={agent!r} is for single-agent envs; {env_id} plays its registered agent per role")
-        roles = sorted(default_agent(env_id))
-        strays = sorted(set(agent_args or {}) - set(roles))
-        if strays:
-            raise ValueError(
-                f"agent_args for {env_id} are keyed by role ({roles}), e.g. {{{roles[0]!r}: {{...}}}}; "
-                f"got keys {strays}"
-            )
-        workflow_args = {"env": env_id, "env_args": env_args, "agent_args": agent_args, **workflow_kwargs}
-        workflow = _spec(env_id).workflow
-        return AgentWorkflowEngine(
-            load(workflow) if workflow else MultiAgentWorkflow,
-            policy,
-            workflow_args=workflow_args,
-            n_parallel=n_parallel,
-            out=out,
-            executor=executor,
-        )
-    return AgentExecutionEngine(
-        env_id=env_id,
-        agent_cls=load(agent) if agent else default_agent(env_id),
-        agent_args=agent_args,
-        env_args=env_args,
-        policy=policy,
-        n_parallel=n_parallel,
-        out=out,
-        executor=executor,
-        **workflow_kwargs,
-    )

@@ -27,7 +27,7 @@ from pettingzoo import AECEnv, ParallelEnv
 
 from rllm_gym.agents.base import BaseAgent
 from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent
-from rllm_gym.engine.engine import task_id_of
+from rllm_gym.engine.common import task_id_of
 from rllm_gym.engine.workflow import TerminationEvent, Workflow, make_env
 from rllm_gym.policies.base import Messages, Policy, SamplingParams
 from rllm_gym.registry import default_agent

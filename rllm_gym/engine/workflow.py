@@ -24,8 +24,9 @@ from typing import Any
 import gymnasium as gym
 
 from rllm_gym.agents.base import BaseAgent
+from rllm_gym.engine.common import call_in_executor
 from rllm_gym.policies.base import Policy, SamplingParams
-from rllm_gym.types import Episode, ModelOutput, TerminationReason, Trajectory
+from rllm_gym.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
 
 __all__ = ["MultiTurnWorkflow", "SingleTurnWorkflow", "TerminationEvent", "Workflow", "make_env"]
 
@@ -156,8 +157,7 @@ class Workflow(ABC):
         fn = getattr(env, method)
         if env.unwrapped.metadata.get(INLINE_STEP_KEY, False):
             return fn(*args, **kwargs)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        return await call_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
     # What the engine calls
 
@@ -229,6 +229,15 @@ class Workflow(ABC):
         return bool(verdicts) and all(verdicts) and episode.termination_reason is not TerminationReason.ERROR
 
 
+def _prompt_tokens(step: Step) -> int:
+    """The step's token ids, or, without them (a server policy without a tokenizer), the count the server gave."""
+    return len(step.prompt_ids) or (step.model_output.prompt_length if step.model_output else 0)
+
+
+def _response_tokens(step: Step) -> int:
+    return len(step.response_ids) or (step.model_output.completion_length if step.model_output else 0)
+
+
 def episode_metrics(episode: Episode) -> dict[str, float]:
     """Per-role numbers (several trajectories may share a role, e.g. two solvers): ``<role>/reward`` and
     ``<role>/accuracy`` are means over the role's trajectories, ``<role>/turns`` and the token counts are totals,
@@ -242,8 +251,8 @@ def episode_metrics(episode: Episode) -> dict[str, float]:
         metrics[f"{role}/count"] = float(len(trajectories))
         metrics[f"{role}/reward"] = sum(t.reward or 0.0 for t in trajectories) / len(trajectories)
         metrics[f"{role}/turns"] = float(len(steps))
-        metrics[f"{role}/prompt_tokens"] = float(sum(len(step.prompt_ids) for step in steps))
-        metrics[f"{role}/response_tokens"] = float(sum(len(step.response_ids) for step in steps))
+        metrics[f"{role}/prompt_tokens"] = float(sum(map(_prompt_tokens, steps)))
+        metrics[f"{role}/response_tokens"] = float(sum(map(_response_tokens, steps)))
         finals = [t.steps[-1].info for t in trajectories if t.steps]
         verdicts = [info["is_correct"] for info in finals if "is_correct" in info]
         if verdicts:

@@ -15,6 +15,7 @@ import math
 import numbers
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,9 +24,11 @@ from typing import Any, Protocol, runtime_checkable
 from rllm_gym.types import ModelOutput, ToolCall
 
 __all__ = [
+    "BasePolicy",
     "Messages",
     "Policy",
     "PolicyError",
+    "PolicyRequest",
     "SamplingParams",
     "build_model_output",
     "check_model_source",
@@ -275,3 +278,56 @@ def render_prompt_ids(
         messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
     )
     return list(ids)
+
+
+@dataclass(frozen=True)
+class PolicyRequest:
+    """One checked ``generate`` call: exactly one of ``messages`` and ``prompt_ids`` is set; ``params`` is filled."""
+
+    messages: Messages | None
+    prompt_ids: list[int] | None
+    params: SamplingParams
+    tools: list[dict[str, Any]] | None
+
+
+class BasePolicy(ABC):
+    """What the model backends (transformers, vLLM, OpenAI-compatible HTTP) have in common.
+
+    :meth:`generate` checks the request (exactly one of messages and prompt ids, default sampling parameters) and
+    hands a :class:`PolicyRequest` to the backend's :meth:`_generate`; :meth:`prompt_token_ids` renders a chat with
+    the tokenizer's chat template and the policy's ``template_kwargs`` (``enable_thinking`` only when set), and every
+    backend builds its reply with :func:`build_model_output`. A backend keeps only what is its own: how a request
+    reaches the model and how the model's answer is read.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        enable_thinking: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+
+    async def generate(
+        self,
+        messages: Messages | None = None,
+        sampling_params: SamplingParams | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> ModelOutput:
+        check_request(messages, prompt_ids)
+        ids = None if prompt_ids is None else list(prompt_ids)
+        return await self._generate(PolicyRequest(messages, ids, sampling_params or SamplingParams(), tools))
+
+    @abstractmethod
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        """The backend's reply to a checked request."""
+
+    def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
+        """The request's prompt ids: as given, or its chat rendered by the tokenizer's chat template."""
+        if request.prompt_ids is not None:
+            return request.prompt_ids
+        return render_prompt_ids(self.tokenizer, request.messages, request.tools, self.template_kwargs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
 
 from rllm_gym.policies.base import (
-    Messages,
+    BasePolicy,
     PolicyError,
+    PolicyRequest,
     SamplingParams,
     build_model_output,
-    check_request,
     merge_template_kwargs,
-    render_prompt_ids,
 )
 from rllm_gym.types import ModelOutput
 
@@ -39,7 +38,7 @@ class _Request:
     future: asyncio.Future[ModelOutput]
 
 
-class BatchingPolicy:
+class BatchingPolicy(BasePolicy):
     """The request queue shared by backends that generate a batch at a time (HFPolicy, the trainer's vLLM).
 
     Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within
@@ -57,8 +56,7 @@ class BatchingPolicy:
             raise ValueError(f"{name}(max_batch_size=...) must be an int >= 1, got {max_batch_size!r}")
         if not isinstance(batch_wait_s, (int, float)) or isinstance(batch_wait_s, bool) or not 0 <= batch_wait_s < 60:
             raise ValueError(f"{name}(batch_wait_s=...) must be seconds in [0, 60), got {batch_wait_s!r}")
-        self.tokenizer = tokenizer
-        self.template_kwargs = template_kwargs
+        super().__init__(tokenizer, chat_template_kwargs=template_kwargs)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self._queue: asyncio.Queue[_Request] | None = None
@@ -68,22 +66,12 @@ class BatchingPolicy:
         # Batches observed, for tests and metrics: the number of requests in each generate call.
         self.batch_sizes: list[int] = []
 
-    async def generate(
-        self,
-        messages: Messages | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_ids: Sequence[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> ModelOutput:
-        check_request(messages, prompt_ids)
-        params = sampling_params or SamplingParams()
-        if prompt_ids is None:
-            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        prompt_ids = self.prompt_token_ids(request)
         loop = asyncio.get_running_loop()
         queue = self._ensure_worker(loop)
         future: asyncio.Future[ModelOutput] = loop.create_future()
-        queue.put_nowait(_Request(list(prompt_ids), params, future))
+        queue.put_nowait(_Request(prompt_ids, request.params, future))
         return await future
 
     async def aclose(self) -> None:

@@ -6,7 +6,9 @@ it); other 4xx answers fail at once with the server's message. With several base
 request goes to the replica with the fewest requests in flight, and a replica that fails with a connection error or
 a 5xx leaves the rotation for a cool-down. Token ids and log-probabilities come from the server when it returns them
 (vLLM with ``return_token_ids=True``); otherwise the prompt is rendered and the reply tokenized locally with the
-model's tokenizer, and ``logprobs`` stays empty.
+model's tokenizer, and ``logprobs`` stays empty. Without a tokenizer the ids stay empty and the token counts
+(``ModelOutput.prompt_length``, ``completion_length``) come from the reply's ``usage``; where there are ids, the
+counts are their lengths, since the trainer and ``max_prompt_length`` work on those ids.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import random
@@ -25,17 +28,18 @@ from typing import Any
 import httpx
 
 from rllm_gym.policies.base import (
+    BasePolicy,
     Messages,
     PolicyError,
+    PolicyRequest,
     SamplingParams,
     build_model_output,
-    check_request,
-    merge_template_kwargs,
-    render_prompt_ids,
 )
 from rllm_gym.types import ModelOutput
 
-__all__ = ["OpenAIPolicy", "chat_request_body", "reply_text"]
+__all__ = ["OpenAIPolicy", "chat_request_body", "reply_text", "usage_counts"]
+
+logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429})
 
@@ -112,6 +116,16 @@ def _logprob_entries(choice: dict[str, Any]) -> tuple[list[float], list[int] | N
     return logprobs, None
 
 
+def usage_counts(data: dict[str, Any]) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, completion_tokens)`` of a reply's ``usage``; ``None`` for a count the server did not give (or
+    gave as something other than a non-negative integer)."""
+    usage = data.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    counts = [usage.get(key) for key in ("prompt_tokens", "completion_tokens")]
+    prompt, completion = (c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None for c in counts)
+    return prompt, completion
+
+
 @dataclass
 class _Replica:
     base_url: str
@@ -120,7 +134,7 @@ class _Replica:
     requests: int = 0
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(BasePolicy):
     """A policy on one or more OpenAI-compatible servers.
 
     Args:
@@ -193,8 +207,7 @@ class OpenAIPolicy:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.tokenizer = tokenizer
-        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        super().__init__(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=chat_template_kwargs)
         self.return_token_ids = return_token_ids
         self.request_logprobs = request_logprobs
         self.max_concurrency = max_concurrency
@@ -210,24 +223,17 @@ class OpenAIPolicy:
         self._turn = 0
         # Attempts that were retried, for tests and metrics.
         self.retries = 0
+        self._warned_count = False
 
-    async def generate(
-        self,
-        messages: Messages | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_ids: Sequence[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> ModelOutput:
-        check_request(messages, prompt_ids)
-        params = sampling_params or SamplingParams()
-        if prompt_ids is not None:
-            return await self._generate_from_ids(list(prompt_ids), params)
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        params = request.params
+        if request.prompt_ids is not None:
+            return await self._generate_from_ids(request.prompt_ids, params)
         body = chat_request_body(
             self.model,
-            messages,
+            request.messages or [],
             params,
-            tools=tools,
+            tools=request.tools,
             template_kwargs=self.template_kwargs,
             request_logprobs=self.request_logprobs,
             return_token_ids=self.return_token_ids,
@@ -237,7 +243,7 @@ class OpenAIPolicy:
         text = reply_text(choice.get("message") or {})
         server_prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
         if server_prompt_ids is None and self.tokenizer is not None:
-            server_prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+            server_prompt_ids = self.prompt_token_ids(request)
         return self._to_output(data, choice, text, server_prompt_ids, params)
 
     async def _generate_from_ids(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
@@ -281,11 +287,21 @@ class OpenAIPolicy:
             logprobs=logprobs,
             finish_reason=finish_reason,
         )
-        usage = data.get("usage") or {}
-        if not prompt_ids and usage.get("prompt_tokens") is not None:
-            output.prompt_length = int(usage["prompt_tokens"])
-        if not completion_ids and usage.get("completion_tokens") is not None:
-            output.completion_length = int(usage["completion_tokens"])
+        # Token ids, when there are any, decide the counts; without them the server's `usage` does, so that counts
+        # (max_prompt_length, the response-token metrics) are not silently 0 for a policy with no tokenizer.
+        prompt_tokens, completion_tokens = usage_counts(data)
+        if not prompt_ids and prompt_tokens is not None:
+            output.prompt_length = prompt_tokens
+        elif prompt_ids and prompt_tokens is not None and prompt_tokens != len(prompt_ids) and not self._warned_count:
+            self._warned_count = True
+            logger.warning(
+                "the server counted %d prompt tokens where the local prompt ids have %d: the server renders the chat "
+                "differently (another chat template or tokenizer?); the local ids and their count are used",
+                prompt_tokens,
+                len(prompt_ids),
+            )
+        if not completion_ids and completion_tokens is not None:
+            output.completion_length = completion_tokens
         return output
 
     # HTTP -----------------------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` with a canned reply 
 that the client side of :class:`~rllm_gym.policies.OpenAIPolicy` (pooling, concurrency, retries, load balancing)
 can be measured and tested against a real socket without a model. Failures are queued with
 :meth:`StubOpenAIServer.fail_next`: ``"429"``, ``"500"``, ``"400"``, ``"garbage"`` (a 200 with a body that is not
-JSON) or ``"drop"`` (the connection closes without an answer). Run it as a process with
+JSON) or ``"drop"`` (the connection closes without an answer). Replies carry a ``usage`` that counts one token per
+whitespace-separated word (:func:`count_tokens`: of every message for the prompt, of the reply for the completion),
+so that tests can predict the counts a policy without a tokenizer reports. Run it as a process with
 ``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
 """
 
@@ -18,9 +20,18 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FAILURE_MODES", "StubOpenAIServer"]
+__all__ = ["FAILURE_MODES", "StubOpenAIServer", "count_tokens"]
 
 FAILURE_MODES = ("429", "500", "400", "garbage", "drop")
+
+
+def count_tokens(prompt: Any) -> int:
+    """The stub's token count: words of a string, words of every message's content, or the length of a list of ids."""
+    if isinstance(prompt, str):
+        return len(prompt.split())
+    if prompt and all(isinstance(item, int) for item in prompt):
+        return len(prompt)
+    return sum(len(str(message.get("content") or "").split()) for message in prompt or [])
 
 
 class _Server(ThreadingHTTPServer):
@@ -66,19 +77,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/v1/chat/completions":
             users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
-            last = users[-1] if users else ""
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": stub.reply or f"echo: {last}"},
-                "finish_reason": "stop",
-            }
+            reply = stub.reply or f"echo: {users[-1] if users else ''}"
+            prompt = body.get("messages", [])
+            choice = {"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}
         elif path == "/v1/completions":
-            choice = {"index": 0, "text": stub.reply or "echo", "finish_reason": "stop"}
+            reply, prompt = stub.reply or "echo", body.get("prompt")
+            choice = {"index": 0, "text": reply, "finish_reason": "stop"}
         else:
             self._send(404, b'{"error": "not found"}')
             return
         data = {"id": "stub", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
-        data["usage"] = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        if stub.usage:
+            prompt_tokens, completion_tokens = count_tokens(prompt), count_tokens(reply)
+            data["usage"] = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            }
         self._send(200, json.dumps(data).encode())
 
     def _send(self, status: int, payload: bytes, retry: bool = False) -> None:
@@ -108,12 +123,14 @@ class StubOpenAIServer:
         reply: str = "",
         model: str = "stub",
         response: dict[str, Any] | None = None,
+        usage: bool = True,
     ) -> None:
         self.latency_s = latency_s
         self.reply = reply
         # A full JSON reply to send instead of the canned one, e.g. with vLLM's token-id extensions.
         self.response = response
         self.model = model
+        self.usage = usage  # False: replies without `usage`, as some servers send them
         self.hits = 0
         self._failures: deque[str] = deque()
         self._lock = threading.Lock()

@@ -17,18 +17,9 @@ import asyncio
 import os
 import threading
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
-from rllm_gym.policies.base import (
-    Messages,
-    PolicyError,
-    SamplingParams,
-    build_model_output,
-    check_request,
-    merge_template_kwargs,
-    render_prompt_ids,
-)
+from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, SamplingParams, build_model_output
 from rllm_gym.types import ModelOutput
 
 __all__ = ["VLLMPolicy", "model_output_from_vllm", "vllm_sampling_kwargs"]
@@ -81,7 +72,7 @@ def model_output_from_vllm(request_output: Any) -> ModelOutput:
     )
 
 
-class VLLMPolicy:
+class VLLMPolicy(BasePolicy):
     """A policy on an in-process vLLM ``AsyncLLM`` engine.
 
     Args:
@@ -126,8 +117,11 @@ class VLLMPolicy:
 
             model = default_model_path()
         model = str(model)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
-        self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        super().__init__(
+            AutoTokenizer.from_pretrained(str(tokenizer or model)),
+            enable_thinking=enable_thinking,
+            chat_template_kwargs=chat_template_kwargs,
+        )
         self.return_logprobs = return_logprobs
         self._vllm = vllm
         self._final_only = RequestOutputKind.FINAL_ONLY
@@ -151,25 +145,15 @@ class VLLMPolicy:
         """Run ``coroutine`` on the engine's loop from a thread that is not that loop's, and wait for it."""
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    async def generate(
-        self,
-        messages: Messages | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_ids: Sequence[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> ModelOutput:
-        check_request(messages, prompt_ids)
-        params = sampling_params or SamplingParams()
-        if prompt_ids is None:
-            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        prompt_ids = self.prompt_token_ids(request)
         if self._loop.is_closed():
             raise PolicyError("this VLLMPolicy was shut down: build a new one")
         # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
-        request = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), params), self._loop)
-        return await asyncio.wrap_future(request)
+        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params), self._loop)
+        return await asyncio.wrap_future(future)
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
+    async def _on_engine(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
         vllm_params = self._vllm.SamplingParams(
             **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
         )

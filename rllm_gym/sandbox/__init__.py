@@ -271,6 +271,12 @@ class Sandbox:
         self._futures: dict[int, tuple[concurrent.futures.Future, dict[str, Any]]] = {}
         self._log: Any = None
 
+    @property
+    def in_flight(self) -> int:
+        """Runs submitted and not answered yet (queued in the zygote or running): what a caller's backpressure
+        keeps bounded."""
+        return len(self._futures)
+
     # Zygote life cycle
 
     def start(self) -> None:

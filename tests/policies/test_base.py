@@ -4,8 +4,9 @@ import re
 
 import pytest
 
-from rllm_gym.policies import SamplingParams, build_model_output, parse_hermes_tool_calls, split_reasoning
-from rllm_gym.types import ToolCall
+from rllm_gym.policies import Policy, SamplingParams, build_model_output, parse_hermes_tool_calls, split_reasoning
+from rllm_gym.policies.base import BasePolicy, PolicyRequest
+from rllm_gym.types import ModelOutput, ToolCall
 
 
 @pytest.mark.parametrize(
@@ -75,3 +76,52 @@ def test_sampling_params_normalise_stop_and_are_hashable():
     assert SamplingParams(stop=["a", "b"]) == SamplingParams(stop=("a", "b"))
     assert len({SamplingParams(), SamplingParams(), SamplingParams(seed=1)}) == 2
     assert params.to_dict()["stop"] == ["\n"]
+
+
+class _Recorder(BasePolicy):
+    """A backend that answers with the prompt ids it would send."""
+
+    def __init__(self, tokenizer=None, **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        self.requests: list[PolicyRequest] = []
+
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        self.requests.append(request)
+        return build_model_output("ok", prompt_ids=self.prompt_token_ids(request), finish_reason="stop")
+
+
+class _Template:
+    """A tokenizer stand-in: the ids are the lengths of the messages' contents, plus one id per template option."""
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=True, **kwargs):
+        assert add_generation_prompt and tokenize and kwargs.pop("return_dict") is False
+        return [len(m["content"]) for m in messages] + [len(tools or [])] + sorted(kwargs.values())
+
+
+async def test_base_policy_checks_requests_fills_defaults_and_renders_prompts():
+    policy = _Recorder(_Template(), enable_thinking=False, chat_template_kwargs={"flag": 7})
+    assert policy.template_kwargs == {"flag": 7, "enable_thinking": False}
+    out = await policy.generate([{"role": "user", "content": "four"}], tools=[{"name": "f"}])
+    assert out.prompt_ids == [4, 1, False, 7]
+    assert policy.requests[0].params == SamplingParams()  # the defaults, filled in once for every backend
+    out = await policy.generate(prompt_ids=(5, 6), sampling_params=SamplingParams(temperature=0))
+    assert out.prompt_ids == [5, 6] and policy.requests[1].params.greedy
+    with pytest.raises(ValueError, match=re.escape("generate() needs exactly one of `messages`")):
+        await policy.generate()
+    with pytest.raises(TypeError, match=re.escape("messages must be a list of dicts")):
+        await policy.generate("hello")
+    assert len(policy.requests) == 2  # bad requests never reach the backend
+    assert _Recorder(_Template()).template_kwargs == {}  # enable_thinking only when set: templates keep defaults
+
+
+def test_model_backends_share_the_base_and_keep_only_their_own_parts():
+    from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
+    from rllm_gym.policies.openai import OpenAIPolicy
+    from rllm_gym.policies.vllm import VLLMPolicy
+
+    for backend in (HFPolicy, OpenAIPolicy, VLLMPolicy, BatchingPolicy):
+        assert issubclass(backend, BasePolicy)
+        assert "generate" not in vars(backend) and "prompt_token_ids" not in vars(backend)  # one copy, in the base
+        assert backend._generate is not BasePolicy._generate  # how a request reaches the model: the backend's own
+    policy = OpenAIPolicy("m", enable_thinking=True)
+    assert isinstance(policy, Policy) and policy.template_kwargs == {"enable_thinking": True}

@@ -96,7 +96,7 @@ def test_solver_judge_run_logs_each_role(tmp_path):
 
 
 def test_metrics_of_a_resumed_run_continue_the_killed_one(tmp_path):
-    from rllm_gym.train.grpo import ConsoleLog
+    from rllm_gym.train.console import ConsoleLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(

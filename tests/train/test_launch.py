@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,10 +59,10 @@ def easy_tasks(folder: Path) -> list[str]:
     return ["--tasks", str(path), "--warm_start_steps", "20", "--max_turns", "3"]
 
 
-def launch(config_file: str, output_dir: Path, timeout: float) -> subprocess.CompletedProcess:
+def launch(config_file: str, output_dir: Path, timeout: float, *flags: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / config_file)]
     command += ["--main_process_port", str(free_port()), str(REPO / "train" / "grpo.py")]
-    command += ["--config", str(TINY), "--output_dir", str(output_dir), *easy_tasks(output_dir.parent)]
+    command += ["--config", str(TINY), "--output_dir", str(output_dir), *easy_tasks(output_dir.parent), *flags]
     return run(command, timeout)
 
 
@@ -115,6 +116,24 @@ def test_accelerate_launch_deepspeed_zero2_on_cpu(tmp_path):
     step_dir = output_dir / f"checkpoint-{tiny_config()['max_steps']}" / f"global_step{tiny_config()['max_steps']}"
     shards = sorted(path.name for path in step_dir.glob("*optim_states.pt"))
     assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+
+@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml"])
+def test_launched_runs_train_resume_and_save_in_the_dtype_asked_for(config_file, tmp_path):
+    from safetensors import safe_open
+
+    if config_file.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
+    output_dir = tmp_path / "run"
+    launch(config_file, output_dir, 300, "--dtype", "bf16", "--max_steps", "1", "--save_steps", "1")
+    launch(
+        config_file, output_dir, 300, "--dtype", "bf16", "--max_steps", "2", "--save_steps", "1", "--resume", "true"
+    )
+    for folder in ("checkpoint-1", "checkpoint-2", "final"):
+        with safe_open(output_dir / folder / "model.safetensors", "pt") as weights:
+            assert {weights.get_tensor(key).dtype for key in weights.keys()} == {torch.bfloat16}, folder  # noqa: SIM118
+    history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in history] == [1, 2]  # the second launch resumed at step 2
 
 
 @pytest.mark.parametrize("name", sorted(path.name for path in ACCELERATE.glob("*.yaml")))

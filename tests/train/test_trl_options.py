@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rllm_gym.train.grpo import TRL_FIELDS, ConsoleLog, load_config
+from rllm_gym.train.config import TRL_FIELDS, load_config
+from rllm_gym.train.console import ConsoleLog
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "train" / "configs" / "test_tiny.yaml"

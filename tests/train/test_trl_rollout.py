@@ -20,7 +20,7 @@ from rllm_gym.train.trl_rollout import (
     RLLMGRPOTrainer,
     decode_prompt,
     encode_prompt,
-    trajectory_to_sequence,
+    trajectory_to_sequences,
 )
 from rllm_gym.types import RewardOutput, Step, Trajectory
 
@@ -38,7 +38,7 @@ def test_multi_turn_trajectory_is_one_sequence_with_observations_masked():
         Step(prompt_ids=[1, 2, 3, 4, 7, 8], response_ids=[5], logprobs=[-0.3]),
         Step(prompt_ids=[1, 2, 3, 4, 7, 8, 5, 9], response_ids=[6, 2], logprobs=[-0.4, -0.5]),
     ]
-    sequence = trajectory_to_sequence(Trajectory(steps=steps))
+    [sequence] = trajectory_to_sequences(Trajectory(steps=steps))
     assert sequence.prompt_ids == [1, 2]
     assert sequence.completion_ids == [3, 4, 7, 8, 5, 9, 6, 2]
     assert sequence.env_mask == [1, 1, 0, 0, 1, 0, 1, 1]
@@ -46,16 +46,23 @@ def test_multi_turn_trajectory_is_one_sequence_with_observations_masked():
     assert sequence.spans == [(0, 2), (4, 5), (6, 8)] and not sequence.prefix_mismatch
 
 
-def test_a_template_that_does_not_re_tokenize_as_a_prefix_stops_the_sequence():
-    steps = [Step(prompt_ids=[1], response_ids=[3]), Step(prompt_ids=[1, 4, 9], response_ids=[5])]  # 3 became 4
-    sequence = trajectory_to_sequence(Trajectory(steps=steps))
-    assert sequence.prefix_mismatch
-    assert sequence.completion_ids == [3] and sequence.spans == [(0, 1)]
-
-
-def test_a_trajectory_without_steps_is_an_untrained_placeholder():
-    sequence = trajectory_to_sequence(Trajectory(), filler_id=2)
-    assert (sequence.prompt_ids, sequence.completion_ids, sequence.env_mask) == ([2], [2], [0])
+def test_a_template_that_rewrites_history_splits_the_trajectory_into_rows_and_drops_no_turn():
+    steps = [
+        Step(prompt_ids=[1], response_ids=[3], logprobs=[-0.1]),
+        Step(prompt_ids=[1, 4, 9], response_ids=[5], logprobs=[-0.2]),  # the reply 3 was re-rendered as 4
+        Step(prompt_ids=[1, 4, 9, 5, 7], response_ids=[6, 2], logprobs=[-0.3, -0.4]),  # this one extends again
+    ]
+    first, second = trajectory_to_sequences(Trajectory(steps=steps), source=5)
+    assert (first.prompt_ids, first.completion_ids, first.env_mask, first.spans) == ([1], [3], [1], [(0, 1)])
+    assert (first.first_step, first.source, first.prefix_mismatch) == (0, 5, False)
+    # The second row starts at step 1 with its full prompt; step 2 extends it, so it joins that row.
+    assert second.prompt_ids == [1, 4, 9] and second.completion_ids == [5, 7, 6, 2]
+    assert second.env_mask == [1, 0, 1, 1] and second.logprobs == [-0.2, 0.0, -0.3, -0.4]
+    assert second.spans == [(0, 1), (2, 4)] and (second.first_step, second.source, second.prefix_mismatch) == (
+        1,
+        5,
+        True,
+    )
 
 
 def parity(task_info, action):

@@ -1,0 +1,200 @@
+"""The GPU tooling on a CPU: benchmarks/bench_gpu.py (the no-GPU exit, its plumbing through --dry-run: tiny model,
+2 steps) and benchmarks/gpu/wheels.py (splitting, the manifest, transfer batches, reassembly; small dummy files)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_gpu.py"
+
+
+def load_bench(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", module)  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_cuda_it_says_so_and_exits_2(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = tmp_path / "gpu.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--json", str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "needs a CUDA GPU" in result.stderr and "--dry-run" in result.stderr
+    assert not out.exists()
+
+
+def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU plumbing even on a GPU machine
+    bench = load_bench(monkeypatch)
+    out = tmp_path / "results" / "gpu.json"
+    assert bench.main(["--dry-run", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["mode"] == "dry" and result["baseline"] == "trl" and result["device"].startswith("cpu")
+    assert set(result["versions"]) >= {"torch", "vllm", "trl", "transformers"}
+    assert result["versions"]["trl"] == "1.16.0"
+    runs = result["results"]
+    assert list(runs) == ["trl", "hf"]
+    for run in runs.values():
+        assert len(run["step_seconds"]) == result["settings"]["steps"] == 2
+        assert run["steps_timed"] == 1 and run["step_median_s"] > 0
+        assert 0 < run["generate_median_s"] < run["step_median_s"]
+        assert run["generation_tokens_per_s"] > 0
+        assert all(0 < tokens <= 2 * 2 * 8 for tokens in run["completion_tokens"])  # rollouts x max length
+    assert runs["trl"]["step_ratio_to_baseline"] == 1.0
+    assert runs["hf"]["step_ratio_to_baseline"] == pytest.approx(
+        runs["hf"]["step_median_s"] / runs["trl"]["step_median_s"]
+    )
+    assert runs["hf"]["generation_ratio_to_baseline"] > 0
+
+
+# benchmarks/gpu/wheels.py
+
+_spec = importlib.util.spec_from_file_location("gpu_wheels", ROOT / "benchmarks" / "gpu" / "wheels.py")
+wheels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wheels)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A big 'wheel' (split into 4 parts of 1000 bytes), a small one, and a source archive."""
+    src = tmp_path / "wheels"
+    src.mkdir()
+    (src / "big-1.0-cp312-cp312-manylinux_2_28_x86_64.whl").write_bytes(bytes(range(256)) * 14 + b"tail")  # 3588
+    (src / "small-1.0-py3-none-any.whl").write_bytes(b"small wheel")
+    (src / "deep-0.1.tar.gz").write_bytes(b"x" * 1000)  # exactly the part size: not split
+    return src
+
+
+def test_manifest_splits_only_files_over_the_part_size(folder):
+    original = (folder / "big-1.0-cp312-cp312-manylinux_2_28_x86_64.whl").read_bytes()
+    manifest = wheels.write_manifest(folder, part_bytes=1000)
+    big = manifest["files"]["big-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"]
+    assert [part["name"][-8:] for part in big["parts"]] == [".part000", ".part001", ".part002", ".part003"]
+    assert big["size"] == len(original) and big["sha256"] == wheels.hashlib.sha256(original).hexdigest()
+    assert not (folder / "big-1.0-cp312-cp312-manylinux_2_28_x86_64.whl").exists()  # only its parts travel
+    assert manifest["files"]["deep-0.1.tar.gz"]["parts"] == [] and manifest["files"]["small-1.0-py3-none-any.whl"]
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
+    # The parts are split -b's: cat joins them into the original bytes.
+    joined = subprocess.run(
+        f"cat {folder}/big-*.part*", shell=True, capture_output=True, check=True
+    ).stdout  # fmt: skip
+    assert joined == original
+
+
+def test_batches_move_and_reassemble_to_the_original_files(folder, tmp_path):
+    originals = {path.name: path.read_bytes() for path in folder.iterdir()}
+    wheels.write_manifest(folder, part_bytes=1000)
+    batches = wheels.stage_batches(folder, max_bytes=2100)
+    sizes = [sum(p.stat().st_size for p in batch.iterdir() if p.name != "manifest.json") for batch in batches]
+    assert len(batches) == 3 and max(sizes) <= 2100
+    # On the GPU machine: each batch arrives in its own folder under one destination.
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    for batch in batches:
+        batch.rename(remote / batch.name)
+    wheels.collect(remote)
+    files = wheels.reassemble(remote)
+    assert {path.name: path.read_bytes() for path in files} == originals
+    assert sorted(p.name for p in remote.iterdir()) == sorted([*originals, "manifest.json"])  # parts removed
+    command = wheels.install_command(files, tmp_path / "site")
+    assert command[1:4] == ["-m", "pip", "install"] and "--no-index" in command and "--no-deps" in command
+    assert command[command.index("--target") + 1] == str(tmp_path / "site")
+
+
+def test_a_damaged_or_missing_part_is_named(folder):
+    wheels.write_manifest(folder, part_bytes=1000)
+    part = folder / "big-1.0-cp312-cp312-manylinux_2_28_x86_64.whl.part002"
+    part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(wheels.ChecksumError, match=re.escape(f"{part.name}: sha256 differs")):
+        wheels.reassemble(folder)
+    part.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(f"parts ['{part.name}'] are not in")):
+        wheels.reassemble(folder)
+
+
+def test_a_part_larger_than_a_batch_is_refused(folder):
+    manifest = wheels.write_manifest(folder, part_bytes=1000)
+    with pytest.raises(ValueError, match="more than a batch's 500"):
+        wheels.plan_batches(manifest, max_bytes=500)
+
+
+def test_dry_run_lists_the_downloads_for_the_gpu_machine(capsys):
+    assert wheels.main(["prepare", "--dry-run", "--dest", "somewhere"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    binary, source, project = lines
+    for flag in ("download --no-deps --only-binary=:all: --python-version 3.12", "--platform manylinux_2_28_x86_64"):
+        assert flag in binary
+    for name in (
+        "trl==1.16.0",
+        "vllm==0.26.0",
+        "datasets==",
+        "gymnasium==",
+        "pettingzoo==",
+        "pydantic==",
+        "math-verify",
+    ):
+        assert f" {name}" in binary, name
+    assert source.endswith("download --no-deps --no-binary=:all: -d somewhere deepspeed==0.19.8")
+    assert "wheel --no-deps" in project and project.endswith(str(ROOT))
+    # Every package appears once: two versions of one stop the whole install.
+    names = [re.split("[=<>]", arg)[0].lower().replace("_", "-") for arg in binary.split() if "==" in arg]
+    assert len(names) == len(set(names))
+
+
+def test_unknown_group_is_refused():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu" / "wheels.py"), "prepare", "--dry-run", "--groups", "cuda"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 2 and "--groups ['cuda'] unknown; choose from ['project', 'vllm']" in result.stderr
+
+
+def make_wheel(folder: Path) -> Path:
+    """A minimal real wheel (a module of about 5 kB, stored uncompressed), installable by pip offline."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "gpu_dummy.py": "VALUE = 42\n# " + "".join(f"{i:x}" for i in range(1500)) + "\n",
+        "gpu_dummy-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: gpu-dummy\nVersion: 1.0\n",
+        "gpu_dummy-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files["gpu_dummy-1.0.dist-info/RECORD"] = "\n".join([*record, "gpu_dummy-1.0.dist-info/RECORD,,"]) + "\n"
+    path = folder / "gpu_dummy-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return path
+
+
+def test_install_joins_checks_and_pip_installs_a_split_wheel(tmp_path):
+    src = tmp_path / "wheels"
+    src.mkdir()
+    wheel = make_wheel(src)
+    original = wheel.read_bytes()
+    manifest = wheels.write_manifest(src, part_bytes=2000)
+    assert len(manifest["files"][wheel.name]["parts"]) == -(-len(original) // 2000) > 1
+    wheels.stage_batches(src, max_bytes=4000)
+    assert wheels.main(["install", "--src", str(src), "--target", str(tmp_path / "site")]) == 0
+    assert wheel.read_bytes() == original
+    assert "VALUE = 42" in (tmp_path / "site" / "gpu_dummy.py").read_text()

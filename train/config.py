@@ -1,0 +1,361 @@
+"""The trainer's configuration: :class:`TrainConfig` (every knob of a run, with help and cross-field checks) and
+:func:`load_config`, which reads it from defaults, a YAML file and CLI flags.
+
+Each GRPOConfig field that TrainConfig lacks is a YAML key and a ``--flag`` too (TRL's default and help); the values
+given land in ``trl_args``, which :func:`rllm_gym.train.grpo.grpo_args` passes on to TRL. Unknown keys and flags fail
+with the closest valid name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser
+from trl import GRPOConfig
+
+from rllm_gym.engine.arguments import check_arguments
+from rllm_gym.log import LOG_LEVELS
+from rllm_gym.policies.base import check_model_source
+from rllm_gym.registry import env_ids
+from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
+
+# The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
+DTYPES = {
+    "auto": "auto",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
+# GRPOConfig fields left to TRL (TrainConfig sets the others; the batch size follows from prompts_per_step).
+_OURS = {"per_device_train_batch_size"}
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of a run; YAML files in train/configs/ set these fields and CLI flags override them."""
+
+    # Environments and data
+    env: list[str] = field(
+        default_factory=lambda: ["rllm/FrozenLake-v0"],
+        metadata={
+            "help": "Env ids to train on; several ids mix environments in one run (see env_weights). A multi-agent "
+            "id (rllm/SolverJudge-v0) trains every role: each task gives one prompt per trajectory (solver_0, "
+            "solver_1, judge_0), kept next to each other so that they share episodes."
+        },
+    )
+    env_weights: list[float] | None = field(
+        default=None, metadata={"help": "Share of the prompts drawn from each env (default: equal)."}
+    )
+    tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Per env, where its tasks come from: a JSONL file of task dicts, or 'seeds:N' for N reset seeds "
+            "(the env draws its own tasks). Default: seeds:64 for every env."
+        },
+    )
+    agent_args: str = field(
+        default="{}",
+        metadata={
+            "help": "JSON dict of agent arguments, e.g. a system prompt; for a multi-agent env, keyed by role "
+            '({"judge": {...}}).'
+        },
+    )
+    env_args: str = field(default="{}", metadata={"help": "JSON dict of env constructor arguments."})
+    max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
+    # Model
+    model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": f"Dtype the model and its checkpoints load in (resume too), one of {list(DTYPES)}: 'auto' keeps "
+            "the saved one. bf16 halves memory on GPUs from Ampere on (recommended there; on a float32 model, "
+            "'auto' still trains with bf16 autocast on such a GPU); fp16 weights train without a loss scaler "
+            "(prefer bf16); fp32 turns autocast off."
+        },
+    )
+    chat_template_kwargs: str = field(
+        default="{}",
+        metadata={
+            "help": "JSON dict passed to the tokenizer's chat template by every policy the trainer builds (rollouts, "
+            "warm start, greedy evaluations), e.g. '{\"enable_thinking\": false}' for Qwen3 without reasoning. "
+            "Recorded in the model folder for rllm-gym eval."
+        },
+    )
+    lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of all weights (needs peft)."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank (16 is a common start)."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (usually 2 x rank)."})
+    # Format warm start
+    warm_start_steps: int = field(
+        default=0,
+        metadata={
+            "help": "Supervised steps on replies drawn at random from warm_start_replies, before RL: teaches the "
+            "reply FORMAT only (random valid moves, not solutions). 0 = off; ~300 suits the tiny model."
+        },
+    )
+    warm_start_replies: list[str] = field(
+        default_factory=lambda: ["up", "down", "left", "right"],
+        metadata={"help": "Replies the warm start imitates, one drawn uniformly per turn."},
+    )
+    warm_start_lr: float = field(default=3e-3, metadata={"help": "Learning rate of the warm start."})
+    # GRPO
+    num_generations: int = field(default=8, metadata={"help": "Group size G: rollouts per task (GRPO uses 8-64)."})
+    prompts_per_step: int = field(
+        default=8, metadata={"help": "Distinct tasks per optimizer step, over all processes together."}
+    )
+    max_completion_length: int = field(default=16, metadata={"help": "Tokens per reply (per turn)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of rollouts (1.0 for GRPO)."})
+    estimator: str = field(
+        default="grpo", metadata={"help": f"Advantage estimator, one of {list(ESTIMATORS)} (see train/advantages.py)."}
+    )
+    advantage_mode: str = field(
+        default="broadcast", metadata={"help": f"Multi-turn advantages, one of {list(MODES)}."}
+    )
+    norm_adv_by_std: bool = field(default=True, metadata={"help": "Divide GRPO advantages by the group std."})
+    drop_uniform_groups: bool = field(default=False, metadata={"help": "Drop groups whose rewards are all equal."})
+    exclude_termination: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (used by per_step)."})
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "TRL loss aggregation: grpo, dr_grpo, dapo, bnpo (Liu et al. 2025 for dr_grpo)."},
+    )
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient; 0 needs no reference model (recommended)."})
+    learning_rate: float = field(default=1e-6, metadata={"help": "Learning rate (1e-6 for 1B+ models; 1e-3 tiny)."})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "Learning-rate schedule (cosine recommended)."})
+    max_steps: int = field(default=100, metadata={"help": "Optimizer steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of the data order, sampling and warm start."})
+    warmup_ratio: float = field(
+        default=0.0,
+        metadata={"help": "Share of max_steps over which the learning rate warms up linearly (0.03-0.1 is common)."},
+    )
+    trl_args: str = field(
+        default="{}",
+        metadata={
+            "help": "JSON dict of further TRL GRPOConfig fields. Each GRPOConfig field that TrainConfig lacks is also "
+            "a --flag and a YAML key of its own (e.g. gradient_accumulation_steps, max_grad_norm, weight_decay, "
+            "num_iterations, epsilon, save_total_limit, bf16; see --help); those land here."
+        },
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "Recompute activations to save memory (on for billion-parameter models)."}
+    )
+    # Running
+    output_dir: str = field(default="runs/grpo", metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."})
+    save_steps: int = field(default=100, metadata={"help": "Checkpoint every N steps (resume with --resume)."})
+    resume: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue the run in output_dir from its last checkpoint (same settings; max_steps may grow)."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Replace the run in output_dir (its checkpoints, final/, metrics; nothing else is deleted)."
+        },
+    )
+    logging_steps: int = field(default=10, metadata={"help": "Log metrics every N steps."})
+    progress: bool = field(
+        default=True,
+        metadata={
+            "help": "Progress bars on stderr for the warm start, the greedy evaluations and the training steps; "
+            "drawn only when stderr is a terminal. false (or --no_progress, or TQDM_DISABLE=1) never draws them."
+        },
+    )
+    report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
+    eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
+    max_error_steps: int = field(
+        default=3,
+        metadata={
+            "help": "Stop (exit status 1, the errors named) after this many steps in a row whose episodes all ended "
+            "in ERROR: a down server or a broken env would otherwise train on nothing. 0 = never stop."
+        },
+    )
+    debug: bool = field(default=False, metadata={"help": "Show the traceback of an error, not only its message."})
+    log_level: str = field(
+        default="info", metadata={"help": f"Messages of the rllm_gym logger printed to stderr, one of {LOG_LEVELS}."}
+    )
+    use_vllm: bool = field(
+        default=False, metadata={"help": "Generate with TRL's vLLM integration (GPU, the vllm extra); see vllm_mode."}
+    )
+    vllm_mode: str = field(
+        default="colocate",
+        metadata={
+            "help": "'colocate': a vLLM engine inside each training process (tensor parallel 1); 'server': a "
+            "`trl vllm-serve` process on GPUs of its own (see vllm_server_base_url and the README)."
+        },
+    )
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "Server mode: the `trl vllm-serve` address, e.g. http://10.0.0.5:8000."}
+    )
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Server mode: seconds to wait for the server to come up."}
+    )
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of each GPU vLLM may take in colocate mode (0.3 leaves room to train)."}
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.env, str):
+            raise ValueError(f"env must be a list of env ids, got the string {self.env!r}: write [{self.env!r}]")
+        unknown = [env_id for env_id in self.env if env_id not in env_ids()]
+        if unknown:
+            raise ValueError(f"env {unknown} is not a registered id; choose from {env_ids()}")
+        if self.env_weights is not None and len(self.env_weights) != len(self.env):
+            raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
+        if self.tasks is not None and len(self.tasks) != len(self.env):
+            raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        try:
+            trl_args = json.loads(self.trl_args)
+        except json.JSONDecodeError:
+            trl_args = None
+        if not isinstance(trl_args, dict):
+            example = '{"max_grad_norm": 0.5}'
+            raise ValueError(f"trl_args must be a JSON object such as '{example}', got {self.trl_args!r}")
+        unknown = sorted(set(trl_args) - set(TRL_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"trl_args: {unknown[0]!r} is not a GRPOConfig field that TrainConfig leaves to TRL"
+                f"{closest(unknown[0], sorted(TRL_FIELDS))}"
+            )
+        if self.max_error_steps < 0:
+            raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {self.max_error_steps}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
+        for name in ("prompts_per_step", "max_turns", "max_completion_length", "max_steps", "save_steps", "lora_r"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warm_start_steps < 0 or (self.warm_start_steps and not self.warm_start_replies):
+            raise ValueError("warm_start_steps must be >= 0, and > 0 needs at least one entry in warm_start_replies")
+        for name, ok, allowed in (
+            ("temperature", self.temperature >= 0, ">= 0"),
+            ("learning_rate", self.learning_rate > 0, "> 0"),
+            ("beta", self.beta >= 0, ">= 0 (0 = no KL term)"),
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+        ):
+            if not ok:
+                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
+        if self.env_weights is not None and (min(self.env_weights) < 0 or sum(self.env_weights) <= 0):
+            raise ValueError(f"env_weights must be >= 0 with a positive sum, got {self.env_weights}")
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
+        if self.vllm_server_base_url is not None and not self.vllm_server_base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
+                f"got {self.vllm_server_base_url!r}"
+            )
+        AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
+        examples = {"chat_template_kwargs": '{"enable_thinking": false}'}
+        for name in ("agent_args", "env_args", "chat_template_kwargs"):
+            example = examples.get(name, '{"system_prompt": "..."}')
+            try:
+                value = json.loads(getattr(self, name))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{name} must be a JSON object, e.g. '{example}': {error}") from error
+            if not isinstance(value, dict):
+                raise ValueError(f"{name} must be a JSON object, e.g. '{example}', got {getattr(self, name)!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)} ('auto': the saved one), got {self.dtype!r}")
+        if DTYPES[self.dtype] == "float16" and trl_args.get("fp16"):
+            raise ValueError(
+                "dtype: fp16 with fp16: true cannot train (the fp16 loss scaler cannot unscale fp16 weights): "
+                "use dtype: fp32 with fp16: true (fp16 autocast), or dtype: bf16"
+            )
+        # agent_args and env_args go to every env of the run: a mix needs each argument to fit at least one of them.
+        failures = []
+        for env_id in self.env:
+            try:
+                check_arguments(env_id, agent_args=json.loads(self.agent_args), env_args=json.loads(self.env_args))
+            except ValueError as error:
+                failures.append(error)
+        if len(failures) == len(self.env):
+            raise failures[0]
+        if self.model is not None:
+            check_model_source(self.model, "model")
+
+
+TRL_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(GRPOConfig)
+    if f.init and f.name not in TrainConfig.__dataclass_fields__ and f.name not in _OURS
+)
+
+
+def closest(name: str, names: list[str], prefix: str = "") -> str:
+    """`` (did you mean x?)`` for the closest of ``names`` to ``name`` (written after ``prefix``), or nothing."""
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
+
+def trl_options() -> type:
+    """A dataclass of the GRPOConfig fields TrainConfig lacks (their TRL defaults and help), for the parser."""
+    hints = typing.get_type_hints(GRPOConfig)
+    specs = []
+    for name in TRL_FIELDS:
+        original = GRPOConfig.__dataclass_fields__[name]
+        help_text = f"(TRL) {original.metadata.get('help', '')}"
+        kwargs = {"metadata": {**original.metadata, "help": help_text}}
+        if original.default_factory is not dataclasses.MISSING:
+            kwargs["default_factory"] = original.default_factory
+        else:
+            kwargs["default"] = original.default
+        specs.append((name, hints[name], field(**kwargs)))
+    return dataclasses.make_dataclass("TRLOptions", specs)
+
+
+def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
+    """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from.
+
+    Keys and flags named after GRPOConfig fields that TrainConfig lacks are collected into ``trl_args``.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = trl_options()
+    parser = HfArgumentParser((TrainConfig, options))
+    parser.add_argument("--config", help="YAML file of TrainConfig (and TRL GRPOConfig) fields")
+    config_dir = Path.cwd()
+    fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
+    values: dict[str, Any] = {}
+    if "--config" in argv:
+        path = Path(argv[argv.index("--config") + 1])
+        if not path.is_file():
+            raise ValueError(f"--config {path}: no such file")
+        config_dir = path.parent
+        values = yaml.safe_load(path.read_text()) or {}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise ValueError(
+                f"{path}: unknown fields {unknown}{closest(unknown[0], fields)}; see TrainConfig in train/config.py "
+                f"and TRL's GRPOConfig"
+            )
+        for key in ("agent_args", "env_args", "chat_template_kwargs", "trl_args"):
+            if isinstance(values.get(key), dict):
+                values[key] = json.dumps(values[key])
+        parser.set_defaults(**values)
+    parsed = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    config, trl, remaining = parsed[0], parsed[1], parsed[-1]  # between them: the namespace of --config
+    if remaining:
+        flag = next((item for item in remaining if item.startswith("-")), remaining[0])
+        name = flag.lstrip("-").split("=")[0].replace("-", "_")
+        raise ValueError(f"unknown flag {flag}{closest(name, fields, '--')}; every TrainConfig field is a --flag")
+    given = set(values) | {item.lstrip("-").split("=")[0] for item in argv if item.startswith("--")}
+    chosen = {name: getattr(trl, name) for name in TRL_FIELDS if name in given}
+    if chosen:
+        config.trl_args = json.dumps({**json.loads(config.trl_args), **chosen}, default=str)
+    return config, config_dir

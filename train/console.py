@@ -1,0 +1,165 @@
+"""What a training run shows and keeps as it goes: progress bars, one line per logging step and per checkpoint,
+``metrics.jsonl`` and the reward curve; and no library output repeated at every step or checkpoint.
+
+Bars go to stderr and are drawn only when it is a terminal (``progress: false`` or ``TQDM_DISABLE=1`` never draws
+them); lines go to stdout, above the bars.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+import torch
+import transformers
+from tqdm import tqdm
+from transformers import TrainerCallback
+
+from rllm_gym.log import logger
+from rllm_gym.train.config import TrainConfig
+
+
+def quiet_libraries(progress: bool) -> None:
+    """Silence what transformers, TRL and DeepSpeed would print again and again; each filter names its message and
+    why. Python warnings and messages not named here still show."""
+    # TRL 1.16 reads model.is_gradient_checkpointing at every generation (trl/models/utils.py), a property transformers
+    # 5.23 deprecates. Something in each step resets Python's memory of the warnings already shown (as any
+    # warnings.catch_warnings does), so it came again every step or two; there is nothing for the user to change.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # DeepSpeed, imported with the trainer, tells each process of a run without CUDA "Setting accelerator to CPU. If
+    # you have GPU or other accelerator, we were unable to detect it" on stdout, between the step lines; the run has
+    # chosen the CPU itself then (use_cpu). The filter sits on DeepSpeed's logger, which keeps it when DeepSpeed loads.
+    if not torch.cuda.is_available():
+        logging.getLogger("DeepSpeed").addFilter(not_the_cpu_notice)  # added once, however often a process runs main
+    # transformers' own bars: "Loading weights" / "Loading checkpoint shards" when the model loads, "Writing model
+    # shards" at every checkpoint; the "saved checkpoint-N" line says what matters. A download from the hub keeps its
+    # bar (for a large model it takes minutes), unless progress is off.
+    hub_bars = not huggingface_hub.utils.are_progress_bars_disabled()
+    transformers.utils.logging.disable_progress_bar()
+    if hub_bars and progress:
+        huggingface_hub.utils.enable_progress_bars()
+
+
+def not_the_cpu_notice(record: logging.LogRecord) -> bool:
+    """A logging filter: False for DeepSpeed's "Setting accelerator to CPU" notice (see :func:`quiet_libraries`)."""
+    return "Setting accelerator to CPU" not in record.getMessage()
+
+
+def progress_bar(config: TrainConfig, total: int, desc: str, unit: str, *, show: bool = True) -> tqdm:
+    """A bar on stderr, drawn only when stderr is a terminal, ``progress`` is on and ``show`` (the main process)."""
+    # disable=None is tqdm's "only on a terminal"; passed explicitly it would override TQDM_DISABLE, so read it here.
+    off = not (config.progress and show) or os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true")
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=True if off else None)
+
+
+def say(line: str) -> None:
+    """Print a line on stdout, above any progress bar (which tqdm redraws below it)."""
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+class ConsoleLog(TrainerCallback):
+    """One line per logging step (instead of transformers' dict dumps) and one per checkpoint saved, and every log
+    kept for the curve.
+
+    ``metrics.jsonl`` holds one run: a new run empties it; a run resumed from the checkpoint of step N keeps the
+    records up to step N (a killed run may have logged steps after its last checkpoint, which are redone) and goes on
+    from there, its ``elapsed_s`` continuing the earlier run's.
+    """
+
+    def __init__(self, output_dir: Path, resume_step: int | None = None, *, write: bool = True):
+        self.path = output_dir / "metrics.jsonl"
+        self.history: list[dict[str, Any]] = []
+        if resume_step is not None and self.path.exists():
+            records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+            self.history = [record for record in records if record["step"] <= resume_step]
+        if write:
+            self.path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
+        earlier = self.history[-1]["elapsed_s"] if self.history else 0.0
+        self.start = time.monotonic() - earlier
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs or not state.is_world_process_zero:
+            return
+        record = {"step": state.global_step, "elapsed_s": time.monotonic() - self.start, **logs}
+        self.history.append(record)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        errors = logs.get("rollout/termination/error", 0.0)
+        # The end-of-run log carries the steps since the last logging step, and train_loss (the run's mean), no loss.
+        loss = f"{logs['loss']:.4f}" if "loss" in logs else "-"
+        say(
+            f"step {state.global_step:>5}  reward {logs['reward']:.3f}  loss {loss}  "
+            f"turns {logs.get('rollout/turns', float('nan')):.2f}  {record['elapsed_s']:.0f}s"
+            + (f"  ERROR episodes {errors:.0%}" if errors else "")
+        )
+        if math.isnan(logs.get("loss", 0.0)):
+            logger.warning("step %d: the loss is nan: %s", state.global_step, nan_reason(logs))
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            say(f"saved checkpoint-{state.global_step} (step {state.global_step}/{state.max_steps})")
+
+
+def nan_reason(logs: dict[str, Any]) -> str:
+    """Why a logged loss is nan, as far as the step's other metrics tell."""
+    if logs.get("rollout/termination/error", 0.0) >= 1.0:
+        return "every episode of the step ended in ERROR, so no token was trained (see the errors above)"
+    if math.isnan(logs.get("grad_norm", 0.0)) or math.isinf(logs.get("grad_norm", 0.0)):
+        return (
+            "the gradients overflowed (grad_norm is not finite): lower learning_rate, keep max_grad_norm > 0, "
+            "or train in bf16/fp32 rather than fp16"
+        )
+    return (
+        "no trained token or a diverged model: check that episodes produce replies (rollout/turns) and that "
+        "exclude_termination does not mask them all; otherwise lower learning_rate"
+    )
+
+
+class StepBar(TrainerCallback):
+    """A progress bar over the optimizer steps (on the main process), with the last logged reward."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.bar: tqdm | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.bar = progress_bar(self.config, state.max_steps, "train", "step", show=state.is_world_process_zero)
+        self.bar.update(state.global_step)  # a resumed run starts at its checkpoint's step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "reward" in logs:
+            self.bar.set_postfix(reward=f"{logs['reward']:.3f}")
+
+    def close(self) -> None:
+        """End the bar's line; main calls it however training ended, so that what follows starts a line of its own."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.plot([h["step"] for h in history], [h["reward"] for h in history])
+    axes.set_xlabel("step")
+    axes.set_ylabel("mean episode reward")
+    axes.set_title("GRPO reward")
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
