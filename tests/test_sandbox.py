@@ -250,12 +250,15 @@ def test_an_interpreter_under_tmp_stays_visible_and_the_view_folder_is_removed(t
         '    r = box.run(\'import os, probe_module; open("/tmp/x", "w").write("1"); '
         'print(probe_module.VALUE, os.getcwd(), os.path.exists(os.environ["TMPDIR"] + "/x"))\')\n'
         "print(r.status.value, r.stdout.strip(), r.stderr[-300:])\n"
+        "with Sandbox(max_parallel=1, packages=[]) as box:\n"
+        "    print('limited', box.run('import probe_module').status.value)\n"
         "print('left', set(glob.glob(tempfile.gettempdir() + '/rllm-sandbox-view-*')) - before)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run([str(venv / "bin" / "python"), "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert f"ok 42 {RUN_DIR} True" in out.stdout and "left set()" in out.stdout, out.stdout
+    assert "limited runtime_error" in out.stdout, out.stdout  # packages=[] still covers that venv's site-packages
 
 
 def test_network_connections_fail(sandbox):

@@ -209,8 +209,8 @@ def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: A
     try:
         write_frame(write_fd, request)
         body = read_frame(read_fd)
-    except OSError as exc:
-        raise RemoteError(f"the solution's process is gone ({exc.strerror})", "runtime_error") from None
+    except OSError as exc:  # it died before reading the request (EPIPE) or mid-reply: the same verdict as EOF
+        raise RemoteError(f"the solution's process ended before answering ({exc.strerror})", "runtime_error") from None
     if body is None:
         raise RemoteError("the solution's process ended before answering", "runtime_error")
     try:

@@ -88,10 +88,6 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
             _bind_readonly(host, root + host)
     for tree in _python_trees():
         _bind_readonly(tree, root + tree)
-        if tree.startswith("/tmp/"):  # each run's /tmp covers it: enter_run binds it back from here
-            stash = f"/.python-trees/{len(_TMP_TREES)}"
-            _bind_readonly(tree, root + stash)
-            _TMP_TREES.append((tree, stash))
     if packages is not None:
         for folder in _site_packages():
             _allow_only(root + folder, packages)
@@ -105,6 +101,12 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
                     open(placeholder, "w").close()
                     os.chmod(placeholder, 0)
                 _bind_readonly(placeholder, root + path)
+    for tree in _python_trees():
+        if tree.startswith("/tmp/"):  # each run's /tmp covers it: enter_run binds it back from this second mount,
+            stash = f"/.python-trees/{len(_TMP_TREES)}"  # which carries the covers above (MS_REC)
+            os.makedirs(root + stash, 0o755)
+            _bind_tree(root + tree, root + stash)
+            _TMP_TREES.append((tree, stash))
     _make_etc(root)
     _make_dev(root)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
@@ -120,6 +122,12 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     isolation += ["minimal_fs", "readonly_fs"]
     return True
+
+
+def _bind_tree(source: str, target: str) -> None:
+    """A read-only bind of ``source`` with every mount below it (the package covers and hidden folders)."""
+    mount(source, target, None, MS_BIND | MS_REC)
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _bind_readonly(source: str, target: str, nodev: bool = True) -> None:
@@ -448,7 +456,7 @@ def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: boo
         for tree, stash in _TMP_TREES:
             inside = RUN_DIR + tree[len("/tmp") :]
             os.makedirs(inside, 0o755)
-            _bind_readonly(stash, inside)
+            _bind_tree(stash, inside)
         mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
