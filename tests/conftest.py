@@ -13,6 +13,7 @@ from typing import IO
 
 import pytest
 
+from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.tiny_model import build_tiny_model
 
 
@@ -20,6 +21,19 @@ from rllm_gym.tiny_model import build_tiny_model
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded tiny model, built once per test session into a temporary folder (no download)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+@pytest.fixture(scope="module")
+def strict_sandbox():
+    """A started Sandbox with every required isolation layer, one per test module; the module skips, saying why,
+    where the strict sandbox refuses the machine."""
+    try:
+        box = Sandbox(max_parallel=8)
+        box.start()
+    except SandboxUnavailableError as exc:
+        pytest.skip(f"the strict sandbox refuses this machine: {exc}")
+    with box:
+        yield box
 
 
 def _run_with_stderr_on_a_terminal(

@@ -20,7 +20,6 @@ import pytest
 import rllm_gym
 from rllm_gym.envs.code import BUILTIN_TASKS_PATH, builtin_code_tasks
 from rllm_gym.rewards.code import CodeReward
-from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.tools import HermesToolParser
 from rllm_gym.types import RewardOutput, ToolCall
 
@@ -64,14 +63,8 @@ WRONG = {
 
 
 @pytest.fixture(scope="module")
-def box():
-    try:
-        sandbox = Sandbox(max_parallel=4)
-        sandbox.start()
-    except SandboxUnavailableError as exc:
-        pytest.skip(f"the strict sandbox refuses this machine: {exc}")
-    with sandbox:
-        yield sandbox
+def box(strict_sandbox):
+    return strict_sandbox
 
 
 @pytest.fixture(scope="module")

@@ -16,21 +16,14 @@ import pytest
 from rllm_gym.envs.code import builtin_code_tasks, normalize_task
 from rllm_gym.envs.tool import builtin_tasks as builtin_tool_tasks
 from rllm_gym.rewards.code import CodeReward
-from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.types import RewardOutput
 
 _TEST_KEYS = ("tests", "test_list", "test", "input_output", "public_test_cases")
 
 
 @pytest.fixture(scope="module")
-def grader():
-    try:
-        box = Sandbox(max_parallel=8)
-        box.start()
-    except SandboxUnavailableError as exc:
-        pytest.skip(f"the strict sandbox refuses this machine: {exc}")
-    with box:
-        yield CodeReward(sandbox=box, timeout=5.0)
+def grader(strict_sandbox):
+    return CodeReward(sandbox=strict_sandbox, timeout=5.0)
 
 
 def _fence(code: str) -> str:

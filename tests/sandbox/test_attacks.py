@@ -20,39 +20,20 @@ import pytest
 
 import rllm_gym
 from rllm_gym.envs.code import BUILTIN_TASKS_PATH
-from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult, SandboxUnavailableError
+from rllm_gym.sandbox import REQUIRED_LAYERS, ExecutionStatus, Sandbox, SandboxResult
 from rllm_gym.sandbox._isolation import RUN_DIR
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
 TOOL_TASKS_PATH = Path(str(resources.files("rllm_gym.tools").joinpath("tasks.jsonl")))
 REPO_ROOT = Path(rllm_gym.__file__).resolve().parents[1]
-FULL_ISOLATION = {
-    "rlimits",
-    "tmpdir",
-    "scrubbed_env",
-    "session_kill",
-    "minimal_fs",
-    "readonly_fs",
-    "netns",
-    "ipcns",
-    "pidns",
-    "private_proc",
-    "unprivileged_uid",
-    "seccomp",
-}
+FULL_ISOLATION = {layer for layer in REQUIRED_LAYERS if "|" not in layer}  # the memory layer has two forms
 # Statuses a hostile program may end with; sandbox_error is never one of them.
 VERDICTS = set(ExecutionStatus) - {ExecutionStatus.SANDBOX_ERROR}
 
 
 @pytest.fixture(scope="module")
-def sandbox():
-    try:
-        box = Sandbox(max_parallel=4)
-        box.start()
-    except SandboxUnavailableError as exc:
-        pytest.skip(f"the strict sandbox refuses this machine: {exc}")
-    with box:
-        yield box
+def sandbox(strict_sandbox):
+    return strict_sandbox
 
 
 def _needs(box: Sandbox, *layers: str) -> None:
