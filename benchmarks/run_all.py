@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -300,6 +301,63 @@ def replace_between(readme: str, start: str, end: str, text: str, where: str) ->
     if not found_start or not found_end:
         raise ValueError(f"README has no {start} ... {end} block: add both markers to {where}")
     return f"{head}{start}{text}{end}{tail}"
+
+
+def run_training(config: str, timeout_s: float, curve: Path, what: str) -> tuple[dict, list[dict], float, dict]:
+    """``python -m rllm_gym.train.grpo --config config`` in a fresh interpreter and a temporary output folder: its
+    summary, its metrics.jsonl records, the command's wall time and the machine; its figure is copied to ``curve``."""
+    with tempfile.TemporaryDirectory(prefix="rllm-gym-run-") as tmp:
+        command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", config, "--output_dir", tmp]
+        about = machine()
+        start = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        wall_s = time.perf_counter() - start
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+            raise SystemExit(f"{what} exited with status {done.returncode}:\n{tail}")
+        print(done.stdout.rstrip(), flush=True)
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+        records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        curve.parent.mkdir(exist_ok=True)
+        shutil.copyfile(Path(tmp) / "reward_curve.png", curve)
+    return summary, records, wall_s, about
+
+
+def sentence_command(
+    argv: list[str] | None,
+    description: str,
+    kept: Path,
+    run: Callable[[float], dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+    markers: tuple[str, str],
+    timeout_s: float,
+) -> int:
+    """The command line of a script whose README sentence is rendered from a kept run (demo_cpu.py,
+    generalize_cpu.py): run it (``run(timeout)``) and keep its figures in ``kept``, or ``--render-only`` from them,
+    or ``--check`` that the README's sentence between ``markers`` is their rendering (exit 1 if not)."""
+    parser = argparse.ArgumentParser(description=description)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--render-only", action="store_true", help="re-render the README from the kept figures")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the README's sentence differs from them")
+    parser.add_argument(
+        "--timeout", type=float, default=timeout_s, help=f"seconds the run may take (default {timeout_s:.0f})"
+    )
+    args = parser.parse_args(argv)
+    if args.render_only or args.check:
+        results = json.loads(kept.read_text())
+    else:
+        results = run(args.timeout)
+        kept.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    readme = README.read_text()
+    rendered = replace_between(readme, *markers, render(results), f"the sentence rendered from {kept.name}")
+    if args.check:
+        if rendered != readme:
+            print(f"README's sentence differs from {kept}: run it with --render-only")
+            return 1
+        return 0
+    README.write_text(rendered)
+    print(render(results))
+    return 0
 
 
 def replace_table(readme: str, block: str) -> str:

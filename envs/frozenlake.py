@@ -13,7 +13,7 @@ import numpy as np
 
 from rllm_gym.spaces import TextSpace
 
-__all__ = ["MAX_SIZE", "FrozenLakeEnv", "generate_random_map", "parse_action"]
+__all__ = ["MAX_SIZE", "FrozenLakeEnv", "best_fixed_moves", "generate_random_map", "parse_action"]
 
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 ACTION_NAMES = ("left", "down", "right", "up")
@@ -90,6 +90,48 @@ def generate_random_map(size: int = 4, p: float = 0.8, rng: np.random.Generator 
         if _reachable(rows):
             return rows
     raise ValueError(f"no reachable FrozenLake map found in 10000 draws with size={size}, p={p}: raise p")
+
+
+def best_fixed_moves(maps: list[list[str]], max_moves: int) -> tuple[list[str], int]:
+    """The sequence of at most ``max_moves`` moves that solves the most of ``maps`` (non-slippery) when played blind,
+    and how many it solves: what a policy that ignores the grid can reach, the baseline a policy that reads it must
+    beat.
+
+    Exact: a breadth-first search over the joint state of all maps (each player's tile, or in a hole, or at the goal),
+    one level per move, keeping one sequence per distinct joint state.
+    """
+    maps = [_validate_map(rows) for rows in maps]
+    goal, hole = -1, -2
+    starts = tuple(next(r * 64 + row.index("S") for r, row in enumerate(rows) if "S" in row) for rows in maps)
+
+    def move(state: tuple[int, ...], action: int) -> tuple[int, ...]:
+        d_row, d_col = _MOVES[action]
+        after = []
+        for rows, tile in zip(maps, state, strict=True):
+            if tile < 0:
+                after.append(tile)
+                continue
+            row = min(max(tile // 64 + d_row, 0), len(rows) - 1)
+            col = min(max(tile % 64 + d_col, 0), len(rows[0]) - 1)
+            letter = rows[row][col]
+            after.append(goal if letter == "G" else hole if letter == "H" else row * 64 + col)
+        return tuple(after)
+
+    level: dict[tuple[int, ...], list[str]] = {starts: []}
+    best: tuple[int, list[str]] = (0, [])
+    for _ in range(max_moves):
+        following: dict[tuple[int, ...], list[str]] = {}
+        for state, moves in level.items():
+            for action in range(4):
+                after = move(state, action)
+                if after != state and after not in following:
+                    following[after] = [*moves, ACTION_NAMES[action]]
+        for state, moves in following.items():
+            solved = state.count(goal)
+            if solved > best[0]:
+                best = (solved, moves)
+        level = following
+    return best[1], best[0]
 
 
 def _validate_map(rows: Any) -> list[str]:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "run_all.py")
@@ -322,11 +323,31 @@ def test_committed_results_describe_the_machine_and_every_run():
     assert commands == {bench.name: bench.command for bench in run_all.BENCHMARKS}
 
 
+def script(name: str):
+    """A benchmark script loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_readme_main_job_sentence_is_the_rendering_of_the_kept_demo_summary():
-    spec = importlib.util.spec_from_file_location("demo_cpu", ROOT / "benchmarks" / "demo_cpu.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = script("demo_cpu")
     assert demo.main(["--check"]) == 0, "README differs: run `python benchmarks/demo_cpu.py --render-only`"
     summary = json.loads(demo.SUMMARY.read_text())
     sentence = demo.render(summary)
     assert f"{summary['train_seconds']:.0f} s of training" in sentence and demo.CURVE.is_file()
+
+
+def test_readme_generalization_sentence_is_the_rendering_of_the_kept_figures():
+    generalize = script("generalize_cpu")
+    assert generalize.main(["--check"]) == 0, "README differs: run `python benchmarks/generalize_cpu.py --render-only`"
+    results = json.loads(generalize.RESULTS.read_text())
+    assert {"heldout_before", "heldout_after", "best_fixed_sequence", "train_seconds", "evaluations"} <= set(results)
+    assert results["evaluations"][0]["step"] == 0 and results["evaluations"][-1]["heldout"] == results["heldout_after"]
+    assert results["heldout_lakes"] == 64 and generalize.CURVE.is_file()
+    # The kept figures are the shipped config's: the same held-out lakes, the blind baseline computed on them.
+    maps, max_turns = generalize.heldout_lakes(ROOT / generalize.CONFIG)
+    assert len(maps) == 64 and results["summary"]["config"]["max_turns"] == max_turns
+    for key in ("tasks", "eval_tasks", "model_shape", "max_steps", "learning_rate"):
+        assert results["summary"]["config"][key] == yaml.safe_load((ROOT / generalize.CONFIG).read_text())[key], key

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -33,6 +34,17 @@ def test_folder_loads_with_auto_classes(built):
     ids = tokenizer.encode("<think>x</think><tool_call>{}</tool_call><|im_end|>", add_special_tokens=False)
     assert tokenizer.decode(ids, skip_special_tokens=True) == "<think>x</think><tool_call>{}</tool_call>"
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+
+
+def test_shapes_size_the_model_and_keep_folders_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLLM_GYM_CACHE", str(tmp_path))
+    small = default_model_path(shape="small")
+    assert small != default_model_path() and small.name.endswith("-small")
+    config = AutoModelForCausalLM.from_pretrained(small).config
+    assert (config.hidden_size, config.num_hidden_layers) == (128, 3)
+    assert (small / "tokenizer.json").read_bytes() == (default_model_path() / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match=re.escape("tiny model shape must be one of ['small', 'tiny'], got 'big'")):
+        build_tiny_model(tmp_path / "big", shape="big")
 
 
 def test_chat_template_thinking_and_tools(built):

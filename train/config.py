@@ -25,6 +25,7 @@ from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.log import LOG_LEVELS
 from rllm_gym.policies.base import check_model_source
 from rllm_gym.registry import env_ids
+from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 
 # The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
@@ -64,6 +65,19 @@ class TrainConfig:
             "(the env draws its own tasks). Default: seeds:64 for every env."
         },
     )
+    eval_tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Per env, its eval split: tasks held out from training and evaluated before, during (eval_steps) "
+            "and after training. Either a source of its own (a named split: a JSONL file, 'data/gsm8k@test', "
+            "'seeds:100000-100064'), or a fraction (0.1) or count (64) of that env's tasks, drawn with split_seed. "
+            "Train and eval never share a task: a training task the env poses like an eval task is skipped. "
+            "Default: none (evaluation on the training tasks only)."
+        },
+    )
+    split_seed: int = field(
+        default=0, metadata={"help": "Seed of the eval split's draw (kept apart from seed: the split stays put)."}
+    )
     agent_args: str = field(
         default="{}",
         metadata={
@@ -75,6 +89,13 @@ class TrainConfig:
     max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
     # Model
     model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
+    model_shape: str = field(
+        default="tiny",
+        metadata={
+            "help": "Size of the embedded model when model is not set: 'tiny' (0.14M parameters, the default) or "
+            "'small' (0.55M, for skills that must generalize); see SHAPES in rllm_gym/tiny_model.py."
+        },
+    )
     dtype: str = field(
         default="auto",
         metadata={
@@ -176,7 +197,26 @@ class TrainConfig:
         },
     )
     report_to: list[str] = field(default_factory=list, metadata={"help": "TRL/transformers loggers (e.g. wandb)."})
-    eval_greedy: bool = field(default=True, metadata={"help": "Greedy success on the tasks before and after."})
+    eval_greedy: bool = field(
+        default=True,
+        metadata={
+            "help": "Greedy success before and after training (and every eval_steps), on up to eval_limit training "
+            "tasks per env and on the eval split (eval_tasks)."
+        },
+    )
+    eval_steps: int = field(
+        default=0, metadata={"help": "Evaluate every N optimizer steps as well (0: only before and after)."}
+    )
+    eval_n: int = field(
+        default=0,
+        metadata={
+            "help": "Samples per held-out task at the training temperature, for pass@1 and pass@eval_n on the eval "
+            "split (0: greedy only). 4-16 is common."
+        },
+    )
+    eval_limit: int = field(
+        default=64, metadata={"help": "Tasks per env and split that an evaluation runs (the first ones)."}
+    )
     max_error_steps: int = field(
         default=3,
         metadata={
@@ -218,6 +258,21 @@ class TrainConfig:
             raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
         if self.tasks is not None and len(self.tasks) != len(self.env):
             raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
+        if self.eval_tasks is not None:
+            self.eval_tasks = [str(source) for source in self.eval_tasks]  # YAML may give 0.1 or 64 as numbers
+            if len(self.eval_tasks) != len(self.env):
+                raise ValueError(
+                    f"eval_tasks has {len(self.eval_tasks)} entries for {len(self.env)} envs: one eval split per env"
+                )
+        for name in ("eval_steps", "eval_n"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        if self.eval_n == 1:
+            raise ValueError("eval_n must be 0 (greedy only) or >= 2 samples per task: pass@k compares samples")
+        if self.eval_n and self.eval_tasks is None:
+            raise ValueError("eval_n samples the eval split: set eval_tasks too (e.g. [0.1] or ['seeds:1000-1064'])")
+        if self.eval_steps and not (self.eval_greedy or self.eval_n):
+            raise ValueError("eval_steps needs something to evaluate: eval_greedy: true, or eval_n with eval_tasks")
         if self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
         if not 0 <= self.warmup_ratio < 1:
@@ -239,7 +294,15 @@ class TrainConfig:
             raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {self.max_error_steps}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
-        for name in ("prompts_per_step", "max_turns", "max_completion_length", "max_steps", "save_steps", "lora_r"):
+        for name in (
+            "prompts_per_step",
+            "max_turns",
+            "max_completion_length",
+            "max_steps",
+            "save_steps",
+            "lora_r",
+            "eval_limit",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warm_start_steps < 0 or (self.warm_start_steps and not self.warm_start_replies):
@@ -289,6 +352,10 @@ class TrainConfig:
             raise failures[0]
         if self.model is not None:
             check_model_source(self.model, "model")
+        if self.model_shape not in SHAPES:
+            raise ValueError(f"model_shape must be one of {sorted(SHAPES)}, got {self.model_shape!r}")
+        if self.model is not None and self.model_shape != "tiny":
+            raise ValueError("model_shape sizes the embedded model: drop it when model names a model")
 
 
 TRL_FIELDS = tuple(

@@ -67,8 +67,8 @@ def say(line: str) -> None:
 
 
 class ConsoleLog(TrainerCallback):
-    """One line per logging step (instead of transformers' dict dumps) and one per checkpoint saved, and every log
-    kept for the curve.
+    """One line per logging step and per evaluation (instead of transformers' dict dumps) and one per checkpoint saved,
+    and every log kept for the curve (``history``: training logs, ``evaluations``: evaluation logs).
 
     ``metrics.jsonl`` holds one run: a new run empties it; a run resumed from the checkpoint of step N keeps the
     records up to step N (a killed run may have logged steps after its last checkpoint, which are redone) and goes on
@@ -77,22 +77,30 @@ class ConsoleLog(TrainerCallback):
 
     def __init__(self, output_dir: Path, resume_step: int | None = None, *, write: bool = True):
         self.path = output_dir / "metrics.jsonl"
-        self.history: list[dict[str, Any]] = []
+        records: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
             records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-            self.history = [record for record in records if record["step"] <= resume_step]
+            records = [record for record in records if record["step"] <= resume_step]
         if write:
-            self.path.write_text("".join(json.dumps(record) + "\n" for record in self.history))
-        earlier = self.history[-1]["elapsed_s"] if self.history else 0.0
+            self.path.write_text("".join(json.dumps(record) + "\n" for record in records))
+        self.history = [record for record in records if "reward" in record]
+        self.evaluations = [record for record in records if is_evaluation(record)]
+        earlier = records[-1]["elapsed_s"] if records else 0.0
         self.start = time.monotonic() - earlier
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs or not state.is_world_process_zero:
+        if not logs or not state.is_world_process_zero or not ("reward" in logs or is_evaluation(logs)):
             return
         record = {"step": state.global_step, "elapsed_s": time.monotonic() - self.start, **logs}
-        self.history.append(record)
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+        if "reward" not in logs:
+            self.evaluations.append(record)
+            say(
+                f"eval  {state.global_step:>5}  " + "  ".join(evaluation_parts(logs)) + f"  {record['elapsed_s']:.0f}s"
+            )
+            return
+        self.history.append(record)
         errors = logs.get("rollout/termination/error", 0.0)
         # The end-of-run log carries the steps since the last logging step, and train_loss (the run's mean), no loss.
         loss = f"{logs['loss']:.4f}" if "loss" in logs else "-"
@@ -107,6 +115,21 @@ class ConsoleLog(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             say(f"saved checkpoint-{state.global_step} (step {state.global_step}/{state.max_steps})")
+
+
+def is_evaluation(logs: dict[str, Any]) -> bool:
+    """Whether a log holds an evaluation's metrics (train/evaluation.py names them ``eval_<split>/...``)."""
+    return any(key.startswith(("eval_train/", "eval_heldout/")) for key in logs)
+
+
+def evaluation_parts(logs: dict[str, Any]) -> list[str]:
+    """``held-out greedy 0.500``, ``train greedy 0.750``, ``held-out pass@8 0.900``: the all-env figures of a log."""
+    parts = []
+    for key, value in logs.items():
+        split, _, name = key.partition("/")
+        if split in ("eval_heldout", "eval_train") and "/" not in name:
+            parts.append(f"{'held-out' if split == 'eval_heldout' else 'train'} {name} {value:.3f}")
+    return sorted(parts)
 
 
 def nan_reason(logs: dict[str, Any]) -> str:
@@ -148,18 +171,31 @@ class StepBar(TrainerCallback):
             self.bar.close()
 
 
-def plot_rewards(history: list[dict[str, Any]], path: Path) -> None:
+def plot_rewards(history: list[dict[str, Any]], path: Path, evaluations: list[dict[str, Any]] = ()) -> None:
+    """The run's figure: the mean training reward per logging step and, from ``evaluations``, each split's greedy
+    success (and the held-out pass@k) at each evaluation."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(6, 3.5))
-    axes.plot([h["step"] for h in history], [h["reward"] for h in history])
+    axes.plot([h["step"] for h in history], [h["reward"] for h in history], label="training reward (sampled)")
+    labels = {
+        "eval_train/greedy": "greedy success, training tasks",
+        "eval_heldout/greedy": "greedy success, held-out tasks",
+    }
+    for key in sorted({key for record in evaluations for key in record}):
+        if key in labels or (key.startswith("eval_heldout/pass@") and "/" not in key.removeprefix("eval_heldout/")):
+            points = [(record["step"], record[key]) for record in evaluations if key in record]
+            label = labels.get(key, f"held-out {key.removeprefix('eval_heldout/')}")
+            axes.plot(*zip(*points, strict=True), marker="o", markersize=3, linestyle="--", label=label)
     axes.set_xlabel("step")
-    axes.set_ylabel("mean episode reward")
-    axes.set_title("GRPO reward")
+    axes.set_ylabel("reward / success")
+    axes.set_title("GRPO training")
     axes.grid(alpha=0.3)
+    if evaluations:
+        axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

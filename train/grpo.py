@@ -3,22 +3,21 @@
     accelerate launch --config_file train/accelerate/cpu_1.yaml train/grpo.py --config train/configs/demo_cpu.yaml
     python -m rllm_gym.train.grpo --config train/configs/demo_cpu.yaml --max_steps 50      # CLI flags override
 
-Reads top to bottom: config, model, environments and data, a format warm start, the trainer, the run (with a greedy
-evaluation before and after), and the reward curve. The config's fields and checks are in
-:mod:`rllm_gym.train.config`, what the run prints (progress bars, one line per log and per checkpoint) in
-:mod:`rllm_gym.train.console`. Generation goes through our envs, agents and engine (:mod:`rllm_gym.train.trl_rollout`),
-advantages through :mod:`rllm_gym.train.advantages`, the loss through TRL.
+Reads top to bottom: config, model, environments and data (each env's tasks split into training and held-out ones,
+:mod:`rllm_gym.train.splits`), a format warm start, the trainer, the run (evaluated before, every ``eval_steps`` and
+after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`), and the reward curve. The config's fields
+and checks are in :mod:`rllm_gym.train.config`, what the run prints (progress bars, one line per log, evaluation and
+checkpoint) in :mod:`rllm_gym.train.console`. Generation goes through our envs, agents and engine
+(:mod:`rllm_gym.train.trl_rollout`), advantages through :mod:`rllm_gym.train.advantages`, the loss through TRL.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import random
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
-from trl.models import unwrap_model_for_generation
 
 import rllm_gym
-from rllm_gym.engine import engine_for
 from rllm_gym.engine.report import describe_errors
 from rllm_gym.log import configure_logging, logger
-from rllm_gym.policies.base import SamplingParams
-from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
 from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, progress_bar, quiet_libraries, say
+from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env, run_episodes
 from rllm_gym.train.model_record import training_record, write_model_record
 from rllm_gym.train.run_dir import (
     OutputDirError,
@@ -54,8 +50,8 @@ from rllm_gym.train.run_dir import (
     prepare_output_dir,
     write_run_record,
 )
+from rllm_gym.train.splits import TaskSplit, make_split, split_record
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
-from rllm_gym.types import Episode
 
 # Config: TrainConfig, its checks and load_config (YAML, then CLI flags) live in train/config.py.
 
@@ -68,7 +64,7 @@ def load_model(config: TrainConfig) -> tuple[Any, Any, Any]:
     if config.model is None:
         from rllm_gym.tiny_model import default_model_path
 
-        model_path = str(default_model_path())
+        model_path = str(default_model_path(shape=config.model_shape))
     else:
         model_path = config.model
     # Explicit on every launcher: a resumed run loads its checkpoint's weights into this model, in this dtype.
@@ -87,23 +83,23 @@ def load_model(config: TrainConfig) -> tuple[Any, Any, Any]:
 # Environments and data
 
 
-def load_tasks(source: str | None, config_dir: Path) -> list[Any]:
-    """Task dicts from a JSONL file, or reset seeds from 'seeds:N'."""
-    source = source or "seeds:64"
-    if source.startswith("seeds:"):
-        return list(range(int(source.removeprefix("seeds:"))))
-    path = Path(source) if Path(source).is_absolute() or Path(source).exists() else config_dir / source
-    if not path.is_file():
-        raise ValueError(f"tasks: {source} is neither 'seeds:N' nor a JSONL file (looked for {path})")
-    tasks = []
-    with open(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    tasks.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"tasks: {path}:{number} is not JSON: {error.msg}") from None
-    return tasks
+def make_splits(config: TrainConfig, config_dir: Path) -> list[TaskSplit]:
+    """Each env's tasks split into training and held-out tasks (train/splits.py; paths relative to ``config_dir``)."""
+    sources = config.tasks or [None] * len(config.env)
+    held_out = config.eval_tasks or [None] * len(config.env)
+    env_args = json.loads(config.env_args)
+    return [
+        make_split(
+            env_id,
+            source,
+            eval_source,
+            config_dir,
+            split_seed=config.split_seed,
+            eval_limit=config.eval_limit,
+            env_args=env_args,
+        )
+        for env_id, source, eval_source in zip(config.env, sources, held_out, strict=True)
+    ]
 
 
 def trajectory_slots(env_id: str, env_args: dict[str, Any]) -> int:
@@ -113,67 +109,23 @@ def trajectory_slots(env_id: str, env_args: dict[str, Any]) -> int:
     return len(rllm_gym.make(env_id, **env_args).possible_agents)
 
 
-def build_prompts(config: TrainConfig, config_dir: Path) -> tuple[Dataset, dict[str, list[Any]]]:
-    """One dataset row per prompt of the run, envs mixed by weight; also each env's task list (for evaluation).
+def build_prompts(config: TrainConfig, splits: list[TaskSplit]) -> Dataset:
+    """One dataset row per prompt of the run, envs mixed by weight, each task drawn from its env's training tasks
+    (never one of its held-out tasks).
 
     The rows are in a seeded random order, and a multi-agent task's prompts (one per trajectory slot) are next to each
     other; with a multi-agent env the trainer keeps this order (no second shuffle), so they reach the same rollout
     call and share its episodes.
     """
-    sources = config.tasks or [None] * len(config.env)
-    tasks = {env_id: load_tasks(src, config_dir) for env_id, src in zip(config.env, sources, strict=True)}
-    slots = {env_id: trajectory_slots(env_id, json.loads(config.env_args)) for env_id in config.env}
-    weights = config.env_weights or [1.0] * len(config.env)
+    slots = {split.env_id: trajectory_slots(split.env_id, json.loads(config.env_args)) for split in splits}
+    weights = config.env_weights or [1.0] * len(splits)
     rng = random.Random(config.seed)
     rows: list[dict[str, str]] = []
     while len(rows) < config.max_steps * config.prompts_per_step:
-        env_id = rng.choices(config.env, weights=weights)[0]
-        task = rng.choice(tasks[env_id])
-        rows += [{"prompt": encode_prompt(env_id, task, slot)} for slot in range(slots[env_id])]
-    return Dataset.from_list(rows[: config.max_steps * config.prompts_per_step]), tasks
-
-
-def run_episodes(
-    config: TrainConfig,
-    env_id: str,
-    policy: Any,
-    tasks: list[Any],
-    *,
-    n_rollouts: int = 1,
-    progress: Callable[[Episode], None] | None = None,
-    **kwargs: Any,
-) -> list[Episode]:
-    """Episodes of ``tasks`` with the run's agent, env arguments and turn limit (``kwargs``: engine options);
-    ``progress`` is called with each episode as it finishes."""
-    engine = engine_for(
-        env_id,
-        policy,
-        agent_args=json.loads(config.agent_args),
-        env_args=json.loads(config.env_args),
-        max_steps=config.max_turns,
-        **kwargs,
-    )
-    return asyncio.run(engine.run(tasks, n_rollouts=n_rollouts, progress=progress))
-
-
-def greedy_success(
-    model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]], desc: str, *, show: bool = True
-) -> dict[str, float]:
-    """Share of each env's tasks (the first 64) solved with greedy decoding, under a bar named ``desc``; leaves the
-    model in train mode."""
-    template_kwargs = json.loads(config.chat_template_kwargs)
-    policy = HFPolicy(model, tokenizer=tokenizer, device=str(model.device), chat_template_kwargs=template_kwargs)
-    sampling = SamplingParams(temperature=0.0, max_tokens=config.max_completion_length)
-    bar = progress_bar(config, sum(len(env_tasks[:64]) for env_tasks in tasks.values()), desc, "ep", show=show)
-    scores = {}
-    for env_id, env_tasks in tasks.items():
-        episodes = run_episodes(
-            config, env_id, policy, env_tasks[:64], sampling_params=sampling, progress=lambda _: bar.update()
-        )
-        scores[env_id] = sum(e.is_correct for e in episodes) / len(episodes)
-    bar.close()
-    model.train()
-    return scores
+        split = rng.choices(splits, weights=weights)[0]
+        task = split.draw(rng)
+        rows += [{"prompt": encode_prompt(split.env_id, task, slot)} for slot in range(slots[split.env_id])]
+    return Dataset.from_list(rows[: config.max_steps * config.prompts_per_step])
 
 
 # Format warm start
@@ -293,8 +245,7 @@ class RecordTraining(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         folder = self.output_dir / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and folder.is_dir():
-            before = self.summary.get("greedy_before")
-            write_model_record(folder, training_record(self.config, steps=state.global_step, greedy_before=before))
+            write_model_record(folder, training_record(self.config, steps=state.global_step, scores=self.summary))
 
 
 # Run
@@ -324,8 +275,16 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     # Model
     model, tokenizer, peft_config = load_model(config)
 
-    # Environments and data
-    dataset, tasks = build_prompts(config, config_dir)
+    # Environments and data: the eval split first, so that no training task is one of its tasks
+    splits = make_splits(config, config_dir)
+    split = split_record(splits, asdict(config))
+    if checkpoint is not None and record.get("split", split) != split:
+        raise OutputDirError(
+            f"--resume true: the eval split rebuilt from the run's sources differs from the one {output_dir} was "
+            f"trained with (the data changed since): restore the data, or start a new run in another output_dir"
+        )
+    dataset = build_prompts(config, splits)
+    evaluator = Evaluator(config, tokenizer, splits)
     rollout = EpisodeRollout(
         [
             EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
@@ -349,32 +308,37 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         clear_run(output_dir)
     state.wait_for_everyone()
 
-    # Warm start and the score to beat (a resumed run keeps the ones its first part recorded)
-    summary: dict[str, Any] = {"config": asdict(config)}
+    # Warm start and the scores to beat (a resumed run keeps the ones its first part recorded)
+    summary: dict[str, Any] = {"config": asdict(config), "split": split}
     resume_step = int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint else None
     if checkpoint is not None and state.is_main_process:
         say(f"resuming from {checkpoint} (step {resume_step} of {config.max_steps})")
-    for key in ("warm_start_loss", "greedy_before"):
+    for key in ("warm_start_loss", "evaluation_before"):
         if key in record:
             summary[key] = record[key]
     if config.warm_start_steps and checkpoint is None:
-        summary["warm_start_loss"] = warm_start(model, tokenizer, config, tasks, show=state.is_main_process)
-    if config.eval_greedy:
-        recorded = "greedy_before" in summary
-        if not recorded:
-            before = greedy_success(model, tokenizer, config, tasks, "greedy eval before", show=state.is_main_process)
-            summary["greedy_before"] = before
-        if state.is_main_process:
-            say(f"greedy success before{' (recorded)' if recorded else ''}: {summary['greedy_before']}")
-    if state.is_main_process:
-        write_run_record(
-            output_dir, {key: summary[key] for key in ("config", "warm_start_loss", "greedy_before") if key in summary}
+        summary["warm_start_loss"] = warm_start(
+            model, tokenizer, config, evaluator.train_tasks, show=state.is_main_process
         )
+    if evaluator.enabled:
+        recorded = "evaluation_before" in summary
+        if not recorded:
+            rank, world = state.process_index, state.num_processes
+            summary["evaluation_before"] = evaluator(
+                model, "eval before", rank=rank, world=world, show=state.is_main_process
+            )
+        summary.update(scores(summary["evaluation_before"], "before", config.env))
+        if state.is_main_process:
+            say(describe_scores(summary["evaluation_before"], "before" + (" (recorded)" if recorded else "")))
+    if state.is_main_process:
+        kept = ("config", "split", "warm_start_loss", "evaluation_before")
+        write_run_record(output_dir, {key: summary[key] for key in kept if key in summary})
 
     # Training
     console = ConsoleLog(output_dir, resume_step, write=state.is_main_process)
     steps = StepBar(config)
     interrupt = StopOnInterrupt(announce=state.is_main_process)
+    callbacks = [RecordTraining(output_dir, asdict(config), summary), console, steps, interrupt]
     trainer = RLLMGRPOTrainer(
         model=model,
         processing_class=tokenizer,
@@ -384,8 +348,10 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         advantage_config=advantage_config,
         peft_config=peft_config,
         # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
-        callbacks=[RecordTraining(output_dir, asdict(config), summary), console, steps, interrupt],
+        callbacks=[*callbacks, EvalSchedule(config.eval_steps)] if evaluator.enabled else callbacks,
         max_error_steps=config.max_error_steps,
+        evaluation=evaluator if evaluator.enabled else None,
+        evaluation_before=summary.get("evaluation_before") if checkpoint is None else None,
     )
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
@@ -397,38 +363,40 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         raise
     finally:
         steps.close()
+        for task_split in splits:
+            task_split.close()
     summary["train_seconds"] = time.monotonic() - start
     record_outcome(summary, trainer, output_dir)
     if interrupt.stopped_at is not None:
         summary["interrupted_at"] = interrupt.stopped_at
         raise Interrupted(f"checkpoint-{interrupt.stopped_at} saved in {output_dir}")
 
-    # Results
-    if config.eval_greedy:
-        # Gathers ZeRO-3 shards once for the whole evaluation rather than layer by layer per token.
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as trained:
-            show = trainer.is_world_process_zero()
-            summary["greedy_after"] = greedy_success(trained, tokenizer, config, tasks, "greedy eval after", show=show)
+    # Results (the evaluation after the last step ran in the trainer, which logged it)
+    if trainer.last_evaluation is not None:
+        summary["evaluation_after"] = trainer.last_evaluation
+        summary.update(scores(summary["evaluation_after"], "after", config.env))
         if trainer.is_world_process_zero():
-            say(f"greedy success after: {summary['greedy_after']}")
+            say(describe_scores(summary["evaluation_after"], "after"))
     trainer.save_model(str(output_dir / "final"))  # on every rank: ZeRO-3 gathers the weights collectively
     summary["num_processes"] = trainer.accelerator.num_processes
     if trainer.is_world_process_zero():
-        record = training_record(
-            asdict(config),
-            steps=trainer.state.global_step,
-            greedy_before=summary.get("greedy_before"),
-            greedy_after=summary.get("greedy_after"),
-        )
+        record = training_record(asdict(config), steps=trainer.state.global_step, scores=summary)
         write_model_record(output_dir / "final", record)
         say(f"saved {output_dir / 'final'} (the trained model, step {trainer.state.global_step})")
         history = console.history
         if history:
             summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]
-            plot_rewards(history, output_dir / "reward_curve.png")
+            plot_rewards(history, output_dir / "reward_curve.png", console.evaluations)
         write_summary(summary, output_dir)
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, default=str), flush=True)
     return summary
+
+
+def scores(metrics: dict[str, float], when: str, env_ids: list[str]) -> dict[str, dict[str, float]]:
+    """The summary's per-env fields of an evaluation: ``greedy_<when>`` (training tasks) and ``heldout_<when>``."""
+    found = {f"greedy_{when}": per_env(metrics, "eval_train/greedy", env_ids)}
+    found[f"heldout_{when}"] = per_env(metrics, "eval_heldout/greedy", env_ids)
+    return {key: value for key, value in found.items() if value}
 
 
 class Interrupted(Exception):

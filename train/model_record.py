@@ -34,10 +34,11 @@ EVAL_SETTINGS = {
 }
 
 
-def training_record(
-    config: dict[str, Any], *, steps: int, greedy_before: dict | None = None, greedy_after: dict | None = None
-) -> dict[str, Any]:
-    """The record of a model trained with ``config`` (a TrainConfig as a dict) for ``steps`` steps."""
+def training_record(config: dict[str, Any], *, steps: int, scores: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The record of a model trained with ``config`` (a TrainConfig as a dict) for ``steps`` steps; ``scores`` (the
+    run's summary) gives its greedy success before and after, per env, on the training tasks (``greedy_*``) and on
+    the held-out tasks (``heldout_*``)."""
+    scores = scores or {}
     agent_args = json.loads(config["agent_args"]) if isinstance(config["agent_args"], str) else config["agent_args"]
     env_args = json.loads(config["env_args"]) if isinstance(config["env_args"], str) else config["env_args"]
     template_kwargs = config.get("chat_template_kwargs") or {}
@@ -47,11 +48,12 @@ def training_record(
         template_kwargs.setdefault("enable_thinking", thinking)
     return {
         "format": 1,
-        "base_model": config.get("model") or "the embedded tiny model (rllm_gym.tiny_model)",
+        "base_model": config.get("model") or embedded_model(config.get("model_shape") or "tiny"),
         "lora": bool(config.get("lora")),
         "env": list(config["env"]),
         "env_weights": config.get("env_weights"),
         "tasks": config.get("tasks") or ["seeds:64"] * len(config["env"]),
+        "eval_tasks": config.get("eval_tasks"),
         "agent_args": agent_args,
         "env_args": env_args,
         "chat_template_kwargs": template_kwargs,
@@ -62,9 +64,18 @@ def training_record(
         "algorithm": f"GRPO ({config['estimator']} advantages, {config['num_generations']} rollouts per task)",
         "steps": steps,
         "max_steps": config["max_steps"],
-        "greedy_before": greedy_before,
-        "greedy_after": greedy_after,
+        "greedy_before": scores.get("greedy_before"),
+        "greedy_after": scores.get("greedy_after"),
+        "heldout_before": scores.get("heldout_before"),
+        "heldout_after": scores.get("heldout_after"),
     }
+
+
+def embedded_model(shape: str) -> str:
+    """How a record names the embedded model of ``shape``."""
+    if shape == "tiny":
+        return "the embedded tiny model (rllm_gym.tiny_model)"
+    return f"the embedded tiny model, shape {shape!r} (rllm_gym.tiny_model.SHAPES)"
 
 
 def read_training_record(folder: str | Path) -> dict[str, Any] | None:
@@ -104,6 +115,11 @@ def model_card(name: str, record: dict[str, Any]) -> str:
     not_measured = "not measured (eval_greedy: false)"
     at_checkpoint = "not measured at a checkpoint (final/ has it)"
     after = _scores(record["greedy_after"], not_measured if record["greedy_before"] is None else at_checkpoint)
+    no_split = "not measured (no eval_tasks: no tasks were held out)"
+    heldout_before = _scores(record.get("heldout_before"), no_split if not record.get("eval_tasks") else not_measured)
+    heldout_after = _scores(
+        record.get("heldout_after"), heldout_before if not record.get("heldout_before") else at_checkpoint
+    )
     envs = ", ".join(
         f"`{env_id}` (tasks: {tasks})" for env_id, tasks in zip(record["env"], record["tasks"], strict=False)
     )
@@ -126,8 +142,10 @@ def model_card(name: str, record: dict[str, Any]) -> str:
         f"- Chat template options: {_arguments(record['chat_template_kwargs'], 'the tokenizer')}",
         f"- Dtype: {record.get('dtype', 'auto')} (the weights are saved in it)",
         f"- Turns per episode: {record['max_turns']}; tokens per reply: {record['max_completion_length']}",
-        f"- Greedy success before training: {_scores(record['greedy_before'], not_measured)}",
-        f"- Greedy success after training: {after}",
+        f"- Greedy success on training tasks, before training: {_scores(record['greedy_before'], not_measured)}",
+        f"- Greedy success on training tasks, after training: {after}",
+        f"- Greedy success on held-out tasks (never trained on), before training: {heldout_before}",
+        f"- Greedy success on held-out tasks (never trained on), after training: {heldout_after}",
         "",
         "## Evaluate",
         "",

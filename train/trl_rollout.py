@@ -5,12 +5,14 @@ JSON, see :func:`encode_prompt`) and trains one trajectory of one episode run by
 :class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory becomes one token sequence while the chat
 template keeps its history: the first step's prompt, then each reply (``env_mask`` 1, trained) followed by the tokens
 the template adds for the next observation (``env_mask`` 0, never trained), as long as each step's prompt extends the
-previous prompt plus reply token for token. A template that re-renders earlier turns (Qwen3 drops the ``<think>``
-blocks of earlier assistant turns) breaks that prefix; then the trajectory is split there: a new training row starts
-with that step's full prompt (as the model saw it, masked out) and its reply trained. So no turn is ever dropped: a
-trajectory gives one row per run of steps that extend each other, one row per turn at worst, and every row carries its
-trajectory's advantages (groups and statistics stay one entry per trajectory). ``rollout/prefix_mismatch`` is the
-share of trajectories split so, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when every prefix holds).
+previous prompt plus reply token for token (or re-spells an earlier reply with other tokens of the same text, a BPE
+effect: the row keeps the sampled tokens, ``rollout/retokenized``). A template that re-renders earlier turns (Qwen3
+drops the ``<think>`` blocks of earlier assistant turns) breaks that prefix; then the trajectory is split there: a
+new training row starts with that step's full prompt (as the model saw it, masked out) and its reply trained. So no
+turn is ever dropped: a trajectory gives one row per run of steps that extend each other, one row per turn at worst,
+and every row carries its trajectory's advantages (groups and statistics stay one entry per trajectory).
+``rollout/prefix_mismatch`` is the share of trajectories split so, ``rollout/rows_per_trajectory`` the rows per
+trajectory (1.0 when every prefix holds).
 
 :class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: it runs the episodes first, repeats TRL's
 inputs once per row (padded with untrained rows to a size every process shares, ``rollout/padding_rows``), lets TRL
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
@@ -266,10 +269,11 @@ class EpisodeRollout:
             for ep, slot in zip(row_episodes, slots, strict=True)
         ]
         self.filler_id = trainer.processing_class.eos_token_id or 0
+        decode = trainer.processing_class.decode  # special tokens kept: they are part of the text compared
         self.last_sequences = [
             row
             for source, trajectory in enumerate(trajectories)
-            for row in trajectory_to_sequences(trajectory, self.filler_id, source)
+            for row in trajectory_to_sequences(trajectory, self.filler_id, source, decode)
         ]
         self.last_episodes, self.last_slots = row_episodes, slots
         self.last_rewards = [float(t.reward or 0.0) for t in trajectories]
@@ -341,6 +345,17 @@ class EpisodeRollout:
         return ordered  # type: ignore[return-value]
 
 
+class _LogAtStart(TrainerCallback):
+    """Logs the evaluation before training at step 0, after the ``report_to`` loggers have started."""
+
+    def __init__(self, trainer: RLLMGRPOTrainer, metrics: dict[str, float]):
+        self.trainer, self.metrics = trainer, metrics
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0:
+            self.trainer.log_evaluation(self.metrics)
+
+
 def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
     """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
     return list(trajectory_reward)
@@ -368,6 +383,11 @@ class RLLMGRPOTrainer(GRPOTrainer):
 
     It counts the run's episodes per termination reason (``terminations``) and its distinct errors (``errors``), and
     raises :class:`TrainingStopped` once ``max_error_steps`` steps in a row had only ERROR episodes (0 = never).
+
+    ``evaluation`` (a :class:`rllm_gym.train.evaluation.Evaluator`) is what :meth:`evaluate` runs whenever the
+    trainer's control asks for it (train/evaluation.py's ``EvalSchedule``); its metrics go through ``log`` to the
+    callbacks and ``report_to`` loggers, and the last ones stay in ``last_evaluation``. ``evaluation_before``, the
+    metrics taken before training, are logged at step 0 once those loggers are up.
     """
 
     def __init__(
@@ -376,6 +396,8 @@ class RLLMGRPOTrainer(GRPOTrainer):
         rollout: EpisodeRollout,
         advantage_config: AdvantageConfig,
         max_error_steps: int = 0,
+        evaluation: Any = None,
+        evaluation_before: dict[str, float] | None = None,
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
@@ -386,6 +408,39 @@ class RLLMGRPOTrainer(GRPOTrainer):
         self.terminations: Counter[str] = Counter()
         self.errors = ErrorTally()
         self.error_streak = 0  # steps in a row whose episodes all ended in ERROR
+        self.evaluation = evaluation
+        self.last_evaluation: dict[str, float] | None = None
+        if evaluation_before:
+            self.add_callback(_LogAtStart(self, evaluation_before))
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Run :attr:`evaluation` on the model being trained (ZeRO-3 shards gathered once for all of it) and log it."""
+        if self.evaluation is None:
+            return {}
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+            metrics = self.evaluation(
+                model,
+                f"eval at step {self.state.global_step}",
+                rank=self.accelerator.process_index,
+                world=self.accelerator.num_processes,
+                show=self.is_world_process_zero(),
+            )
+        self.last_evaluation = {"step": self.state.global_step, **metrics}
+        self.log_evaluation(metrics)
+        # As transformers' own evaluate: the callbacks hear of it, and the request is cleared (or the end of the epoch,
+        # which checks it again, would evaluate the same weights a second time).
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def log_evaluation(self, metrics: dict[str, float]) -> None:
+        """Log evaluation metrics on their own: in eval mode, GRPOTrainer.log leaves the training metrics of the steps
+        since the last logging step where they are, for that step's line."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            self.log(dict(metrics))
+        finally:
+            self.model.train(training)
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """Nothing: train/grpo.py writes a filled-in card into each model folder (train/model_record.py)."""
@@ -468,20 +523,25 @@ class RLLMGRPOTrainer(GRPOTrainer):
         loss_mask = output["completion_mask"] * mask
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         split = {s.source for s in sequences if s.prefix_mismatch}
+        retokenized = {s.source for s in sequences if s.retokenized}
         counts = gather_object(
             [
                 (
                     len(split),
+                    len(retokenized),
                     sum(s.source >= 0 for s in sequences),
                     len(sequences),
                     sum(sum(s.env_mask) for s in sequences),
                 )
             ]
         )
-        split_trajectories, trained_rows, rows, tokens = (sum(column) for column in zip(*counts, strict=True))
+        split_trajectories, retokenized_trajectories, trained_rows, rows, tokens = (
+            sum(column) for column in zip(*counts, strict=True)
+        )
         n = max(len(everyone), 1)
         metrics = {
             "rollout/prefix_mismatch": split_trajectories / n,
+            "rollout/retokenized": retokenized_trajectories / n,
             "rollout/rows_per_trajectory": trained_rows / n,
             "rollout/padding_rows": (rows - trained_rows) / max(rows, 1),
             "rollout/model_tokens_per_s": tokens / max(rollout.last_seconds, 1e-9),

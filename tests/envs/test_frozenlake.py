@@ -1,3 +1,4 @@
+import itertools
 import re
 
 import gymnasium as gym
@@ -5,7 +6,14 @@ import numpy as np
 import pytest
 
 import rllm_gym  # noqa: F401 - registers the envs
-from rllm_gym.envs.frozenlake import FrozenLakeEnv, _reachable, generate_random_map, parse_action
+from rllm_gym.envs.frozenlake import (
+    ACTION_NAMES,
+    FrozenLakeEnv,
+    _reachable,
+    best_fixed_moves,
+    generate_random_map,
+    parse_action,
+)
 
 FIXED = ["SFFF", "FHFH", "FFFH", "HFFG"]  # Gymnasium's 4x4 map
 
@@ -148,3 +156,27 @@ def test_ansi_render_and_time_limit():
     assert env.render() == "P _ _ _\n_ O _ O\n_ _ _ O\nO _ _ G"
     results = [env.step("up") for _ in range(3)]
     assert [r[3] for r in results] == [False, False, True]
+
+
+def blind_successes(maps, moves):
+    """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
+    solved = 0
+    env = FrozenLakeEnv()
+    for rows in maps:
+        env.reset(options={"task": {"map": rows}})
+        for move in moves:
+            _, reward, terminated, _, _ = env.step(move)
+            if terminated:
+                solved += reward == 1.0
+                break
+    return solved
+
+
+def test_best_fixed_moves_matches_every_sequence_tried_in_the_env():
+    maps = [generate_random_map(3, 0.7, np.random.default_rng(seed)) for seed in range(12)]
+    moves, solved = best_fixed_moves(maps, 5)
+    assert blind_successes(maps, moves) == solved and len(moves) <= 5 and 0 < solved < 12
+    best = max(blind_successes(maps, sequence) for sequence in itertools.product(ACTION_NAMES, repeat=5))
+    assert solved == best  # a shorter sequence solves no more than its 5-move extensions: this covers them all
+    # Two lakes that need opposite first moves: no blind sequence solves both, however long.
+    assert best_fixed_moves([["SH", "FG"], ["SF", "HG"]], 8)[1] == 1

@@ -95,7 +95,9 @@ def run(command: list[str], env: dict | None = None, timeout: float = 900) -> su
 
 
 def metrics(output_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    """The run's training-step records (evaluation records, which lack a reward, left out)."""
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    return [record for record in records if "reward" in record]
 
 
 def changed_tensors(before: Path, after: Path) -> list[str]:

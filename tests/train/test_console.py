@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "train" / "configs" / "test_tiny.yaml"
 ENV = {key: value for key, value in os.environ.items() if key != "TQDM_DISABLE"}
 ENV.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-BARS = ("warm start", "greedy eval before", "train", "greedy eval after")
+BARS = ("warm start", "eval before", "train", "eval at step 2")
 
 
 def train(

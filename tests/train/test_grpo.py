@@ -39,6 +39,11 @@ def test_unknown_yaml_field_is_named(tmp_path):
         ({"agent_args": "{oops"}, "agent_args must be a JSON object"),
         ({"use_vllm": True, "vllm_mode": "remote"}, "vllm_mode must be 'colocate' or 'server', got 'remote'"),
         ({"vllm_server_base_url": "10.0.0.5:8000"}, "vllm_server_base_url must be an http(s) URL"),
+        ({"model_shape": "huge"}, "model_shape must be one of ['small', 'tiny'], got 'huge'"),
+        ({"model_shape": "small", "model": "gpt2"}, "model_shape sizes the embedded model: drop it when model names"),
+        ({"eval_tasks": ["0.1", "0.2"]}, "eval_tasks has 2 entries for 1 envs: one eval split per env"),
+        ({"eval_limit": 0}, "eval_limit must be >= 1, got 0"),
+        ({"eval_steps": -1}, "eval_steps must be >= 0 (0 = off), got -1"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):
@@ -53,13 +58,13 @@ def test_lora_run_trains_an_adapter(tmp_path):
 
 
 def test_a_multi_agent_task_gives_one_prompt_per_trajectory_side_by_side(tmp_path):
-    from rllm_gym.train.grpo import build_prompts
+    from rllm_gym.train.grpo import build_prompts, make_splits
     from rllm_gym.train.trl_rollout import decode_prompt
 
     config = TrainConfig(
         env=["rllm/SolverJudge-v0", "rllm/FrozenLake-v0"], env_args='{"n_solvers": 2}', prompts_per_step=6, max_steps=4
     )
-    dataset, _ = build_prompts(config, tmp_path)
+    dataset = build_prompts(config, make_splits(config, tmp_path))
     decoded = [decode_prompt(row["prompt"]) for row in dataset]
     assert len(decoded) == 24
     position = 0

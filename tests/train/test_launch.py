@@ -74,7 +74,8 @@ def check_run(output_dir: Path, stdout: str, processes: int) -> list[dict]:
     assert summary["train_seconds"] > 0
     assert (output_dir / "final" / "model.safetensors").is_file()
     assert (output_dir / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    history = [record for record in records if "reward" in record]
     # One record per step, written by the main process only.
     assert [record["step"] for record in history] == list(range(1, config["max_steps"] + 1))
     # prompts_per_step counts over all processes: the gathered batch holds every process's trajectories.
@@ -96,9 +97,17 @@ def test_single_process_module_run(tmp_path):
 
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     output_dir = tmp_path / "run"
-    result = launch("cpu_2.yaml", output_dir, timeout=180)
+    # With a held-out task and pass@2 evaluated every 2 steps: each process runs a share and the main one logs.
+    evaluation = ["--eval_greedy", "true", "--eval_tasks", "1", "--eval_steps", "2", "--eval_n", "2"]
+    result = launch("cpu_2.yaml", output_dir, 180, *evaluation)
     history = check_run(output_dir, result.stdout, processes=2)
     assert any(record["grad_norm"] > 0 for record in history), history
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [record for record in records if "eval_heldout/greedy" in record]
+    assert [record["step"] for record in evaluated] == [0, 2, 3] and result.stdout.count("eval      2") == 1
+    assert all({"eval_train/greedy", "eval_heldout/pass@1", "eval_heldout/pass@2"} <= set(r) for r in evaluated)
+    summary = json.loads((output_dir / "summary.json").read_text())
+    assert summary["split"]["envs"]["rllm/FrozenLake-v0"]["eval_tasks"] == 1
     # Each process saved its own RNG state in the checkpoint: both took part in training.
     checkpoint = output_dir / f"checkpoint-{tiny_config()['max_steps']}"
     assert sorted(path.name for path in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]

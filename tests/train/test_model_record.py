@@ -45,7 +45,9 @@ def test_model_folders_record_their_training_and_eval_uses_it(tmp_path):
         "- Steps: 3 of 3",
         SYSTEM_PROMPT,
         "- Env arguments: none (the env's defaults)",
-        "- Greedy success before training: not measured (eval_greedy: false)",
+        "- Greedy success on training tasks, before training: not measured (eval_greedy: false)",
+        "- Greedy success on held-out tasks (never trained on), after training: not measured (no eval_tasks: no "
+        "tasks were held out)",
     ):
         assert fact in card, card
     assert "None" not in card and ": \n" not in card

@@ -61,7 +61,7 @@ def test_resume_says_where_it_starts_keeps_the_before_score_and_refuses_other_se
     output_dir = tmp_path / "run"
     first = train(output_dir, "--max_steps", "2", "--save_steps", "1", "--eval_greedy", "true")
     assert first.returncode == 0, first.stderr
-    before = json.loads((output_dir / "run.json").read_text())["greedy_before"]
+    before = json.loads((output_dir / "run.json").read_text())["evaluation_before"]
     (output_dir / "checkpoint-2").rename(output_dir / "checkpoint-2.bak")  # as if killed before its checkpoint
 
     other = train(output_dir, "--max_steps", "3", "--resume", "true", "--seed", "5")
@@ -71,12 +71,14 @@ def test_resume_says_where_it_starts_keeps_the_before_score_and_refuses_other_se
     resumed = train(output_dir, "--max_steps", "3", "--resume", "true", "--eval_greedy", "true")
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {output_dir / 'checkpoint-1'} (step 1 of 3)" in resumed.stdout
-    assert f"greedy success before (recorded): {before}" in resumed.stdout
+    assert f"greedy success before (recorded): training tasks {before['eval_train/greedy']:.3f}" in resumed.stdout
     assert steps_printed(resumed.stdout) == [2, 3]
     summary = json.loads((output_dir / "summary.json").read_text())
-    assert summary["greedy_before"] == before and "greedy_after" in summary
-    logged = [json.loads(line)["step"] for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
-    assert logged == [1, 2, 3]  # the first run's step 2 (after its last checkpoint) was redone, not repeated
+    assert summary["evaluation_before"] == before and "greedy_after" in summary
+    logged = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    # The first run's step 2 (after its last checkpoint) was redone, not repeated; evaluations at 0 and at the end.
+    assert [record["step"] for record in logged if "reward" in record] == [1, 2, 3]
+    assert [record["step"] for record in logged if "eval_train/greedy" in record] == [0, 3]
 
 
 def test_ctrl_c_stops_with_one_line_and_a_checkpoint_to_resume_from(tmp_path):

@@ -65,6 +65,28 @@ def test_a_template_that_rewrites_history_splits_the_trajectory_into_rows_and_dr
     )
 
 
+SPELLING = {1: "<s>", 2: "le", 3: "ft", 4: "left", 5: "\n", 6: "up", 7: "rewritten"}
+
+
+def spell(ids):
+    return "".join(SPELLING[i] for i in ids)
+
+
+def test_a_reply_spelled_with_other_tokens_of_the_same_text_keeps_one_row_with_the_sampled_tokens():
+    steps = [
+        Step(prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.1, -0.2]),  # sampled "le" "ft"
+        Step(prompt_ids=[1, 4, 5], response_ids=[6], logprobs=[-0.3]),  # the template re-encoded it as "left"
+    ]
+    [row] = trajectory_to_sequences(Trajectory(steps=steps), decode=spell)
+    assert row.prompt_ids == [1] and row.completion_ids == [2, 3, 5, 6] and row.env_mask == [1, 1, 0, 1]
+    assert row.spans == [(0, 2), (3, 4)] and row.retokenized and not row.prefix_mismatch
+    # Without decode (or when the text itself changed) the step starts a row of its own.
+    assert len(trajectory_to_sequences(Trajectory(steps=steps))) == 2
+    rewritten = [steps[0], Step(prompt_ids=[1, 7, 5], response_ids=[6], logprobs=[-0.3])]
+    first, second = trajectory_to_sequences(Trajectory(steps=rewritten), decode=spell)
+    assert second.prefix_mismatch and not first.retokenized and second.prompt_ids == [1, 7, 5]
+
+
 def parity(task_info, action):
     even = len(action) % 2 == 0
     return RewardOutput(reward=float(even), is_correct=even)
