@@ -67,7 +67,7 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
 
 class Evaluator:
     """The run's evaluation: greedy on up to ``eval_limit`` training tasks per env and on the eval split, and pass@k
-    on the eval split when ``eval_n`` > 0. Call it with a model (and the step, for the bar's name)."""
+    on the eval split when ``eval_n`` > 0. Call it with a model and a name for its progress bar."""
 
     def __init__(self, config: TrainConfig, tokenizer: Any, splits: list[TaskSplit]):
         self.config, self.tokenizer = config, tokenizer
