@@ -3,8 +3,9 @@
 A policy with a fixed latency L (an ``asyncio.sleep``, no compute) answers N FrozenLake episodes in flight; every
 episode makes exactly ``steps`` calls (40; the moves keep the player in its corner). The ideal rate is N/L calls/s.
 Reported: the steady state (the middle half of the calls), the whole run (every call over the wall time, start-up and
-last wave included), where the time beyond ``steps x L`` goes (``start_ms``: until every episode has made its first
-call; ``end_ms``: from the last call's reply to the end of the run), and the engine's CPU per call.
+last wave included), where the time beyond ``steps x L`` (``extra_ms``) goes (``start_ms``: until every episode has
+made its first call; ``end_ms``: from the last call's reply to the end of the run; ``gc_ms``: garbage-collection
+pauses; the rest is calls answered later than L because the loop was busy), and the engine's CPU per call.
 
 ``--code N`` also runs N Code-v0 episodes (their steps run sandboxed programs), ``--tool N`` N Tool-v0 episodes (a
 sandboxed ``python`` tool call, then ``finish`` with the answer, math-graded); for each, the lag of the event loop
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -94,14 +96,36 @@ class LoopLag:
         self._task.cancel()
 
 
+class GcPauses:
+    """Garbage-collection passes while the block runs: how many, and their total time (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.count, self.total_s, self._start = 0, 0.0, 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.count += 1
+            self.total_s += time.perf_counter() - self._start
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.insert(0, self._callback)  # first in, so the engine's own callback is timed too
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 async def frozenlake_run(n: int, latency_s: float, steps: int) -> dict:
     policy = FixedLatencyPolicy(latency_s, ["Action: left", "Action: up"])
     engine = AgentExecutionEngine(
         env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, n_parallel=n, max_steps=steps
     )
     tasks = [{"id": f"lake{i}", "map": MAP} for i in range(n)]
+    pauses = GcPauses()
     cpu, begin = time.process_time(), time.perf_counter()
-    with LoopLag() as lag:
+    with LoopLag() as lag, pauses:
         episodes = await engine.run(tasks)
     end = time.perf_counter()
     wall, cpu = end - begin, time.process_time() - cpu
@@ -125,6 +149,9 @@ async def frozenlake_run(n: int, latency_s: float, steps: int) -> dict:
         # Where the time beyond steps x L goes: until the n-th first call, and after the last reply.
         "start_ms": (sorted(policy.started)[n - 1] - begin) * 1e3,
         "end_ms": (end - max(policy.answered)) * 1e3,
+        "extra_ms": (wall - steps * latency_s) * 1e3,
+        "gc_ms": pauses.total_s * 1e3,
+        "gc_collections": pauses.count,
         "engine_cpu_us_per_call": cpu / calls * 1e6,
         "worst_loop_lag_ms": lag.worst_ms,
         "p99_loop_lag_ms": lag.p99_ms,
@@ -192,15 +219,15 @@ def main() -> None:
     load = round(os.getloadavg()[0], 2)
     rows = [asyncio.run(frozenlake_run(n, latency, steps=10 if args.quick else 40)) for n, latency in configs]
     print(
-        f"{'N':>5} {'L ms':>5} {'calls/s':>9} {'ideal':>8} {'steady':>7} {'whole':>7} {'start ms':>8} {'end ms':>7} "
-        f"{'CPU us/call':>11} {'lag ms':>7}"
+        f"{'N':>5} {'L ms':>5} {'calls/s':>9} {'ideal':>8} {'steady':>7} {'whole':>7} {'extra ms':>8} "
+        f"{'start ms':>8} {'end ms':>7} {'gc ms':>6} {'CPU us/call':>11} {'lag ms':>7}"
     )
     for r in rows:
         print(
             f"{r['n_in_flight']:>5} {r['latency_ms']:>5.0f} {r['achieved_calls_per_s']:>9.0f} "
             f"{r['ideal_calls_per_s']:>8.0f} {r['fraction_of_ideal']:>7.1%} {r['overall_fraction_of_ideal']:>7.1%} "
-            f"{r['start_ms']:>8.0f} {r['end_ms']:>7.0f} {r['engine_cpu_us_per_call']:>11.1f} "
-            f"{r['worst_loop_lag_ms']:>7.1f}"
+            f"{r['extra_ms']:>8.0f} {r['start_ms']:>8.0f} {r['end_ms']:>7.0f} {r['gc_ms']:>6.0f} "
+            f"{r['engine_cpu_us_per_call']:>11.1f} {r['worst_loop_lag_ms']:>7.1f}"
         )
     results = {"benchmark": "bench_engine", "machine": platform.platform(), "load_average": load, "frozenlake": rows}
     for key, n in (("code", args.code), ("tool", args.tool)):

@@ -191,15 +191,23 @@ def sandbox_rows(r: dict[str, Any], command: str) -> list[Row]:
     return rows
 
 
+def _extra_time(row: dict[str, Any]) -> str:
+    """Where the whole run's time beyond calls x L went."""
+    return (
+        f"{row['extra_ms']:,.0f} ms over the ideal {row['ideal_wall_s']:.1f} s: {row['start_ms']:,.0f} ms until the "
+        f"last episode's first call, {row['end_ms']:,.0f} ms after the last reply, {row['gc_ms']:,.0f} ms of "
+        f"garbage collection ({row['gc_collections']} passes)"
+    )
+
+
 def engine_rows(r: dict[str, Any], command: str) -> list[Row]:
     rows: list[Row] = [
         (
             f"engine, {row['n_in_flight']:,} FrozenLake episodes in flight, policy latency "
             f"{row['latency_ms']:.0f} ms, {row['calls'] // row['n_in_flight']} calls each: steady state (middle half "
             f"of the calls) and whole run (`{command}`)",
-            f"{row['achieved_calls_per_s']:,.0f} LLM calls/s steady, {row['overall_calls_per_s']:,.0f}/s whole run "
-            f"(last first call at {row['start_ms']:,.0f} ms, {row['end_ms']:,.0f} ms after the last reply), "
-            f"{row['engine_cpu_us_per_call']:.0f} us engine CPU per call",
+            f"{row['achieved_calls_per_s']:,.0f} LLM calls/s steady, {row['overall_calls_per_s']:,.0f}/s whole run; "
+            f"{_extra_time(row)}; {row['engine_cpu_us_per_call']:.0f} us engine CPU per call",
             f"ideal N/L = {row['ideal_calls_per_s']:,.0f}/s",
             f"{row['fraction_of_ideal']:.0%} of ideal steady, {row['overall_fraction_of_ideal']:.0%} whole run",
         )
@@ -232,19 +240,31 @@ def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
     over = r["overhead"]
     servers = f"{r['servers']} {r['server']} server{'s' if r['servers'] > 1 else ''} at {latency_ms:.0f} ms"
     busiest = max(r["concurrency"], key=lambda row: row["in_flight"])
+    ceiling = busiest.get("server_ceiling_req_per_s")
+    ceiling_text = f"; the server's own ceiling {ceiling:,.0f}/s, from its CPU per request" if ceiling else ""
     return [
         (
-            f"OpenAIPolicy per-request overhead, one request at a time, {servers} (`{command}`)",
+            f"OpenAIPolicy per-request overhead, one request at a time, {servers}: the policy vs its transport "
+            f"(aiohttp) used directly (`{command}`)",
             f"{over['policy_overhead_ms']:.2f} ms",
-            f"raw httpx, {over['raw_httpx_overhead_ms']:.2f} ms",
+            f"raw aiohttp, {over['raw_aiohttp_overhead_ms']:.2f} ms "
+            f"(raw httpx {over['raw_httpx_overhead_ms']:.2f} ms)",
             f"{over['policy_extra_ms']:+.2f} ms",
         ),
         (
-            f"OpenAIPolicy vs raw httpx (same connection limit, same servers: the ceiling of client library, loopback "
-            f"and servers), {busiest['in_flight']} requests in flight, {servers} (`{command}`)",
+            f"OpenAIPolicy vs raw aiohttp (its transport used directly, same connection limit, same server; median of "
+            f"{busiest['trials']} turns each), {busiest['in_flight']} requests in flight, {servers} (`{command}`)",
             f"{busiest['req_per_s']:,.0f} req/s",
-            f"raw httpx {busiest['raw_httpx_req_per_s']:,.0f}/s (ideal N/L = {busiest['ideal_req_per_s']:,.0f}/s)",
-            f"{busiest['policy_vs_raw']:.0%} of raw httpx",
+            f"raw aiohttp {busiest['raw_aiohttp_req_per_s']:,.0f}/s (ideal N/L = {busiest['ideal_req_per_s']:,.0f}/s"
+            f"{ceiling_text})",
+            f"{busiest['policy_vs_raw']:.0%} of raw aiohttp",
+        ),
+        (
+            f"OpenAIPolicy vs raw httpx (the policy's former transport, same connection limit, same server), "
+            f"{busiest['in_flight']} requests in flight, {servers} (`{command}`)",
+            f"{busiest['req_per_s']:,.0f} req/s",
+            f"raw httpx {busiest['raw_httpx_req_per_s']:,.0f}/s",
+            f"{busiest['policy_vs_httpx']:.1f}x the throughput",
         ),
     ]
 

@@ -43,7 +43,7 @@ def parse_action(text: str) -> int | None:
     move = _WORDS.get(text.strip(" \t\n.!*`'\"").lower())
     if move is not None:
         return move
-    fences = _FENCE.findall(text)
+    fences = _FENCE.findall(text) if "```" in text else None
     if fences:
         named = {word.lower() for word in _DIRECTION.findall(fences[-1])}
         if len(named) == 1:
@@ -72,15 +72,19 @@ def _reachable(rows: list[str]) -> bool:
     return False
 
 
+def _check_size_and_p(size: Any, p: Any) -> None:
+    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_SIZE:
+        raise ValueError(f"FrozenLake size must be an int in [2, {MAX_SIZE}], got {size!r}")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+        raise ValueError(f"FrozenLake p (the probability of a frozen tile) must lie in (0, 1], got {p!r}")
+
+
 def generate_random_map(size: int = 4, p: float = 0.8, rng: np.random.Generator | None = None) -> list[str]:
     """A ``size`` x ``size`` map, S top-left and G bottom-right, each other tile frozen with probability ``p``.
 
     Maps are resampled until the goal is reachable from the start, as in Gymnasium's generator.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or not 2 <= size <= MAX_SIZE:
-        raise ValueError(f"FrozenLake size must be an int in [2, {MAX_SIZE}], got {size!r}")
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
-        raise ValueError(f"FrozenLake p (the probability of a frozen tile) must lie in (0, 1], got {p!r}")
+    _check_size_and_p(size, p)
     rng = rng if rng is not None else np.random.default_rng()
     for _ in range(10_000):
         frozen = rng.random((size, size)) < p
@@ -223,7 +227,7 @@ class FrozenLakeEnv(gym.Env[str, str]):
         invalid_action_reward: float = 0.0,
         render_mode: str | None = None,
     ):
-        generate_random_map(size, p, np.random.default_rng(0))  # validates size and p before anything else
+        _check_size_and_p(size, p)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"FrozenLakeEnv render_mode must be one of {self.metadata['render_modes']} or None, "

@@ -88,6 +88,9 @@ class UnknownEnvError(NameNotFound):
     """An environment id that is not registered; the message suggests the closest registered ids."""
 
 
+_MULTI_AGENT_IDS = frozenset(spec.id for spec in ENV_SPECS if spec.multi_agent)
+
+
 def env_ids(multi_agent: bool | None = None) -> list[str]:
     """Every registered id, or only the single-agent (``False``) or multi-agent (``True``) ones."""
     return [spec.id for spec in ENV_SPECS if multi_agent is None or spec.multi_agent == multi_agent]
@@ -137,8 +140,10 @@ def make(env_id: str, **kwargs: Any) -> Any:
     Multi-agent ids take ``parallel=True`` for the parallel API; the default is the (wrapped) AEC env. Ids that users
     registered with Gymnasium themselves (``gym.register("my/Env-v0", ...)``) are made with ``gym.make``.
     """
-    if env_id not in env_ids() and env_id in gym.registry:
-        return gym.make(env_id, **kwargs)
+    registered = gym.registry.get(env_id)
+    if registered is not None and env_id not in _MULTI_AGENT_IDS:
+        # The registered EnvSpec itself: gym.make then skips parsing the id (engines make thousands of envs).
+        return gym.make(registered, **kwargs)
     spec = _spec(env_id)
     if not spec.multi_agent:
         register_envs()

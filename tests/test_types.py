@@ -210,3 +210,20 @@ def test_trajectory_groups_by_task_and_role():
 def test_trajectory_group_checks_parallel_lists():
     with pytest.raises(ValidationError, match="episode_ids has 2 entries for 1 trajectories"):
         TrajectoryGroup(group_id="t:agent", trajectories=[Trajectory()], episode_ids=["t:0", "t:1"])
+
+
+def _step_ids(n: int) -> list[str]:
+    return [Step().id for _ in range(n)]
+
+
+def test_record_ids_are_unique_within_a_process_and_across_forked_workers():
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        children = pool.map(_step_ids, [200, 200])
+    ours = [*_step_ids(200), Trajectory().uid]
+    ids = [*ours, *children[0], *children[1]]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    # A forked worker starts from its parent's state: without a new prefix it would repeat the parent's next ids.
+    assert {i[:16] for i in ours}.isdisjoint(i[:16] for i in children[0] + children[1])

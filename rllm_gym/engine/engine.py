@@ -56,8 +56,9 @@ class AgentWorkflowEngine:
     ``gc_threshold``: while episodes run, Python's generation-0 collection threshold is raised to at least this
     (restored afterwards): every Step allocates objects that live on, and the default threshold (700) made garbage
     collection a third of the engine's CPU per LLM call in ``benchmarks/bench_engine.py``. ``None`` leaves it alone.
-    ``gc_freeze``: objects that survive a collection while episodes run are not scanned again until the run ends:
-    full passes over thousands of live envs stalled the event loop for a quarter of a second. ``switch_interval_s``:
+    ``gc_freeze``: objects that survive a collection while episodes run are not scanned again until the run ends
+    (full passes over thousands of live envs stalled the event loop for a quarter of a second), and only one automatic
+    collection in eight scans the objects allocated since the last one. ``switch_interval_s``:
     the GIL switch interval while episodes run (at most this; ``None`` leaves it alone): with env threads running
     Python, the loop waits up to one interval for the GIL at each iteration, 5 ms by default. Both are process-wide
     and restored afterwards (see :func:`~rllm_gym.engine.common.responsive_loop`).

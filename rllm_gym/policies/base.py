@@ -203,6 +203,8 @@ def parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     Returns the text with the well-formed blocks removed and the calls. A block that is not a JSON object with a
     string ``name`` stays in the text: malformed model output is normal input, the agent or env decides about it.
     """
+    if "<tool_call>" not in text:
+        return text, []
     calls: list[ToolCall] = []
 
     def _take(match: re.Match[str]) -> str:
@@ -235,11 +237,14 @@ def build_model_output(
     completion_ids: Sequence[int] = (),
     logprobs: Sequence[float] = (),
     finish_reason: str | None = None,
+    prompt_length: int | None = None,
+    completion_length: int | None = None,
 ) -> ModelOutput:
     """The ModelOutput for a completion ``text``: reasoning and tool calls split out, content stripped.
 
     ``finish_reason`` becomes ``"tool_calls"`` when the reply holds at least one well-formed tool call and it was not
-    cut off by the length limit.
+    cut off by the length limit. The token counts are the lengths of the ids unless given (a server's ``usage`` where
+    there are no ids).
     """
     reasoning, rest = split_reasoning(text)
     content, tool_calls = parse_hermes_tool_calls(rest)
@@ -253,8 +258,8 @@ def build_model_output(
         prompt_ids=list(prompt_ids),
         completion_ids=list(completion_ids),
         logprobs=list(logprobs),
-        prompt_length=len(prompt_ids),
-        completion_length=len(completion_ids),
+        prompt_length=len(prompt_ids) if prompt_length is None else prompt_length,
+        completion_length=len(completion_ids) if completion_length is None else completion_length,
         finish_reason=finish_reason,
     )
 

@@ -1,6 +1,9 @@
 """OpenAIPolicy: a policy on any OpenAI-compatible server (``vllm serve``, SGLang, ``transformers serve``).
 
-Requests go over one pooled ``httpx.AsyncClient`` with a concurrency limit. 429s, 5xx, timeouts, dropped
+Requests go over one pooled ``aiohttp.ClientSession`` with a concurrency limit (httpx's connection pool scans every
+connection for every request, which capped it near 100 requests/s at 256 in flight; see ``bench_policies.py``). The
+session is closed by :meth:`OpenAIPolicy.aclose` or ``async with``, and otherwise when its event loop shuts down
+(the end of ``asyncio.run``); a policy used from a new loop opens a new one. 429s, 5xx, timeouts, dropped
 connections and unreadable bodies are retried with exponential backoff (and ``Retry-After`` when the server sends
 it); other 4xx answers fail at once with the server's message. With several base URLs (a fleet of replicas) each
 request goes to the replica with the fewest requests in flight, and a replica that fails with a connection error or
@@ -15,17 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import math
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
+import yarl
+from aiohttp.helpers import get_env_proxy_for_url
 
 from rllm_gym.policies.base import (
     BasePolicy,
@@ -108,7 +114,9 @@ def reply_text(message: dict[str, Any]) -> str:
 
 def _logprob_entries(choice: dict[str, Any]) -> tuple[list[float], list[int] | None]:
     """Log-probabilities of a choice, and its token ids when they are written as ``token_id:N`` tokens."""
-    entries = (choice.get("logprobs") or {}).get("content") or []
+    entries = (choice.get("logprobs") or {}).get("content")
+    if not entries:
+        return [], None
     logprobs = [float(e["logprob"]) for e in entries]
     tokens = [e.get("token", "") for e in entries]
     if entries and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
@@ -120,10 +128,13 @@ def usage_counts(data: dict[str, Any]) -> tuple[int | None, int | None]:
     """``(prompt_tokens, completion_tokens)`` of a reply's ``usage``; ``None`` for a count the server did not give (or
     gave as something other than a non-negative integer)."""
     usage = data.get("usage")
-    usage = usage if isinstance(usage, dict) else {}
-    counts = [usage.get(key) for key in ("prompt_tokens", "completion_tokens")]
-    prompt, completion = (c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else None for c in counts)
-    return prompt, completion
+    if not isinstance(usage, dict):
+        return None, None
+    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None  # not bool, which is an int too
 
 
 @dataclass
@@ -132,6 +143,24 @@ class _Replica:
     in_flight: int = 0
     down_until: float = 0.0
     requests: int = 0
+    proxy: tuple[yarl.URL, aiohttp.BasicAuth | None] | None = None
+
+
+def _env_proxy(url: str) -> tuple[yarl.URL, aiohttp.BasicAuth | None] | None:
+    """The proxy that ``HTTP_PROXY``/``HTTPS_PROXY`` name for ``url`` (``NO_PROXY`` respected), as httpx and the openai
+    client read them; never one for a loopback host. Read once per session: aiohttp's own ``trust_env`` reads the
+    environment and ``.netrc`` again on every request, in a thread."""
+    target = yarl.URL(url)
+    host = target.host or ""
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    if host == "localhost":
+        return None
+    try:
+        return get_env_proxy_for_url(target)
+    except LookupError:
+        return None
 
 
 class OpenAIPolicy(BasePolicy):
@@ -217,7 +246,8 @@ class OpenAIPolicy(BasePolicy):
         self.max_backoff_s = max_backoff_s
         self.cooldown_s = cooldown_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._closer: AsyncIterator[None] | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._turn = 0
@@ -280,19 +310,10 @@ class OpenAIPolicy(BasePolicy):
         completion_ids = list(completion_ids or [])
         if len(logprobs) != len(completion_ids):
             logprobs = []  # locally re-tokenized text does not line up with the server's tokens
-        output = build_model_output(
-            text,
-            prompt_ids=prompt_ids or [],
-            completion_ids=completion_ids,
-            logprobs=logprobs,
-            finish_reason=finish_reason,
-        )
         # Token ids, when there are any, decide the counts; without them the server's `usage` does, so that counts
         # (max_prompt_length, the response-token metrics) are not silently 0 for a policy with no tokenizer.
         prompt_tokens, completion_tokens = usage_counts(data)
-        if not prompt_ids and prompt_tokens is not None:
-            output.prompt_length = prompt_tokens
-        elif prompt_ids and prompt_tokens is not None and prompt_tokens != len(prompt_ids) and not self._warned_count:
+        if prompt_ids and prompt_tokens is not None and prompt_tokens != len(prompt_ids) and not self._warned_count:
             self._warned_count = True
             logger.warning(
                 "the server counted %d prompt tokens where the local prompt ids have %d: the server renders the chat "
@@ -300,16 +321,22 @@ class OpenAIPolicy(BasePolicy):
                 prompt_tokens,
                 len(prompt_ids),
             )
-        if not completion_ids and completion_tokens is not None:
-            output.completion_length = completion_tokens
-        return output
+        return build_model_output(
+            text,
+            prompt_ids=prompt_ids or [],
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            prompt_length=None if prompt_ids else prompt_tokens,
+            completion_length=None if completion_ids else completion_tokens,
+        )
 
     # HTTP -----------------------------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        closer, self._session, self._closer = self._closer, None, None
+        if closer is not None and self._loop is asyncio.get_running_loop():
+            await closer.aclose()  # its `finally` closes the session
 
     async def __aenter__(self) -> OpenAIPolicy:
         return self
@@ -317,19 +344,25 @@ class OpenAIPolicy(BasePolicy):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _ensure_client(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._loop is not loop:
-            # A client is bound to the event loop it was created on; a new loop (a new asyncio.run) needs a new one.
-            self._loop = loop
-            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-            timeout = httpx.Timeout(self.timeout_s, connect=min(10.0, self.timeout_s))
-            self._client = httpx.AsyncClient(limits=limits, timeout=timeout, headers=self._headers)
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
-        assert self._semaphore is not None
-        return self._client, self._semaphore
+    async def _open_session(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
+        """A new session on the running loop: a session is bound to the event loop it was created on, so a new loop
+        (a new ``asyncio.run``) needs a new one."""
+        self._loop = asyncio.get_running_loop()
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s, connect=min(10.0, self.timeout_s))
+        session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers)
+        for replica in self.replicas:
+            replica.proxy = _env_proxy(replica.base_url)
+        self._session, self._semaphore = session, asyncio.Semaphore(self.max_concurrency)
+        # A suspended async generator is closed by the loop's shutdown_asyncgens() (asyncio.run does it), so the
+        # session is closed on its own loop even when the caller never calls aclose().
+        self._closer = _close_at_loop_shutdown(session)
+        await anext(self._closer)
+        return session, self._semaphore
 
     def _pick_replica(self) -> _Replica:
+        if len(self.replicas) == 1:
+            return self.replicas[0]  # up or cooling down, it is the one to try
         now = time.monotonic()
         up = [r for r in self.replicas if r.down_until <= now]
         if not up:
@@ -350,39 +383,46 @@ class OpenAIPolicy(BasePolicy):
         return delay * (0.5 + random.random() / 2)
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        client, semaphore = self._ensure_client()
+        session, semaphore = self._session, self._semaphore
+        if session is None or semaphore is None or self._loop is not asyncio.get_running_loop():
+            session, semaphore = await self._open_session()
         attempts = self.max_retries + 1
         last_error = ""
         async with semaphore:
             for attempt in range(attempts):
                 replica = self._pick_replica()
                 url = replica.base_url + path
-                retry_after = None
+                retry_after: str | None = None
                 replica.in_flight += 1
                 replica.requests += 1
                 try:
-                    response = await client.post(url, json=body)
-                except (httpx.TimeoutException, httpx.TransportError) as error:
+                    proxy, proxy_auth = replica.proxy or (None, None)
+                    request = session.post(url, json=body, proxy=proxy, proxy_auth=proxy_auth, allow_redirects=False)
+                    async with request as response:
+                        status, payload = response.status, await response.read()
+                        retry_after = response.headers.get("Retry-After")
+                except (TimeoutError, aiohttp.ClientError) as error:
                     replica.down_until = time.monotonic() + self.cooldown_s
-                    last_error = f"{url}: {type(error).__name__}: {error}"
+                    if isinstance(error, TimeoutError):
+                        last_error = f"{url}: no answer within timeout_s={self.timeout_s:g} s ({type(error).__name__})"
+                    else:
+                        last_error = f"{url}: {type(error).__name__}: {error}"
                 else:
-                    status = response.status_code
                     if status == 200:
                         try:
-                            data = response.json()
-                            if not data.get("choices"):
+                            data = json.loads(payload)
+                            if not isinstance(data, dict) or not data.get("choices"):
                                 raise ValueError("no 'choices' in the reply")
                             return data
                         except ValueError as error:
-                            last_error = f"{url}: unreadable reply ({error}): {response.text[:200]!r}"
+                            last_error = f"{url}: unreadable reply ({error}): {_head(payload, 200)!r}"
                     elif status in _RETRY_STATUS or status >= 500:
                         if status >= 500:
                             replica.down_until = time.monotonic() + self.cooldown_s
-                        retry_after = response.headers.get("retry-after")
-                        last_error = f"{url}: HTTP {status}: {response.text[:300]}"
+                        last_error = f"{url}: HTTP {status}: {_head(payload, 300)}"
                     else:
                         raise PolicyError(
-                            f"{url} rejected the request with HTTP {status}: {response.text[:500]} "
+                            f"{url} rejected the request with HTTP {status}: {_head(payload, 500)} "
                             f"(model={self.model!r}; check the model name and the request fields the server accepts)"
                         )
                 finally:
@@ -395,3 +435,15 @@ class OpenAIPolicy(BasePolicy):
             f"POST {path} failed after {attempts} attempts ({self.max_retries} retries) on [{urls}]; "
             f"last error: {last_error}. Is the server up and reachable?"
         )
+
+
+def _head(payload: bytes, chars: int) -> str:
+    """The start of a reply body as text, for error messages."""
+    return payload[: 4 * chars].decode("utf-8", errors="replace")[:chars]
+
+
+async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await session.close()

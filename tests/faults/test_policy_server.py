@@ -24,7 +24,7 @@ from rllm_gym.store import read_episodes
 from rllm_gym.types import RewardOutput, TerminationReason
 
 # What each failure mode leaves in the policy's error message.
-SYMPTOM = {"drop": "RemoteProtocolError", "stall": "ReadTimeout", "garbage": "unreadable reply"}
+SYMPTOM = {"drop": "ServerDisconnectedError", "stall": "no answer within timeout_s=", "garbage": "unreadable reply"}
 CHAT = [{"role": "user", "content": "ping"}]
 
 
@@ -96,7 +96,7 @@ class FaultyServer:
 
 
 def fast_policy(url: str, max_retries: int) -> OpenAIPolicy:
-    # A short per-attempt timeout makes a stalled server a ReadTimeout within a fraction of a second.
+    # A short per-attempt timeout makes a stalled server a timeout within a fraction of a second.
     return OpenAIPolicy(
         "stub", url, max_retries=max_retries, timeout_s=0.3, backoff_s=0.01, max_backoff_s=0.02, cooldown_s=0.1
     )

@@ -137,6 +137,8 @@ async def test_a_server_killed_mid_run_gives_retries_then_a_clear_error():
         results = await asyncio.gather(*requests, return_exceptions=True)
     finally:
         server.kill()
+        server.wait()
+        server.stdout.close()
     assert all(isinstance(result, PolicyError) for result in results)
     message = str(results[0])
     assert "failed after 4 attempts (3 retries)" in message
@@ -216,3 +218,38 @@ def test_policy_can_be_used_from_two_event_loops():
         second = asyncio.run(policy.generate(CHAT, GREEDY))
     assert first.content == second.content == "echo: What is 2 + 3?"
     assert time.monotonic() - started < 5
+
+
+def test_a_policy_that_is_never_closed_closes_its_connections_when_its_loop_ends():
+    import gc
+    import warnings
+
+    with StubOpenAIServer() as server:
+        policy = fast_policy(server.url)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            asyncio.run(policy.generate(CHAT, GREEDY))
+            session = policy._session
+            assert session is not None and session.closed
+            del session, policy
+            gc.collect()
+    assert not [w for w in caught if "nclosed" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_proxy_variables_apply_to_remote_servers_and_never_to_loopback(monkeypatch):
+    from rllm_gym.policies.openai import _env_proxy
+
+    with StubOpenAIServer() as proxy, StubOpenAIServer() as server:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/v1"))
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        # A host that does not exist: only the proxy can take the request (no name lookup), and the stub answers 404
+        # to the absolute URL it is sent.
+        with pytest.raises(PolicyError, match="HTTP 404"):
+            asyncio.run(fast_policy("http://upstream.invalid:8000/v1", max_retries=0).generate(CHAT, GREEDY))
+        assert proxy.hits == 1
+        out = asyncio.run(fast_policy(server.url).generate(CHAT, GREEDY))
+        assert out.content == "echo: What is 2 + 3?" and (server.hits, proxy.hits) == (1, 1)
+        assert _env_proxy("http://[::1]:8000/v1") is None and _env_proxy("http://localhost:8000/v1") is None
+        monkeypatch.setenv("NO_PROXY", "upstream.invalid")
+        assert _env_proxy("http://upstream.invalid:8000/v1") is None
