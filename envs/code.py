@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
 import json
+import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +17,20 @@ from rllm_gym.rewards.code import CodeReward, parse_tests
 from rllm_gym.sandbox import Sandbox
 from rllm_gym.spaces import TextSpace
 
-__all__ = ["BUILTIN_TASKS_PATH", "CodeEnv", "builtin_code_tasks", "load_code_tasks", "normalize_task"]
+__all__ = [
+    "BUILTIN_TASKS_PATH",
+    "FEEDBACK_MODES",
+    "CodeEnv",
+    "builtin_code_tasks",
+    "load_code_tasks",
+    "normalize_task",
+    "public_test_count",
+]
 
 BUILTIN_TASKS_PATH = Path(__file__).with_name("code_tasks.jsonl")
 _PROMPT_KEYS = ("prompt", "question", "question_content", "text", "problem")
 _FEEDBACK_QUOTE = 500
+FEEDBACK_MODES = ("public", "full")
 
 
 def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
@@ -24,7 +38,9 @@ def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
 
     The schema: ``id``, ``prompt``, and tests as :func:`rllm_gym.rewards.code.parse_tests` reads them (``tests`` with
     optional ``fn_name``, ``test_list``, or ``test`` + ``entry_point``); optional ``starter_code`` and
-    ``reference_solution``. Raises ValueError naming the missing field.
+    ``reference_solution``, and ``public_tests`` (see :func:`public_test_count`). A LiveCodeBench row is graded on
+    its public and private cases together; the public ones, which its statement shows, are its ``public_tests``.
+    Raises ValueError naming the missing field.
     """
     if not isinstance(row, dict):
         raise ValueError(f"code task #{index} must be a dict, got {type(row).__name__}")
@@ -34,16 +50,23 @@ def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
         raise ValueError(f"code task #{index} needs a problem statement in one of the fields {list(_PROMPT_KEYS)}")
     task["prompt"] = prompt
     if "input_output" in task and "tests" not in task:  # TACO / APPS
-        io = json.loads(task["input_output"]) if isinstance(task["input_output"], str) else task["input_output"]
-        task["tests"] = {"inputs": io["inputs"], "outputs": io["outputs"]}
-        if io.get("fn_name"):
-            task["fn_name"] = io["fn_name"]
+        spec = json.loads(task["input_output"]) if isinstance(task["input_output"], str) else task["input_output"]
+        task["tests"] = {"inputs": spec["inputs"], "outputs": spec["outputs"]}
+        if spec.get("fn_name"):
+            task["fn_name"] = spec["fn_name"]
     if "public_test_cases" in task and "tests" not in task:  # LiveCodeBench
-        cases = task["public_test_cases"]
-        cases = json.loads(cases) if isinstance(cases, str) else cases
+        # The statement shows the public cases: graded on them alone, a reply could print their outputs. The
+        # private cases come after them, and feedback may quote only the public ones.
+        public = _livecodebench_cases(task["public_test_cases"], "public_test_cases", index)
+        cases = public + _livecodebench_cases(task.get("private_test_cases") or [], "private_test_cases", index)
+        task.setdefault("public_tests", len(public))
         task["tests"] = [{"input": c["input"], "output": c["output"]} for c in cases]
         if any(c.get("testtype") == "functional" for c in cases):
-            fn_name = (task.get("metadata") or {}).get("func_name") if isinstance(task.get("metadata"), dict) else None
+            metadata = task.get("metadata")
+            if isinstance(metadata, str):  # LiveCodeBench keeps it as JSON text
+                with contextlib.suppress(json.JSONDecodeError):
+                    metadata = json.loads(metadata)
+            fn_name = metadata.get("func_name") if isinstance(metadata, dict) else None
             task["fn_name"] = task.get("fn_name") or fn_name
             task["tests"] = {
                 "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
@@ -55,8 +78,49 @@ def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
         task["reference_solution"] = task["code"]
     task.setdefault("id", task.get("task_id", f"code-{index}"))
     task["id"] = str(task["id"])
-    parse_tests(task)  # validates the tests now, with a message naming the field
+    tests = parse_tests(task)  # validates the tests now, with a message naming the field
+    if "public_tests" in task:
+        count, least = task["public_tests"], 1 if "test_list" in task else 0
+        if isinstance(count, bool) or not isinstance(count, int) or not least <= count <= len(tests):
+            raise ValueError(
+                f"code task {task['id']!r}: public_tests (how many of the first tests the model may see) must be an "
+                f"int from {least} to {len(tests)}, got {count!r}"
+                + (" (an MBPP prompt shows at least one assert: it names the function)" if least else "")
+            )
     return task
+
+
+def public_test_count(task: dict[str, Any]) -> int:
+    """How many of the task's first tests the model may see, in the prompt or in feedback: ``task["public_tests"]``,
+    else 1 for MBPP-style asserts (the prompt shows one: it names the function and its call), else 0."""
+    if "public_tests" in task:
+        return task["public_tests"]
+    return 1 if "test_list" in task else 0
+
+
+class _TextOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: only plain data is read")
+
+
+def _livecodebench_cases(cases: Any, field: str, index: int) -> list[dict[str, Any]]:
+    """LiveCodeBench test cases: a list, JSON text, or (``private_test_cases`` in code_generation_lite) base64 of a
+    zlib-compressed pickle of JSON text. The pickle is read by an unpickler that refuses every class and function, so
+    a data file cannot run code here."""
+    if isinstance(cases, str):
+        try:
+            cases = json.loads(cases)
+        except json.JSONDecodeError:
+            try:
+                text = _TextOnlyUnpickler(io.BytesIO(zlib.decompress(base64.b64decode(cases)))).load()
+                cases = json.loads(text)
+            except (ValueError, TypeError, LookupError, zlib.error, pickle.UnpicklingError, EOFError) as error:
+                raise ValueError(
+                    f"code task #{index}: {field} is neither JSON nor LiveCodeBench's compressed form ({error})"
+                ) from error
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and "input" in c and "output" in c for c in cases):
+        raise ValueError(f"code task #{index}: {field} must be a list of {{'input': ..., 'output': ...}} cases")
+    return cases
 
 
 def load_code_tasks(path: str | Path) -> list[dict[str, Any]]:
@@ -87,7 +151,9 @@ def _instructions(task: dict[str, Any]) -> str:
     elif "entry_point" in task:
         how = f"Define the function `{task['entry_point']}`."
     elif "test_list" in task:
-        how = "Define the function these tests call:\n" + "\n".join(task["test_list"][:3])
+        shown = task["test_list"][: public_test_count(task)]
+        calls = "this test calls" if len(shown) == 1 else "these tests call"
+        how = f"Define the function {calls}:\n" + "\n".join(shown)
     else:
         how = "Read the input from standard input and print the answer to standard output."
     parts = [task["prompt"].rstrip(), how]
@@ -97,22 +163,32 @@ def _instructions(task: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _feedback(metadata: dict[str, Any], revisions_left: int) -> str:
+def _feedback(metadata: dict[str, Any], revisions_left: int, public: int | None) -> str:
+    """What a failing attempt is told. ``public``: how many of the first tests may be quoted (``None``: all). Of a
+    hidden test only its status is told: its input and expected output would let the next attempt print the answer
+    (a reward the policy forges), and what the program printed or raised could carry the hidden input out."""
     if metadata.get("error") and not metadata.get("tests"):
         head = f"Your reply could not be graded: {metadata['error']}."
     else:
-        failing = next(t for t in metadata["tests"] if not t["passed"])
-        lines = [
-            f"{metadata['passed']} of {metadata['total']} tests passed. First failing test:",
-            f"Input:\n{failing['input']}",
-        ]
-        if "expected" in failing:
-            lines.append(f"Expected:\n{failing['expected']}")
-        if "got" in failing:
-            lines.append(f"Got:\n{failing['got']}")
-        if failing.get("error"):
-            lines.append(f"Error ({failing['status']}):\n{failing['error']}")
-        head = "\n".join(line[:_FEEDBACK_QUOTE] for line in lines)
+        index, failing = next((i, t) for i, t in enumerate(metadata["tests"]) if not t["passed"])
+        if public is not None and index >= public:
+            head = (
+                f"{metadata['passed']} of {metadata['total']} tests passed. The first failing test is a hidden one "
+                f"({failing['status'].replace('_', ' ')}); its input and expected output, and what your program "
+                f"printed or raised on it, are not shown."
+            )
+        else:
+            lines = [
+                f"{metadata['passed']} of {metadata['total']} tests passed. First failing test:",
+                f"Input:\n{failing['input']}",
+            ]
+            if "expected" in failing:
+                lines.append(f"Expected:\n{failing['expected']}")
+            if "got" in failing:
+                lines.append(f"Got:\n{failing['got']}")
+            if failing.get("error"):
+                lines.append(f"Error ({failing['status']}):\n{failing['error']}")
+            head = "\n".join(line[:_FEEDBACK_QUOTE] for line in lines)
     return (
         f"{head}\n\nRevise your solution ({revisions_left} revision(s) left) and reply with one ```python code block."
     )
@@ -128,8 +204,11 @@ class CodeEnv(gym.Env[str, str]):
     and graded by :class:`rllm_gym.rewards.code.CodeReward` outside the process that ran it: function and assert
     tests run in a separate harness process that only gets plain-data return values back, and comparison is strict
     (exact ints and strings, a float tolerance only for expected floats). By default the episode is single-turn;
-    with ``max_revisions=N`` a failing reply gets the first failing test back (input, expected, got, or the error)
-    and may be revised N times.
+    with ``max_revisions=N`` a failing reply gets feedback on the first failing test and may be revised N times.
+    Feedback quotes a test (input, expected, got, or the error) only when it is public, one the model may see
+    (``public_tests``: the one assert an MBPP prompt shows, none otherwise); of a hidden test it tells only the
+    status. Quoting hidden tests let a policy earn the reward by printing the expected outputs it had been shown, and
+    what a program prints or raises on a hidden input could carry that input out.
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply. An action outside the space (``bytes``, ``None``, a
@@ -137,7 +216,8 @@ class CodeEnv(gym.Env[str, str]):
 
     ## Observation Space
     ``TextSpace``: at reset, the problem statement, how to read input or which function to define, any starter code,
-    and the answer format. After a failing attempt with revisions left: the feedback on the first failing test.
+    and the answer format. After a failing attempt with revisions left: the feedback on the first failing test
+    (quoted when it is public, its status only when it is hidden).
 
     ## Prompt Format
     Example observation::
@@ -170,20 +250,27 @@ class CodeEnv(gym.Env[str, str]):
     ungraded), ``graded`` (bool), ``passed`` and ``total`` (tests), ``tests`` (per-test results: input, expected, got,
     status among ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``, ``memory_limit``,
     ``output_limit``, ``not_plain_data``; error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply
-    or the sandbox failed, or None), ``invalid_action`` (the action was outside the action space).
+    or the sandbox failed, or None), ``invalid_action`` (the action was outside the action space). ``info`` quotes
+    hidden tests too: it is for logs, not for the model (:class:`~rllm_gym.agents.code.CodeAgent` shows only the
+    observation).
 
     ## Arguments
-    ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks).
-    ``max_revisions`` (int, 0): revisions after feedback. ``fraction`` (bool, False). ``timeout`` (float, 5.0) and
-    ``memory_mb`` (int, 512) per test run. ``stop_on_first_failure`` (bool, True): stop grading at the first failing
-    test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default: the process's own, started on first use and
-    stopped at exit; after a fork the child starts its own). ``render_mode`` (``"human"``: the observation printed
-    after every reset and step; ``"ansi"``: ``render()`` returns it; or None).
+    ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks). A task's
+    ``public_tests`` (int) says how many of its first tests the model may see (default: 1 for MBPP-style
+    ``test_list`` tasks, whose prompt shows that assert to name the function; 0 otherwise).
+    ``max_revisions`` (int, 0): revisions after feedback. ``feedback`` (``"public"``, the default, or ``"full"``:
+    quote every failing test, hidden ones included; a policy trained with it can copy expected outputs from the
+    feedback into its next attempt, so keep it for evaluation and debugging). ``fraction`` (bool, False).
+    ``timeout`` (float, 5.0) and ``memory_mb`` (int, 512) per test run. ``stop_on_first_failure`` (bool, True):
+    stop grading at the first failing test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default: the
+    process's own, started on first use and stopped at exit; after a fork the child starts its own). ``render_mode``
+    (``"human"``: the observation printed after every reset and step; ``"ansi"``: ``render()`` returns it; or None).
 
     ## Version History
     * v0: initial version; grading since made unforgeable (paired function tests, strict comparison, a minimal
       file system view): replies that exploited the old grader now earn 0.0. Text over ``max_length`` is no
-      longer run, and ``render_mode="human"`` was added.
+      longer run, and ``render_mode="human"`` was added. Feedback no longer quotes hidden tests (``feedback="full"``
+      restores it), and an MBPP prompt shows one of its asserts rather than three.
     """
 
     metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
@@ -198,7 +285,13 @@ class CodeEnv(gym.Env[str, str]):
         stop_on_first_failure: bool = True,
         sandbox: Sandbox | None = None,
         render_mode: str | None = None,
+        feedback: str = "public",
     ):
+        if feedback not in FEEDBACK_MODES:
+            raise ValueError(
+                f"CodeEnv feedback must be one of {FEEDBACK_MODES} ('full' quotes hidden tests: a policy can copy "
+                f"their expected outputs), got {feedback!r}"
+            )
         if tasks is None:
             self.tasks = builtin_code_tasks()
         elif isinstance(tasks, (str, Path)):
@@ -216,6 +309,7 @@ class CodeEnv(gym.Env[str, str]):
                 f"CodeEnv render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
             )
         self.max_revisions = max_revisions
+        self.feedback = feedback
         self.grader = CodeReward(
             fraction=fraction,
             stop_on_first_failure=stop_on_first_failure,
@@ -278,7 +372,8 @@ class CodeEnv(gym.Env[str, str]):
                 observation = f"{meta.get('passed', 0)} of {meta.get('total', 0)} tests passed. No revisions left."
             self._last_observation = observation
             return observation, result.reward, True, False, info
-        self._last_observation = _feedback(meta, revisions_left)
+        public = None if self.feedback == "full" else public_test_count(self._task)
+        self._last_observation = _feedback(meta, revisions_left, public)
         return self._last_observation, 0.0, False, False, info
 
     def render(self) -> str | None:

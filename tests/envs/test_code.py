@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
+import pickle
 import re
+import zlib
 
 import gymnasium as gym
 import pytest
@@ -57,7 +61,7 @@ def test_single_turn_episode():
 
 
 def test_multi_turn_feedback_then_revision():
-    env = CodeEnv(max_revisions=2)
+    env = CodeEnv(max_revisions=2, feedback="full")
     task = {"id": "add", "prompt": "Add two numbers.", "tests": [{"input": "2 3\n", "output": "5\n"}]}
     env.reset(options={"task": task})
     obs, reward, terminated, _, info = env.step(_fence("print(6)\n"))
@@ -67,6 +71,80 @@ def test_multi_turn_feedback_then_revision():
     assert not terminated and "ValueError: nope" in obs and info["attempt"] == 2
     obs, reward, terminated, _, info = env.step(_fence("print(sum(map(int, input().split())))\n"))
     assert (reward, terminated, info["is_correct"]) == (1.0, True, True)
+
+
+ADD = {
+    "id": "add",
+    "prompt": "Add two numbers.",
+    "tests": [{"input": "2 3\n", "output": "5\n"}, {"input": "40 2\n", "output": "42\n"}],
+}
+
+
+def test_feedback_never_quotes_a_hidden_test_so_a_policy_cannot_copy_or_carry_it_out():
+    env = CodeEnv(max_revisions=4)
+    env.reset(options={"task": ADD})
+    leaks = ("2 3", "5", "40", "42")
+    for attempt in (
+        "print(6)\n",  # a wrong answer: the expected output must not come back
+        "print(input())\n",  # echoes the hidden input: what it printed must not come back
+        "raise ValueError('leak:' + input())\n",  # carries the hidden input out in an error message
+        "import sys\nsys.stderr.write(input())\nsys.exit(3)\n",
+    ):
+        obs, reward, terminated, _, info = env.step(_fence(attempt))
+        assert not terminated and reward == 0.0, obs
+        assert "0 of 2 tests passed. The first failing test is a hidden one" in obs, obs
+        assert not any(leak in obs.split("\n\nRevise")[0].replace("0 of 2", "") for leak in leaks), obs
+        assert info["tests"][0]["input"] == "2 3\n"  # the full record stays in info, for logs
+    # A policy that hard-codes what it could learn gets nothing more.
+    obs, reward, terminated, _, _ = env.step(_fence("print(5)\n"))
+    assert terminated and reward == 0.0 and "1 of 2 tests passed" in obs
+
+
+def test_public_tests_are_quoted_and_hidden_ones_only_named():
+    env = CodeEnv(max_revisions=2)
+    env.reset(options={"task": {**ADD, "public_tests": 1}})
+    obs = env.step(_fence("print(6)\n"))[0]
+    assert "Input:\n2 3\n" in obs and "Expected:\n5\n" in obs and "Got:\n6\n" in obs
+    obs = env.step(_fence("print(5)\n"))[0]
+    assert "1 of 2 tests passed. The first failing test is a hidden one (wrong answer)" in obs
+    assert "42" not in obs and "40" not in obs
+
+
+def test_an_mbpp_prompt_shows_one_assert_and_feedback_hides_the_others():
+    task = {
+        "id": "mbpp-sq",
+        "text": "Write a function sq that squares a number.",
+        "test_list": ["assert sq(2) == 4", "assert sq(3) == 9", "assert sq(-4) == 16"],
+    }
+    env = CodeEnv(max_revisions=1)
+    obs, _ = env.reset(options={"task": task})
+    assert "Define the function this test calls:\nassert sq(2) == 4" in obs
+    assert "sq(3)" not in obs and "sq(-4)" not in obs
+    # Hard-coding the shown assert passes it, and no more.
+    obs, reward, terminated, _, info = env.step(_fence("def sq(x):\n    return 4\n"))
+    assert (reward, terminated, info["passed"]) == (0.0, False, 1)
+    assert "hidden one" in obs and "sq(3)" not in obs and "9" not in obs
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({**ADD, "public_tests": 3}, "public_tests (how many of the first tests the model may see) must be an int"),
+        ({**ADD, "public_tests": True}, "must be an int from 0 to 2, got True"),
+        (
+            {"id": "m", "text": "t", "test_list": ["assert f(1) == 1"], "public_tests": 0},
+            "an MBPP prompt shows at least one assert",
+        ),
+    ],
+)
+def test_bad_public_tests_name_the_field(task, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        normalize_task(task)
+
+
+def test_unknown_feedback_mode_names_the_choices():
+    with pytest.raises(ValueError, match=re.escape("CodeEnv feedback must be one of ('public', 'full')")):
+        CodeEnv(feedback="all")
 
 
 def test_revisions_run_out():
@@ -117,6 +195,42 @@ def test_loaders_read_taco_humaneval_mbpp_and_livecodebench(tmp_path):
     json_path = tmp_path / "tasks.json"
     json_path.write_text(json.dumps(rows[:1]))
     assert load_code_tasks(json_path)[0]["tests"] == {"inputs": ["2\n"], "outputs": ["4\n"]}
+
+
+def _compressed(cases: list[dict]) -> str:
+    """LiveCodeBench's private_test_cases form: base64 of zlib of a pickle of JSON text."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/rllm-gym-pwned",))
+
+
+def test_livecodebench_private_cases_are_graded_and_stay_hidden():
+    row = {
+        "question_content": "Print the input doubled.",
+        "public_test_cases": json.dumps([{"input": "2\n", "output": "4\n", "testtype": "stdin"}]),
+        "private_test_cases": _compressed([{"input": "21\n", "output": "42\n", "testtype": "stdin"}]),
+        "metadata": "{}",
+    }
+    task = normalize_task(row)
+    assert task["public_tests"] == 1 and len(task["tests"]) == 2
+    grader = CodeReward()
+    assert grader(task, _fence("print(4)\n")).reward == 0.0  # the example from the statement is not enough
+    assert grader(task, _fence("print(2 * int(input()))\n")).reward == 1.0
+    env = CodeEnv(max_revisions=1)
+    env.reset(options={"task": row})
+    obs = env.step(_fence("print(4)\n"))[0]
+    assert "1 of 2 tests passed. The first failing test is a hidden one" in obs and "42" not in obs
+
+
+def test_a_livecodebench_pickle_that_would_run_code_is_refused(tmp_path):
+    hostile = base64.b64encode(zlib.compress(pickle.dumps(_Boom()))).decode()
+    row = {"question_content": "x", "public_test_cases": "[]", "private_test_cases": hostile}
+    with pytest.raises(ValueError, match=re.escape("private_test_cases is neither JSON nor LiveCodeBench's")):
+        normalize_task(row)
+    assert not os.path.exists("/tmp/rllm-gym-pwned")
 
 
 def test_bad_arguments_name_the_field(tmp_path):
