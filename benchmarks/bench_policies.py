@@ -9,8 +9,8 @@ Each figure is compared on the same server and the same connection limit with:
 
 - raw aiohttp, the policy's own transport used directly: the policy's overhead is the gap to it;
 - raw httpx, the transport the policy used before (its pool scans every connection on every request);
-- the server's ceiling, one core divided by the server process's CPU per request (measured while the policy ran),
-  so a rate far below it is not the server's doing.
+- the server's ceiling, one core divided by the server process's CPU per request (over all the requests of the
+  comparison), so a rate far below it is not the server's doing.
 
     python benchmarks/bench_policies.py --quick                 # about 40 seconds
     python benchmarks/bench_policies.py --json results.json     # full run, results also as JSON
@@ -157,7 +157,7 @@ async def achieved_concurrency(
     urls: list[str], pids: list[int], latency_s: float, in_flight: int, rounds: int, trials: int
 ) -> dict[str, float | None]:
     """Requests/s with ``in_flight`` requests outstanding: the policy, raw aiohttp and raw httpx (same connection
-    limit, same servers), the servers' ceiling (from their CPU per request while the policy ran), and the ideal
+    limit, same servers), the servers' ceiling (from their CPU per request), and the ideal
     in_flight / latency. The policy and raw aiohttp take turns for ``trials`` rounds (medians reported), so a drift
     of the machine's speed does not fall on one of them."""
     total = in_flight * rounds
@@ -176,6 +176,7 @@ async def achieved_concurrency(
         return requests / (time.perf_counter() - start)
 
     rates: dict[str, list[float]] = {"aiohttp": [], "httpx": [], "policy": []}
+    retries: list[int] = []
     httpx_requests = in_flight * min(rounds, HTTPX_ROUNDS)
 
     async def compare(aiohttp_post: Post, httpx_post: Post) -> None:
@@ -184,7 +185,7 @@ async def achieved_concurrency(
             for _ in range(trials):
                 rates["aiohttp"].append(await rate(aiohttp_post))
                 rates["policy"].append(await rate(lambda _url: policy.generate(CHAT, PARAMS)))
-        rates["retries"] = [policy.retries]
+        retries.append(policy.retries)
 
     before = [cpu_seconds(pid) for pid in pids]
     await with_raw_clients(in_flight, compare)
@@ -208,7 +209,7 @@ async def achieved_concurrency(
         "efficiency": achieved / ideal,
         "policy_vs_raw": achieved / raw,
         "policy_vs_httpx": achieved / rates["httpx"][0],
-        "retries": int(rates["retries"][0]),
+        "retries": retries[0],
     }
 
 

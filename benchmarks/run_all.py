@@ -240,6 +240,7 @@ def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
     over = r["overhead"]
     servers = f"{r['servers']} {r['server']} server{'s' if r['servers'] > 1 else ''} at {latency_ms:.0f} ms"
     busiest = max(r["concurrency"], key=lambda row: row["in_flight"])
+    same = f"same connection limit, same server{'s' if r['servers'] > 1 else ''}"
     ceiling = busiest.get("server_ceiling_req_per_s")
     ceiling_text = f"; the server's own ceiling {ceiling:,.0f}/s, from its CPU per request" if ceiling else ""
     return [
@@ -252,16 +253,16 @@ def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
             f"{over['policy_extra_ms']:+.2f} ms",
         ),
         (
-            f"OpenAIPolicy vs raw aiohttp (its transport used directly, same connection limit, same server; median of "
-            f"{busiest['trials']} turns each), {busiest['in_flight']} requests in flight, {servers} (`{command}`)",
+            f"OpenAIPolicy vs raw aiohttp (its transport used directly, {same}; median of {busiest['trials']} turns "
+            f"each), {busiest['in_flight']} requests in flight, {servers} (`{command}`)",
             f"{busiest['req_per_s']:,.0f} req/s",
             f"raw aiohttp {busiest['raw_aiohttp_req_per_s']:,.0f}/s (ideal N/L = {busiest['ideal_req_per_s']:,.0f}/s"
             f"{ceiling_text})",
             f"{busiest['policy_vs_raw']:.0%} of raw aiohttp",
         ),
         (
-            f"OpenAIPolicy vs raw httpx (the policy's former transport, same connection limit, same server), "
-            f"{busiest['in_flight']} requests in flight, {servers} (`{command}`)",
+            f"OpenAIPolicy vs raw httpx (the policy's former transport, {same}), {busiest['in_flight']} requests in "
+            f"flight, {servers} (`{command}`)",
             f"{busiest['req_per_s']:,.0f} req/s",
             f"raw httpx {busiest['raw_httpx_req_per_s']:,.0f}/s",
             f"{busiest['policy_vs_httpx']:.1f}x the throughput",
