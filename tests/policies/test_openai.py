@@ -253,3 +253,28 @@ def test_proxy_variables_apply_to_remote_servers_and_never_to_loopback(monkeypat
         assert _env_proxy("http://[::1]:8000/v1") is None and _env_proxy("http://localhost:8000/v1") is None
         monkeypatch.setenv("NO_PROXY", "upstream.invalid")
         assert _env_proxy("http://upstream.invalid:8000/v1") is None
+
+
+def test_a_redirect_is_not_followed_but_named():
+    import http.server
+    import threading
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(307)
+            self.send_header("Location", "http://upstream.invalid/v1/chat/completions")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        with pytest.raises(PolicyError, match=re.escape("rejected the request with HTTP 307")):
+            asyncio.run(fast_policy(url).generate(CHAT, GREEDY))
+    finally:
+        server.shutdown()
+        server.server_close()
