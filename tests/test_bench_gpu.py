@@ -49,7 +49,10 @@ def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
     assert result["versions"]["trl"] == "1.16.0"
     runs = result["results"]
     assert list(runs) == ["trl", "hf"]
+    assert result["memory_estimate_gib"]["fits"] and result["memory_estimate_gib"]["total"] > 3
     for run in runs.values():
+        # 4 rollouts a step in micro-batches of 2: two accumulated forward/backward passes.
+        assert (run["micro_batch"], run["gradient_accumulation_steps"]) == (2, 2)
         assert len(run["step_seconds"]) == result["settings"]["steps"] == 2
         assert run["steps_timed"] == 1 and run["step_median_s"] > 0
         assert 0 < run["generate_median_s"] < run["step_median_s"]
@@ -60,6 +63,40 @@ def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
         runs["hf"]["step_median_s"] / runs["trl"]["step_median_s"]
     )
     assert runs["hf"]["generation_ratio_to_baseline"] > 0
+
+
+@pytest.mark.parametrize("kind", ["hf", "trl"])
+def test_generation_seconds_hold_every_generate_call_and_fit_in_the_step(
+    kind, monkeypatch, tiny_model_dir, generate_seconds
+):
+    # Ours generates in the rollout, before TRL's _generate, which then only hands back the rows collected: timing
+    # _generate gave ~0 s of generation for ours (tokens/s ~100x too high). The step's generation time must hold
+    # every model.generate call the step made, and fit within the step.
+    bench = load_bench(monkeypatch)
+    clock = generate_seconds(lambda: kind)
+    run = bench.measure(kind, str(tiny_model_dir), bench.DRY_SETTINGS)
+    assert clock.get(kind, 0) > 0, "no generate call was seen"
+    generation, steps = sum(run["generate_seconds"]), sum(run["step_seconds"])
+    assert clock[kind] <= generation <= steps
+    summary = bench.summarize(run, warmup=0)
+    tokens = sum(run["completion_tokens"])
+    assert summary["generation_tokens_per_s"] == pytest.approx(tokens / generation)
+    assert summary["generation_tokens_per_s"] <= tokens / clock[kind]
+
+
+def test_the_default_settings_fit_an_80_gb_gpu_for_qwen_0_5b_and_1_5b(monkeypatch):
+    from rllm_gym.qwen_random import qwen_config
+
+    bench = load_bench(monkeypatch)
+    settings = bench.Settings()
+    assert settings.activation_checkpointing and (settings.prompts_per_step * settings.num_generations) % 16 == 0
+    for arch, parameters in (("Qwen2.5-0.5B", 494_032_768), ("Qwen2.5-1.5B", 1_543_714_304)):
+        estimate = bench.memory_estimate_gib(qwen_config(arch), settings)
+        assert estimate["parameters"] == parameters
+        assert estimate["fits"] and estimate["total"] < 0.95 * 80e9 / 2**30, estimate
+        # The earlier settings (all 128 rollouts in one micro-batch, no checkpointing) do not fit.
+        whole = bench.dataclasses.replace(settings, micro_batch=128, activation_checkpointing=False)
+        assert not bench.memory_estimate_gib(qwen_config(arch), whole)["fits"]
 
 
 # benchmarks/gpu/wheels.py
