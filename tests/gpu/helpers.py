@@ -48,8 +48,8 @@ def free_port() -> int:
 
 
 def small_run(model: Path, output_dir: Path, *extra: str) -> list[str]:
-    """train/grpo.py flags: qwen_math_1gpu.yaml's GPU settings (bf16, gradient accumulation; vLLM per test) on
-    learnable episodes, 4 steps of 8 prompts x 4 rollouts.
+    """train/grpo.py flags: qwen_math_1gpu.yaml's GPU settings (fp32 weights, bf16 autocast, gradient accumulation;
+    vLLM per test) on learnable episodes, 4 steps of 8 prompts x 4 rollouts.
 
     A random-weight model never solves a math problem: every reward would be 0, every advantage and gradient too,
     and no weight would change. So the env is FrozenLake on 2x2 maps (the goal one or two moves away) after a short
