@@ -173,7 +173,7 @@ def test_a_part_larger_than_a_batch_is_refused(folder):
 def test_dry_run_lists_the_downloads_for_the_gpu_machine(capsys):
     assert wheels.main(["prepare", "--dry-run", "--dest", "somewhere"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    binary, source, project = lines
+    binary, source = lines  # no project wheel: run_suite.sh installs the checkout itself
     for flag in ("download --no-deps --only-binary=:all: --python-version 3.12", "--platform manylinux_2_28_x86_64"):
         assert flag in binary
     for name in (
@@ -184,13 +184,46 @@ def test_dry_run_lists_the_downloads_for_the_gpu_machine(capsys):
         "pettingzoo==",
         "pydantic==",
         "math-verify",
+        "model-hosting-container-standards==",  # what `vllm serve`'s api_server imports first
+        "jmespath==",
+        "supervisor==",
     ):
         assert f" {name}" in binary, name
     assert source.endswith("download --no-deps --no-binary=:all: -d somewhere deepspeed==0.19.8")
-    assert "wheel --no-deps" in project and project.endswith(str(ROOT))
     # Every package appears once: two versions of one stop the whole install.
     names = [re.split("[=<>]", arg)[0].lower().replace("_", "-") for arg in binary.split() if "==" in arg]
     assert len(names) == len(set(names))
+
+
+def test_every_requirement_of_vllm_is_carried_on_the_image_or_left_out_with_a_reason():
+    carried = {re.split("[=<>]", name)[0].lower() for name in wheels.VLLM + wheels.PROJECT}
+    places = [carried, set(wheels.ON_IMAGE), set(wheels.LEFT_OUT)]
+    for name in wheels.VLLM_REQUIRES:
+        assert sum(name in place for place in places) == 1, name  # in exactly one place
+    assert all(reason for reason in wheels.LEFT_OUT.values())
+    assert set(wheels.LEFT_OUT) | set(wheels.ON_IMAGE) <= set(wheels.VLLM_REQUIRES)
+
+
+def run_suite(tmp_path, **env):
+    """benchmarks/gpu/run_suite.sh with the suite and the benchmark skipped: the set-up and the same-code check."""
+    venv = Path(sys.executable).parent  # its python3 runs the script's Python
+    full = {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), **env}
+    full.update(SKIP_SUITE="1", SKIP_BENCH="1", NO_INSTALL="1")
+    script = ROOT / "benchmarks" / "gpu" / "run_suite.sh"
+    return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_run_suite_runs_this_checkouts_code_and_stops_on_another_copy(tmp_path):
+    # The training processes import rllm_gym as installed; the suite imports the checkout: they must be one code.
+    result = run_suite(tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "suite exit status 0, benchmark exit status 0" in result.stdout
+    stale = tmp_path / "stale" / "rllm_gym"  # e.g. a project wheel installed by an earlier run, first on the path
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text("")
+    result = run_suite(tmp_path, PYTHONPATH=str(stale.parent))
+    assert result.returncode == 1
+    assert f"rllm_gym is imported from {stale / '__init__.py'}, not from this checkout {ROOT}" in result.stderr
 
 
 def test_unknown_group_is_refused():
