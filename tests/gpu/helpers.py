@@ -70,7 +70,8 @@ def small_run(model: Path, output_dir: Path, *extra: str) -> list[str]:
 def updated_by_rl(output_dir: Path, history: list[dict]) -> list[str]:
     """Tensors that an RL step changed: between the checkpoints around the last step with a nonzero gradient (the
     warm start changes weights too, so the model before training is no reference)."""
-    steps = [record["step"] for record in history if record.get("grad_norm", 0) > 0 and record["step"] > 1]
+    assert history and all("grad_norm" in record for record in history), history  # a missing metric fails
+    steps = [record["step"] for record in history if record["grad_norm"] > 0 and record["step"] > 1]
     assert steps, f"no step after the first had a nonzero gradient: {history}"
     return changed_tensors(output_dir / f"checkpoint-{steps[-1] - 1}", output_dir / f"checkpoint-{steps[-1]}")
 

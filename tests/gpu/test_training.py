@@ -28,14 +28,32 @@ def check_trained(output_dir: Path, steps: int = 4, processes: int = 1) -> list[
     return history
 
 
+def check_colocated_vllm_generated(history: list[dict]) -> None:
+    """Every step's episodes went through the colocated vLLM engine (a missing metric fails: generation would have
+    gone elsewhere), and no prompt was too long for it."""
+    for record in history:
+        assert record["vllm_colocate/generate_calls"] >= 1, record
+        assert record["vllm_colocate/requests"] >= 8 * 4, record  # every episode's turns, at least one each
+        assert record["vllm_colocate/prompts_too_long"] == 0, record
+
+
 @gpu.requires("vllm", "vllm")
 def test_vllm_colocate_grpo_steps_with_bf16_autocast(qwen_dir, tmp_path):
     output_dir = tmp_path / "run"
     flags = gpu.small_run(qwen_dir, output_dir, "--use_vllm", "true", "--vllm_mode", "colocate")
     gpu.launch("single_gpu.yaml", flags, processes=1)
-    check_trained(output_dir)
+    check_colocated_vllm_generated(check_trained(output_dir))
     config = json.loads((output_dir / "final" / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"  # the fp32 master weights (bf16 autocast)
+
+
+@gpu.requires("vllm", "vllm")
+def test_vllm_colocate_with_sleep_mode(qwen_dir, tmp_path):
+    # The engine is awake for each rollout (weights synced once), asleep for the training step.
+    output_dir = tmp_path / "run"
+    flags = gpu.small_run(qwen_dir, output_dir, "--use_vllm", "true", "--vllm_mode", "colocate")
+    gpu.launch("single_gpu.yaml", [*flags, "--vllm_enable_sleep_mode", "true"], processes=1)
+    check_colocated_vllm_generated(check_trained(output_dir))
 
 
 @gpu.requires("vllm", "vllm")
@@ -51,7 +69,7 @@ def test_vllm_server_mode_with_two_training_processes(qwen_dir, tmp_path):
     finally:
         server.stop()
     history = check_trained(output_dir, processes=2)
-    assert all(record.get("vllm_server/server_calls", 1) >= 1 for record in history)
+    assert all(record["vllm_server/server_calls"] >= 1 for record in history)  # a missing metric fails
 
 
 @gpu.requires("deepspeed", "deepspeed")
