@@ -193,7 +193,8 @@ class EpisodeRollout:
             episodes = self._run_sync(self._run(runs, self.policy_factory(trainer), sampling))
         elif trainer.use_vllm and trainer.args.vllm_mode == "server":
             policy = ServerVLLMPolicy.from_trainer(trainer, chat_template_kwargs=self.chat_template_kwargs)
-            episodes = self._run_sync(policy.run(self._run(runs, policy, sampling)))
+            limit = policy.max_prompt_tokens
+            episodes = self._run_sync(policy.run(self._run(runs, policy, sampling, limit)))
             self.last_metrics = policy.metrics()
         elif trainer.use_vllm:
             policy = TrainerVLLMPolicy(trainer, chat_template_kwargs=self.chat_template_kwargs)

@@ -104,6 +104,10 @@ class ServerVLLMPolicy:
         batch_wait_s: how long a process waits after its first queued request for others to join the round.
         max_wait_s: the longest a process waits before joining a round, even with nothing to send.
         chat_template_kwargs: extra arguments for ``apply_chat_template``.
+        max_prompt_tokens: the longest prompt the server can take (its ``--max_model_len`` less one: vLLM refuses a
+            prompt that leaves no room for a token, and the whole server call with it). A longer prompt is not sent:
+            it gets an empty reply at once, and the engine's ``max_prompt_length`` (the same number, set by
+            ``EpisodeRollout``) ends that episode alone. ``from_trainer`` takes it from ``vllm_max_model_length``.
 
     Example::
 
@@ -122,6 +126,7 @@ class ServerVLLMPolicy:
         batch_wait_s: float = 0.02,
         max_wait_s: float = 0.05,
         chat_template_kwargs: dict[str, Any] | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         mode = getattr(generation, "mode", None)
         if mode != "server":
@@ -147,12 +152,16 @@ class ServerVLLMPolicy:
         self.round_sizes: list[int] = []
         self.server_calls = 0
         self.server_errors = 0
+        self.max_prompt_tokens = max_prompt_tokens
+        self.too_long = 0  # prompts answered without the server, for being too long
 
     @classmethod
     def from_trainer(cls, trainer: Any, **kwargs: Any) -> ServerVLLMPolicy:
         """The policy on a ``GRPOTrainer`` built with ``use_vllm=True, vllm_mode="server"``."""
         tokenizer = trainer.processing_class
         eos = [getattr(tokenizer, "eos_token_id", None), *trainer.eos_token_ids]
+        context = getattr(trainer.args, "vllm_max_model_length", None)
+        kwargs.setdefault("max_prompt_tokens", None if context is None else context - 1)
         return cls(trainer.vllm_generation, trainer.accelerator, tokenizer, eos, **kwargs)
 
     async def generate(
@@ -173,6 +182,9 @@ class ServerVLLMPolicy:
             )
         if prompt_ids is None:
             prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
+            self.too_long += 1
+            return build_model_output("", prompt_ids=list(prompt_ids), completion_ids=[], logprobs=[])
         future: asyncio.Future[ModelOutput] = loop.create_future()
         if not self._pending:
             self._first_at = loop.time()
@@ -220,6 +232,7 @@ class ServerVLLMPolicy:
             "vllm_server/local_requests": float(sum(self.batch_sizes)),
             "vllm_server/server_calls": float(self.server_calls),
             "vllm_server/server_errors": float(self.server_errors),
+            "vllm_server/prompts_too_long": float(self.too_long),
         }
 
     async def _drive(self, task: asyncio.Future[Any]) -> None:
