@@ -9,7 +9,8 @@ settings: fp32 master weights with bf16 autocast (as train/configs/qwen_math_1gp
 a process of its own (a fresh CUDA context and vLLM engine); the server runs on the last GPU and needs 2 GPUs (NCCL
 cannot pair two processes on one GPU for the weight sync), else it is recorded as skipped. Generation seconds are
 where each trainer generates: TRL's ``_generate``, and for ours the rollout's call (engine, env, agent, policy), which
-runs before TRL's part of the batch building (our ``_generate`` only hands over rows collected earlier); tokens are
+runs before TRL's part of the batch building (our ``_generate`` only hands over rows collected earlier), both without
+vLLM's weight sync (TRL's runs inside ``_generate``; it is recorded apart, ``weight_sync_seconds``); tokens are
 TRL's ``completions/mean_length`` x rollouts. The first ``--warmup`` steps are dropped; figures are medians.
 
 Memory (one 80 GB GPU; :func:`memory_estimate_gib`, recorded in the results): fp32 weights, gradients and AdamW
@@ -218,7 +219,12 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
         "micro_batch": trainer.args.per_device_train_batch_size,
         "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
         "step_seconds": timer.wall,
-        "generate_seconds": [phases.get("generate", 0.0) for phases in timer.phases],
+        # TRL syncs vLLM's weights inside _generate, ours before the rollout: generation is counted without it.
+        "generate_seconds": [
+            phases.get("generate", 0.0) - (phases.get("sync_weights", 0.0) if kind.startswith("trl") else 0.0)
+            for phases in timer.phases
+        ],
+        "weight_sync_seconds": [phases.get("sync_weights", 0.0) for phases in timer.phases],
         "completion_tokens": [length * rollouts for length in lengths.mean_lengths],
     }
 

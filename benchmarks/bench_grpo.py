@@ -177,6 +177,9 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
     ):
         setattr(trainer, name, timed(phase, getattr(trainer, name)))
     trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)
+    if getattr(trainer, "use_vllm", False):  # bench_gpu.py: TRL syncs inside _generate, ours before the rollout
+        generation = trainer.vllm_generation
+        generation.sync_weights = timed("sync_weights", generation.sync_weights)
     if kind == "trl":
         trainer._generate = timed("generate", trainer._generate)
         trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)

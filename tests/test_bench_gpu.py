@@ -53,6 +53,7 @@ def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
     for run in runs.values():
         # 4 rollouts a step in micro-batches of 2: two accumulated forward/backward passes.
         assert (run["micro_batch"], run["gradient_accumulation_steps"]) == (2, 2)
+        assert run["weight_sync_seconds"] == [0.0, 0.0]  # no vLLM on the CPU: nothing to sync
         assert len(run["step_seconds"]) == result["settings"]["steps"] == 2
         assert run["steps_timed"] == 1 and run["step_median_s"] > 0
         assert 0 < run["generate_median_s"] < run["step_median_s"]
