@@ -193,13 +193,12 @@ class EpisodeRollout:
             episodes = self._run_sync(self._run(runs, self.policy_factory(trainer), sampling))
         elif trainer.use_vllm and trainer.args.vllm_mode == "server":
             policy = ServerVLLMPolicy.from_trainer(trainer, chat_template_kwargs=self.chat_template_kwargs)
-            limit = policy.max_prompt_tokens
-            episodes = self._run_sync(policy.run(self._run(runs, policy, sampling, limit)))
+            episodes = self._run_sync(policy.run(self._run(runs, policy, sampling)))
             self.last_metrics = policy.metrics()
         elif trainer.use_vllm:
             policy = TrainerVLLMPolicy(trainer, chat_template_kwargs=self.chat_template_kwargs)
             with awake_for_rollout(trainer.vllm_generation, policy.device):
-                episodes = self._run_sync(self._run(runs, policy, sampling, policy.max_prompt_tokens))
+                episodes = self._run_sync(self._run(runs, policy, sampling))
             self.last_metrics = policy.metrics()
         else:
             model = trainer.model_wrapped
@@ -254,15 +253,8 @@ class EpisodeRollout:
             "trajectory_reward": [self.last_rewards[s.source] if s.source >= 0 else 0.0 for s in sequences],
         }
 
-    async def _run(
-        self,
-        runs: list[tuple[str, Any, str]],
-        policy: Any,
-        sampling: SamplingParams,
-        max_prompt_length: int | None = None,
-    ) -> list[Episode]:
-        """The episodes of ``runs`` (env id, task, episode id), in order, every env's engine on this one loop; a
-        prompt over ``max_prompt_length`` tokens ends its episode (``max_prompt_length_exceeded``)."""
+    async def _run(self, runs: list[tuple[str, Any, str]], policy: Any, sampling: SamplingParams) -> list[Episode]:
+        """The episodes of ``runs`` (env id, task, episode id), in order, every env's engine on this one loop."""
         active = len(runs)
         if isinstance(policy, BatchingPolicy):
             # A batch goes out once every episode still running has asked, rather than after batch_wait_s.
@@ -286,7 +278,6 @@ class EpisodeRollout:
                 gamma=self.gamma,
                 timeout_s=self.timeout_s,
                 executor=self._pool,
-                max_prompt_length=max_prompt_length,
                 **options,
             )
             finished = {}

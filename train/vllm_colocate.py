@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from rllm_gym.policies.base import SamplingParams, build_model_output
+from rllm_gym.policies.base import PolicyRequest, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy
-from rllm_gym.train.vllm_server import sampled_logprobs
+from rllm_gym.train.vllm_server import prompt_too_long, sampled_logprobs
 from rllm_gym.types import ModelOutput
 
 __all__ = ["TrainerVLLMPolicy", "awake_for_rollout", "vllm_context_length"]
@@ -35,9 +35,9 @@ class TrainerVLLMPolicy(BatchingPolicy):
 
     Generation runs in a worker thread; it first makes the process's CUDA device (``trainer.accelerator.device``)
     current there, as the CUDA device is per thread (else every process's vLLM would work on cuda:0). A prompt that
-    leaves vLLM no room for a token (``len(prompt) >= max_model_len``) is not sent: vLLM would refuse the whole batch
-    for it. It gets an empty reply, and :class:`EpisodeRollout` sets the engine's ``max_prompt_length`` to
-    :attr:`max_prompt_tokens`, so that episode alone ends with ``max_prompt_length_exceeded``.
+    leaves vLLM no room for a token (longer than :attr:`max_prompt_tokens`, ``max_model_len`` less one) is not sent,
+    as vLLM would refuse the whole batch for it: its request raises the engine's
+    :class:`~rllm_gym.engine.TerminationEvent`, so that episode alone ends with ``max_prompt_length_exceeded``.
     """
 
     def __init__(
@@ -61,25 +61,30 @@ class TrainerVLLMPolicy(BatchingPolicy):
         self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}
         context = vllm_context_length(generation)
         self.max_prompt_tokens: int | None = None if context is None else context - 1
-        self.too_long = 0  # prompts answered without vLLM, for being too long
+        self.too_long = 0  # prompts not sent, for being too long
+
+    def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
+        """The request's prompt ids; a prompt too long for vLLM ends its episode here, before it joins a batch."""
+        ids = super().prompt_token_ids(request)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            self.too_long += 1
+            raise prompt_too_long(len(ids), self.max_prompt_tokens, "the colocated vLLM's max_model_len")
+        return ids
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        limit = self.max_prompt_tokens
-        fits = [row for row, prompt in enumerate(prompts) if limit is None or len(prompt) <= limit]
-        outputs = [build_model_output("", prompt_ids=p, completion_ids=[], logprobs=[]) for p in prompts]
-        self.too_long += len(prompts) - len(fits)
-        if not fits:
-            return outputs
-        self.batch_sizes.append(len(fits))
-        _, completion_ids, logprobs, token_ids = self.generation.generate([prompts[row] for row in fits], None, 1)
-        for k, (row, ids) in enumerate(zip(fits, completion_ids, strict=True)):
-            sampled = sampled_logprobs(ids, logprobs[k] if logprobs else None, token_ids[k] if token_ids else None)
+        self.batch_sizes.append(len(prompts))
+        _, completion_ids, logprobs, token_ids = self.generation.generate(prompts, None, 1)
+        outputs = []
+        for row, (prompt, ids) in enumerate(zip(prompts, completion_ids, strict=True)):
+            sampled = sampled_logprobs(ids, logprobs[row] if logprobs else None, token_ids[row] if token_ids else None)
             finish_reason = "stop" if ids and ids[-1] in self.eos_token_ids else "length"
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            outputs[row] = build_model_output(
-                text, prompt_ids=prompts[row], completion_ids=ids, logprobs=sampled, finish_reason=finish_reason
+            outputs.append(
+                build_model_output(
+                    text, prompt_ids=prompt, completion_ids=ids, logprobs=sampled, finish_reason=finish_reason
+                )
             )
         return outputs
 
