@@ -386,8 +386,11 @@ def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypa
     seconds = generate_seconds(lambda: bench.RUNNING["kind"])  # the trainer holding the baton
     settings = bench.Settings(prompts_per_step=2, num_generations=2, max_completion_length=8, warmup=0, steps=2)
     tasks = bench.math_tasks(settings.prompts_per_step * settings.steps, settings.seed)
-    ours, plain = bench.datasets(tasks)
-    timers, _ = bench.run_interleaved(["ours", "trl"], tiny_model_dir, settings, {"ours": ours, "trl": plain}, 2)
+    data = dict(zip(["ours", "trl"], bench.datasets(tasks), strict=True))
+    timers, trainers = bench.run_interleaved(["ours", "trl"], tiny_model_dir, settings, data, 2)
     for kind, timer in timers.items():
         generation = sum(phases.get("generate", 0.0) for phases in timer.phases)
         assert 0 < seconds[kind] <= generation <= sum(timer.wall), (kind, seconds[kind], generation)
+    # Ours: the last step's generation is its rollout, as the rollout clocks itself (from its plan to its rows).
+    last, rollout = timers["ours"].phases[-1]["generate"], trainers["ours"].rollout.last_seconds
+    assert rollout <= last <= 1.2 * rollout + 0.02, (last, rollout)
