@@ -4,11 +4,23 @@ Generation tokens per second and seconds per GRPO step for our trainer (:class:`
 engine) generating with HFPolicy (``use_vllm: false``), with vLLM colocated in the training process and with a
 `trl vllm-serve` server, each as a ratio to TRL's plain ``GRPOTrainer`` with colocated vLLM, all on the same model,
 the same single-turn task (``rllm/Math-v0``'s offline problems, the same prompts as benchmarks/bench_grpo.py) and
-settings, in bf16. Each backend runs in a process of its own (a fresh CUDA context and vLLM engine); the server
-runs on the last GPU and needs 2 GPUs (NCCL cannot pair two processes on one GPU for the weight sync), else it is
-recorded as skipped. Generation seconds are the trainer's ``_generate`` (for ours the whole rollout: engine, env,
-agent, policy); tokens are TRL's ``completions/mean_length`` x rollouts. The first ``--warmup`` steps are dropped;
-figures are medians. Without ``--model`` a random-weight model of Qwen2.5-0.5B's size is built
+settings: fp32 master weights with bf16 autocast (as train/configs/qwen_math_1gpu.yaml), micro-batches of
+``micro_batch`` rollouts (gradient accumulation over the step's 128) and activation checkpointing. Each backend runs in
+a process of its own (a fresh CUDA context and vLLM engine); the server runs on the last GPU and needs 2 GPUs (NCCL
+cannot pair two processes on one GPU for the weight sync), else it is recorded as skipped. Generation seconds are
+where each trainer generates: TRL's ``_generate``, and for ours the rollout's call (engine, env, agent, policy), which
+runs before TRL's part of the batch building (our ``_generate`` only hands over rows collected earlier), both without
+vLLM's weight sync (TRL's runs inside ``_generate``; it is recorded apart, ``weight_sync_seconds``); tokens are
+TRL's ``completions/mean_length`` x rollouts. The first ``--warmup`` steps are dropped; figures are medians.
+
+Memory (one 80 GB GPU; :func:`memory_estimate_gib`, recorded in the results): fp32 weights, gradients and AdamW
+states take 16 bytes a parameter (0.5B: 7.4 GiB, 1.5B: 23.0 GiB), autocast's bf16 weight copies 2 more, the
+colocated vLLM ``vllm_gpu_memory_utilization`` x 80 GB (22.4 GiB), a micro-batch's activations with checkpointing
+(16 rollouts x 1,280 tokens; 1.5B: 3.7 GiB) and its completion logits (16 x 256 x 151,936 x 8 bytes: 4.6 GiB), plus
+3 GiB of CUDA context: about 40 GiB for 0.5B and 60 GiB for 1.5B. The earlier settings (one micro-batch of all 128
+rollouts, no checkpointing) come to about 290 and 550 GiB.
+
+Without ``--model`` a random-weight model of Qwen2.5-0.5B's size is built
 (:mod:`rllm_gym.qwen_random`): its replies run to ``max_completion_length``, so every backend generates the same
 token count. Results go to ``benchmarks/results/gpu.json`` with the device name and the versions of torch, vLLM,
 TRL and transformers.
@@ -69,6 +81,9 @@ class Settings:
     prompts_per_step: int = 16
     num_generations: int = 8
     max_completion_length: int = 256
+    max_prompt_length: int = 1024  # bounds vLLM's context (max_model_len = this + max_completion_length)
+    micro_batch: int = 16  # rollouts per forward and backward; the step accumulates rollouts / micro_batch of them
+    activation_checkpointing: bool = True
     learning_rate: float = 1e-6
     steps: int = 8
     warmup: int = 2
@@ -76,7 +91,47 @@ class Settings:
     seed: int = 0
 
 
-DRY_SETTINGS = Settings(prompts_per_step=2, num_generations=2, max_completion_length=8, steps=2, warmup=1)
+DRY_SETTINGS = Settings(
+    prompts_per_step=2, num_generations=2, max_completion_length=8, micro_batch=2, steps=2, warmup=1
+)
+GIB = 2**30
+
+
+def memory_estimate_gib(config: Any, settings: Settings, gpu_gb: float = 80.0) -> dict[str, Any]:
+    """Peak memory of one training process on the GPU (vLLM colocated) for a model of ``config`` (a transformers
+    config) under ``settings``, in GiB, term by term, and whether it fits ``gpu_gib`` with 5% to spare.
+
+    Per parameter: fp32 weights, gradients and AdamW's two states (16 bytes) and the bf16 copies autocast keeps
+    during a forward (2). Per token of a micro-batch (prompt and completion at their bounds) and layer: about
+    24 x hidden + 8 x intermediate bytes of activations (bf16 projections, fp32 residual stream and norms); with
+    activation checkpointing only each layer's bf16 input is kept, plus one layer recomputed. Per completion token:
+    the vocabulary's logits, about 8 bytes each (bf16 logits, their temperature-scaled copy and their gradient).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    tokens = settings.micro_batch * (settings.max_prompt_length + settings.max_completion_length)
+    per_layer = tokens * (24 * hidden + 8 * config.intermediate_size)
+    kept = tokens * hidden * 2 * layers + per_layer if settings.activation_checkpointing else per_layer * layers
+    terms = {
+        "weights_gradients_adamw_fp32": 16 * parameters / GIB,
+        "bf16_weight_copies": 2 * parameters / GIB,
+        "vllm_colocated": settings.vllm_gpu_memory_utilization * gpu_gb * 1e9 / GIB,
+        "activations": kept / GIB,
+        "logits": settings.micro_batch * settings.max_completion_length * config.vocab_size * 8 / GIB,
+        "cuda_context": 3.0,
+    }
+    total = sum(terms.values())
+    return {
+        "parameters": parameters,
+        **terms,
+        "total": total,
+        "gpu_gb": gpu_gb,
+        "fits": total <= 0.95 * gpu_gb * 1e9 / GIB,
+    }
 
 
 # One backend, in its own process
@@ -107,14 +162,19 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
     tasks = bench_grpo.math_tasks(settings.prompts_per_step * settings.steps, settings.seed)
     ours_data, plain_data = bench_grpo.datasets(tasks)
     torch.manual_seed(settings.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16 if on_gpu else torch.float32)
+    # fp32 master weights, bf16 autocast on the GPU: AdamW's updates at lr 1e-6 would round away in bf16 weights.
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     use_vllm = kind in ("trl_vllm", "colocate", "server")
     output_dir = tempfile.mkdtemp(prefix=f"bench_gpu_{kind}_")
     fields = GRPOConfig.__dataclass_fields__
+    rollouts = settings.prompts_per_step * settings.num_generations
+    if rollouts % settings.micro_batch:
+        raise ValueError(f"micro_batch ({settings.micro_batch}) must divide the step's {rollouts} rollouts")
     args = GRPOConfig(
         output_dir=output_dir,
-        per_device_train_batch_size=settings.prompts_per_step * settings.num_generations,
+        per_device_train_batch_size=settings.micro_batch,
+        gradient_accumulation_steps=rollouts // settings.micro_batch,  # one generation per step (TRL's default)
         num_generations=settings.num_generations,
         max_completion_length=settings.max_completion_length,
         learning_rate=settings.learning_rate,
@@ -133,9 +193,13 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
         vllm_mode="server" if kind == "server" else "colocate",
         vllm_server_base_url=server_url,
         vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-        vllm_max_model_length=1024 + settings.max_completion_length if use_vllm else None,
-        # transformers 5 renamed gradient_checkpointing; off either way (the same work for every backend).
-        **{next(n for n in ("activation_checkpointing", "gradient_checkpointing") if n in fields): False},
+        vllm_max_model_length=settings.max_prompt_length + settings.max_completion_length if use_vllm else None,
+        # transformers 5 renamed gradient_checkpointing; the same setting for every backend.
+        **{
+            next(n for n in ("activation_checkpointing", "gradient_checkpointing") if n in fields): (
+                settings.activation_checkpointing
+            )
+        },
     )
     timer, lengths = bench_grpo.StepTimer(kind), Lengths()
     common = dict(model=model, processing_class=tokenizer, args=args, callbacks=[timer, lengths])
@@ -151,10 +215,16 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
     trainer.remove_callback(PrinterCallback)
     bench_grpo.instrument(trainer, "trl" if kind.startswith("trl") else "ours")
     trainer.train()
-    rollouts = settings.prompts_per_step * settings.num_generations
     return {
+        "micro_batch": trainer.args.per_device_train_batch_size,
+        "gradient_accumulation_steps": trainer.args.gradient_accumulation_steps,
         "step_seconds": timer.wall,
-        "generate_seconds": [phases.get("generate", 0.0) for phases in timer.phases],
+        # TRL syncs vLLM's weights inside _generate, ours before the rollout: generation is counted without it.
+        "generate_seconds": [
+            phases.get("generate", 0.0) - (phases.get("sync_weights", 0.0) if kind.startswith("trl") else 0.0)
+            for phases in timer.phases
+        ],
+        "weight_sync_seconds": [phases.get("sync_weights", 0.0) for phases in timer.phases],
         "completion_tokens": [length * rollouts for length in lengths.mean_lengths],
     }
 
@@ -257,10 +327,22 @@ def device_name() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu ({platform.processor() or 'cpu'})"
 
 
+def gpu_memory_gb() -> float:
+    """The GPU's memory in GB (10^9 bytes, as vLLM's share is taken of it); 80 without one (the target card)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 1e9 if torch.cuda.is_available() else 80.0
+
+
 def bench(args: argparse.Namespace) -> dict[str, Any]:
     mode = "dry" if args.dry_run else "gpu"
     settings = DRY_SETTINGS if args.dry_run else Settings()
-    overrides = {"steps": args.steps, "warmup": args.warmup, "max_completion_length": args.max_completion_length}
+    overrides = {
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "max_completion_length": args.max_completion_length,
+        "micro_batch": args.micro_batch,
+    }
     settings = dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
     if settings.steps <= settings.warmup:
         raise SystemExit(f"--steps ({settings.steps}) must exceed --warmup ({settings.warmup})")
@@ -274,6 +356,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             from rllm_gym.qwen_random import build_random_qwen
 
             model_path = str(build_random_qwen(Path(folder) / "qwen", args.arch))
+        from transformers import AutoConfig
+
+        memory = memory_estimate_gib(AutoConfig.from_pretrained(model_path), settings, gpu_memory_gb())
+        if not memory["fits"]:
+            print(f"[bench_gpu] warning: estimated {memory['total']:.1f} GiB exceeds the GPU's", file=sys.stderr)
         runs = {}
         for kind in args.kinds or KINDS[mode]:
             print(f"[bench_gpu] {DESCRIPTIONS[kind]} ...", file=sys.stderr, flush=True)
@@ -292,12 +379,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model or ("tiny (built offline)" if args.dry_run else f"{args.arch}, random weights"),
         "baseline": BASELINE[mode],
         "settings": dataclasses.asdict(settings),
+        "memory_estimate_gib": memory,
         "results": runs,
     }
 
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"{result['device']}  model: {result['model']}  versions: {result['versions']}")
+    memory = result["memory_estimate_gib"]
+    print(f"memory estimate: {memory['total']:.1f} GiB of {memory['gpu_gb']:.0f} GB (memory_estimate_gib)")
     print(f"{'backend':44} {'s/step':>8} {'ratio':>7} {'gen tok/s':>10} {'ratio':>7}")
     for kind, run in result["results"].items():
         if "step_median_s" not in run:
@@ -319,6 +409,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--warmup", type=int, default=None)
     parser.add_argument("--max-completion-length", type=int, default=None)
+    parser.add_argument("--micro-batch", type=int, default=None, help="rollouts per forward/backward (default 16)")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to save the results (default: {RESULTS})")
     parser.add_argument("--dry-run", action="store_true", help="CPU plumbing check: tiny model, TRL and HFPolicy")
     parser.add_argument("--worker", choices=sorted(DESCRIPTIONS), help=argparse.SUPPRESS)

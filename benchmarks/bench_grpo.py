@@ -138,7 +138,7 @@ def warm_math_verify() -> None:
 STEP_PHASES: dict[str, float] = defaultdict(float)  # seconds per phase in the running step (one runs at a time)
 PHASES = {
     "generate_and_score": "batch building: generation, rewards, advantages",
-    "generate": "  generation (ours: rollout_func = engine + env + agent + policy)",
+    "generate": "  generation (ours: the rollout = engine + env + agent + policy)",
     "model_generate": "    model.generate calls",
     "rewards": "  TRL reward functions",
     "advantages": "  our compute_advantages",
@@ -163,17 +163,32 @@ def timed(phase: str, function: Any) -> Any:
 
 
 def instrument(trainer: GRPOTrainer, kind: str) -> None:
-    """Phase clocks on one trainer's own methods (instance attributes, so the other trainer is untouched)."""
+    """Phase clocks on one trainer's own methods (instance attributes, so the other trainer is untouched).
+
+    "generate" is where each trainer's completions are made: TRL's ``_generate``; for ours the rollout's call (the
+    episodes: engine, env, agent, policy), which runs inside ``_generate_and_score_completions`` before TRL's part.
+    Our ``_generate`` only hands TRL the rows the rollout collected (its ``rollout_func``): timing it instead would
+    put next to nothing there, and generation tokens/s about 100x too high.
+    """
     for name, phase in (
         ("_generate_and_score_completions", "generate_and_score"),
-        ("_generate", "generate"),
         ("_calculate_rewards", "rewards"),
         ("compute_loss", "loss_forward"),
     ):
         setattr(trainer, name, timed(phase, getattr(trainer, name)))
     trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)
+    if getattr(trainer, "use_vllm", False):  # bench_gpu.py: TRL syncs inside _generate, ours before the rollout
+        generation = trainer.vllm_generation
+        generation.sync_weights = timed("sync_weights", generation.sync_weights)
     if kind == "trl":
+        trainer._generate = timed("generate", trainer._generate)
         trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)
+    else:
+        rollout = trainer.rollout
+        # The trainer calls rollout(...), which Python looks up on the class: this one rollout gets a timed subclass.
+        rollout.__class__ = type(
+            "TimedRollout", (type(rollout),), {"__call__": timed("generate", type(rollout).__call__)}
+        )
 
 
 class Probes:

@@ -65,3 +65,29 @@ def stderr_on_a_terminal() -> Callable[..., tuple[int, str]]:
     """Runs a command with stderr on a pseudo-terminal of 100 columns, as in an interactive shell (progress bars draw
     only there): ``run(command, stdout=..., env=...)`` gives its exit status and what it wrote to stderr."""
     return _run_with_stderr_on_a_terminal
+
+
+@pytest.fixture
+def generate_seconds(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], str]], dict[str, float]]:
+    """Clocks every transformers ``generate`` call (HFPolicy's and TRL's alike) on its own, for the benchmarks'
+    generation timings: ``seconds = generate_seconds(key)`` sums each call's wall seconds under ``key()``."""
+    import time
+
+    from transformers.generation.utils import GenerationMixin
+
+    def start(key: Callable[[], str]) -> dict[str, float]:
+        seconds: dict[str, float] = {}
+        original = GenerationMixin.generate
+
+        def generate(model: object, *args: object, **kwargs: object) -> object:
+            began = time.perf_counter()
+            try:
+                return original(model, *args, **kwargs)
+            finally:
+                name = key()
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - began
+
+        monkeypatch.setattr(GenerationMixin, "generate", generate)
+        return seconds
+
+    return start

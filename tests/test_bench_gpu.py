@@ -49,7 +49,11 @@ def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
     assert result["versions"]["trl"] == "1.16.0"
     runs = result["results"]
     assert list(runs) == ["trl", "hf"]
+    assert result["memory_estimate_gib"]["fits"] and result["memory_estimate_gib"]["total"] > 3
     for run in runs.values():
+        # 4 rollouts a step in micro-batches of 2: two accumulated forward/backward passes.
+        assert (run["micro_batch"], run["gradient_accumulation_steps"]) == (2, 2)
+        assert run["weight_sync_seconds"] == [0.0, 0.0]  # no vLLM on the CPU: nothing to sync
         assert len(run["step_seconds"]) == result["settings"]["steps"] == 2
         assert run["steps_timed"] == 1 and run["step_median_s"] > 0
         assert 0 < run["generate_median_s"] < run["step_median_s"]
@@ -60,6 +64,40 @@ def test_dry_run_trains_both_backends_and_saves_ratios(tmp_path, monkeypatch):
         runs["hf"]["step_median_s"] / runs["trl"]["step_median_s"]
     )
     assert runs["hf"]["generation_ratio_to_baseline"] > 0
+
+
+@pytest.mark.parametrize("kind", ["hf", "trl"])
+def test_generation_seconds_hold_every_generate_call_and_fit_in_the_step(
+    kind, monkeypatch, tiny_model_dir, generate_seconds
+):
+    # Ours generates in the rollout, before TRL's _generate, which then only hands back the rows collected: timing
+    # _generate gave ~0 s of generation for ours (tokens/s ~100x too high). The step's generation time must hold
+    # every model.generate call the step made, and fit within the step.
+    bench = load_bench(monkeypatch)
+    clock = generate_seconds(lambda: kind)
+    run = bench.measure(kind, str(tiny_model_dir), bench.DRY_SETTINGS)
+    assert clock.get(kind, 0) > 0, "no generate call was seen"
+    generation, steps = sum(run["generate_seconds"]), sum(run["step_seconds"])
+    assert clock[kind] <= generation <= steps
+    summary = bench.summarize(run, warmup=0)
+    tokens = sum(run["completion_tokens"])
+    assert summary["generation_tokens_per_s"] == pytest.approx(tokens / generation)
+    assert summary["generation_tokens_per_s"] <= tokens / clock[kind]
+
+
+def test_the_default_settings_fit_an_80_gb_gpu_for_qwen_0_5b_and_1_5b(monkeypatch):
+    from rllm_gym.qwen_random import qwen_config
+
+    bench = load_bench(monkeypatch)
+    settings = bench.Settings()
+    assert settings.activation_checkpointing and (settings.prompts_per_step * settings.num_generations) % 16 == 0
+    for arch, parameters in (("Qwen2.5-0.5B", 494_032_768), ("Qwen2.5-1.5B", 1_543_714_304)):
+        estimate = bench.memory_estimate_gib(qwen_config(arch), settings)
+        assert estimate["parameters"] == parameters
+        assert estimate["fits"] and estimate["total"] < 0.95 * 80e9 / 2**30, estimate
+        # The earlier settings (all 128 rollouts in one micro-batch, no checkpointing) do not fit.
+        whole = bench.dataclasses.replace(settings, micro_batch=128, activation_checkpointing=False)
+        assert not bench.memory_estimate_gib(qwen_config(arch), whole)["fits"]
 
 
 # benchmarks/gpu/wheels.py
@@ -136,7 +174,7 @@ def test_a_part_larger_than_a_batch_is_refused(folder):
 def test_dry_run_lists_the_downloads_for_the_gpu_machine(capsys):
     assert wheels.main(["prepare", "--dry-run", "--dest", "somewhere"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    binary, source, project = lines
+    binary, source = lines  # no project wheel: run_suite.sh installs the checkout itself
     for flag in ("download --no-deps --only-binary=:all: --python-version 3.12", "--platform manylinux_2_28_x86_64"):
         assert flag in binary
     for name in (
@@ -147,13 +185,46 @@ def test_dry_run_lists_the_downloads_for_the_gpu_machine(capsys):
         "pettingzoo==",
         "pydantic==",
         "math-verify",
+        "model-hosting-container-standards==",  # what `vllm serve`'s api_server imports first
+        "jmespath==",
+        "supervisor==",
     ):
         assert f" {name}" in binary, name
     assert source.endswith("download --no-deps --no-binary=:all: -d somewhere deepspeed==0.19.8")
-    assert "wheel --no-deps" in project and project.endswith(str(ROOT))
     # Every package appears once: two versions of one stop the whole install.
     names = [re.split("[=<>]", arg)[0].lower().replace("_", "-") for arg in binary.split() if "==" in arg]
     assert len(names) == len(set(names))
+
+
+def test_every_requirement_of_vllm_is_carried_on_the_image_or_left_out_with_a_reason():
+    carried = {re.split("[=<>]", name)[0].lower() for name in wheels.VLLM + wheels.PROJECT}
+    places = [carried, set(wheels.ON_IMAGE), set(wheels.LEFT_OUT)]
+    for name in wheels.VLLM_REQUIRES:
+        assert sum(name in place for place in places) == 1, name  # in exactly one place
+    assert all(reason for reason in wheels.LEFT_OUT.values())
+    assert set(wheels.LEFT_OUT) | set(wheels.ON_IMAGE) <= set(wheels.VLLM_REQUIRES)
+
+
+def run_suite(tmp_path, **env):
+    """benchmarks/gpu/run_suite.sh with the suite and the benchmark skipped: the set-up and the same-code check."""
+    venv = Path(sys.executable).parent  # its python3 runs the script's Python
+    full = {**os.environ, "PATH": f"{venv}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"), **env}
+    full.update(SKIP_SUITE="1", SKIP_BENCH="1", NO_INSTALL="1")
+    script = ROOT / "benchmarks" / "gpu" / "run_suite.sh"
+    return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_run_suite_runs_this_checkouts_code_and_stops_on_another_copy(tmp_path):
+    # The training processes import rllm_gym as installed; the suite imports the checkout: they must be one code.
+    result = run_suite(tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "suite exit status 0, benchmark exit status 0" in result.stdout
+    stale = tmp_path / "stale" / "rllm_gym"  # e.g. a project wheel installed by an earlier run, first on the path
+    stale.mkdir(parents=True)
+    (stale / "__init__.py").write_text("")
+    result = run_suite(tmp_path, PYTHONPATH=str(stale.parent))
+    assert result.returncode == 1
+    assert f"rllm_gym is imported from {stale / '__init__.py'}, not from this checkout {ROOT}" in result.stderr
 
 
 def test_unknown_group_is_refused():

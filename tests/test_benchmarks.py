@@ -374,3 +374,23 @@ def test_readme_generalization_sentence_is_the_rendering_of_the_kept_figures():
     assert len(maps) == 64 and results["summary"]["config"]["max_turns"] == max_turns
     for key in ("tasks", "eval_tasks", "model_shape", "max_steps", "learning_rate"):
         assert results["summary"]["config"][key] == yaml.safe_load((ROOT / generalize.CONFIG).read_text())[key], key
+
+
+def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypatch, generate_seconds):
+    """Each trainer's "generate" phase holds every model.generate call of its steps (ours runs them in the rollout,
+    before TRL's _generate, which then only hands back rows: timing that read ~0 s) and fits within the step."""
+    bench_spec = importlib.util.spec_from_file_location("bench_grpo", ROOT / "benchmarks" / "bench_grpo.py")
+    bench = importlib.util.module_from_spec(bench_spec)
+    monkeypatch.setitem(sys.modules, "bench_grpo", bench)
+    bench_spec.loader.exec_module(bench)
+    seconds = generate_seconds(lambda: bench.RUNNING["kind"])  # the trainer holding the baton
+    settings = bench.Settings(prompts_per_step=2, num_generations=2, max_completion_length=8, warmup=0, steps=2)
+    tasks = bench.math_tasks(settings.prompts_per_step * settings.steps, settings.seed)
+    data = dict(zip(["ours", "trl"], bench.datasets(tasks), strict=True))
+    timers, trainers = bench.run_interleaved(["ours", "trl"], tiny_model_dir, settings, data, 2)
+    for kind, timer in timers.items():
+        generation = sum(phases.get("generate", 0.0) for phases in timer.phases)
+        assert 0 < seconds[kind] <= generation <= sum(timer.wall), (kind, seconds[kind], generation)
+    # Ours: the last step's generation is its rollout, as the rollout clocks itself (from its plan to its rows).
+    last, rollout = timers["ours"].phases[-1]["generate"], trainers["ours"].rollout.last_seconds
+    assert rollout <= last <= 1.2 * rollout + 0.02, (last, rollout)

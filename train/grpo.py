@@ -18,6 +18,8 @@ import os
 import random
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import torch
 from accelerate import PartialState
 from datasets import Dataset
 from tqdm.contrib.logging import logging_redirect_tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
 
@@ -59,17 +61,32 @@ from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer
 # Model
 
 
-def load_model(config: TrainConfig) -> tuple[Any, Any, Any]:
-    """The model (in the config's dtype), its tokenizer and the LoRA config (None for full fine-tuning)."""
+def model_path(config: TrainConfig) -> str:
+    """The model folder or hub id the run loads (the embedded model when ``config.model`` is unset)."""
     if config.model is None:
         from rllm_gym.tiny_model import default_model_path
 
-        model_path = str(default_model_path(shape=config.model_shape))
-    else:
-        model_path = config.model
+        return str(default_model_path(shape=config.model_shape))
+    return config.model
+
+
+def load_dtype(config: TrainConfig) -> torch.dtype:
+    """The dtype :func:`load_model` gives the model, known before loading it ('auto': the checkpoint's config)."""
+    name = DTYPES[config.dtype]
+    if name == "auto":
+        saved = AutoConfig.from_pretrained(model_path(config)).dtype
+        return saved if isinstance(saved, torch.dtype) else getattr(torch, saved or "float32")
+    return getattr(torch, name)
+
+
+def load_model(config: TrainConfig) -> tuple[Any, Any, Any]:
+    """The model (in the config's dtype), its tokenizer and the LoRA config (None for full fine-tuning).
+
+    Call it after :func:`grpo_args`: under DeepSpeed ZeRO-3 with ``zero3_init_flag``, building the training arguments
+    is what makes ``from_pretrained`` partition the weights as it loads them (no process holds the whole model)."""
     # Explicit on every launcher: a resumed run loads its checkpoint's weights into this model, in this dtype.
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[config.dtype])
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path(config), dtype=DTYPES[config.dtype])
+    tokenizer = AutoTokenizer.from_pretrained(model_path(config))
     peft_config = None
     if config.lora:
         try:
@@ -126,6 +143,24 @@ def build_prompts(config: TrainConfig, splits: list[TaskSplit]) -> Dataset:
         task = split.draw(rng)
         rows += [{"prompt": encode_prompt(split.env_id, task, slot)} for slot in range(slots[split.env_id])]
     return Dataset.from_list(rows[: config.max_steps * config.prompts_per_step])
+
+
+@contextmanager
+def whole_weights(model: Any, *, modify: bool = False) -> Iterator[None]:
+    """The whole model on every process, for what runs before the trainer wraps it (warm start, evaluation before).
+
+    Under ZeRO-3 with ``zero3_init_flag`` the loaded weights are partitioned; these are gathered for the block and
+    partitioned again after it, with process 0's values when ``modify`` (the warm start runs the same steps on every
+    process). Without ZeRO-3 partitioning it does nothing."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if not is_deepspeed_zero3_enabled():
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0 if modify else None):
+        yield
 
 
 # Format warm start
@@ -272,7 +307,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    # Model
+    # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
+    args = grpo_args(config, output_dir, load_dtype(config))
     model, tokenizer, peft_config = load_model(config)
 
     # Environments and data: the eval split first, so that no training task is one of its tasks
@@ -301,7 +337,6 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         drop_uniform_groups=config.drop_uniform_groups,
         exclude_termination=tuple(config.exclude_termination),
     )
-    args = grpo_args(config, output_dir, model.dtype)
     state = PartialState()
     state.wait_for_everyone()
     if config.overwrite and state.is_main_process:
@@ -317,16 +352,18 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         if key in record:
             summary[key] = record[key]
     if config.warm_start_steps and checkpoint is None:
-        summary["warm_start_loss"] = warm_start(
-            model, tokenizer, config, evaluator.train_tasks, show=state.is_main_process
-        )
+        with whole_weights(model, modify=True):
+            summary["warm_start_loss"] = warm_start(
+                model, tokenizer, config, evaluator.train_tasks, show=state.is_main_process
+            )
     if evaluator.enabled:
         recorded = "evaluation_before" in summary
         if not recorded:
             rank, world = state.process_index, state.num_processes
-            summary["evaluation_before"] = evaluator(
-                model, "eval before", rank=rank, world=world, show=state.is_main_process
-            )
+            with whole_weights(model):
+                summary["evaluation_before"] = evaluator(
+                    model, "eval before", rank=rank, world=world, show=state.is_main_process
+                )
         summary.update(scores(summary["evaluation_before"], "before", config.env))
         if state.is_main_process:
             say(describe_scores(summary["evaluation_before"], "before" + (" (recorded)" if recorded else "")))

@@ -42,7 +42,7 @@ from trl.models import unwrap_model_for_generation
 from rllm_gym.engine import EnvThreadPool, engine_for
 from rllm_gym.engine.common import default_env_workers
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
-from rllm_gym.policies.base import Policy, SamplingParams, build_model_output
+from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
@@ -53,8 +53,9 @@ from rllm_gym.train.sequences import (
     placeholder_sequence,
     trajectory_to_sequences,
 )
-from rllm_gym.train.vllm_server import ServerVLLMPolicy, sampled_logprobs
-from rllm_gym.types import Episode, ModelOutput, Trajectory
+from rllm_gym.train.vllm_colocate import TrainerVLLMPolicy, awake_for_rollout
+from rllm_gym.train.vllm_server import ServerVLLMPolicy
+from rllm_gym.types import Episode, Trajectory
 
 __all__ = [
     "EnvSetup",
@@ -82,52 +83,6 @@ class EnvSetup:
     agent: str | None = None
     agent_args: dict[str, Any] = field(default_factory=dict)
     env_args: dict[str, Any] = field(default_factory=dict)
-
-
-class TrainerVLLMPolicy(BatchingPolicy):
-    """Generation through the trainer's own vLLM engine (TRL's ``use_vllm`` in colocate mode, tensor parallel 1).
-
-    The requests of the episodes in flight are batched into one ``trainer.vllm_generation.generate`` call; TRL syncs
-    the training weights into vLLM before each rollout. vLLM samples with the trainer's settings (``temperature``,
-    ``top_p``, ``top_k``, ``max_completion_length``), so per-request sampling parameters are not used. Server mode
-    goes through :class:`~rllm_gym.train.vllm_server.ServerVLLMPolicy` (processes in lockstep rounds); colocated
-    tensor parallelism gathers the prompts of a TP group in every call, which episodes of different lengths cannot
-    keep in step, so it is rejected with a clear error.
-    """
-
-    def __init__(
-        self,
-        trainer: GRPOTrainer,
-        *,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        max_batch_size: int = 1024,
-        batch_wait_s: float = 0.02,
-    ):
-        generation = trainer.vllm_generation
-        if generation.mode != "colocate" or generation.tensor_parallel_size != 1:
-            raise ValueError(
-                f"TrainerVLLMPolicy needs vllm_mode='colocate' with vllm_tensor_parallel_size=1, got mode "
-                f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}; for a model that needs "
-                f"several GPUs, serve it with `trl vllm-serve` and train with vllm_mode='server'"
-            )
-        super().__init__(trainer.processing_class, dict(chat_template_kwargs or {}), max_batch_size, batch_wait_s)
-        self.generation = generation
-        self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}
-
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
-        self.batch_sizes.append(len(prompts))
-        _, completion_ids, logprobs, token_ids = self.generation.generate(prompts, None, 1)
-        outputs = []
-        for row, (prompt, ids) in enumerate(zip(prompts, completion_ids, strict=True)):
-            sampled = sampled_logprobs(ids, logprobs[row] if logprobs else None, token_ids[row] if token_ids else None)
-            finish_reason = "stop" if ids and ids[-1] in self.eos_token_ids else "length"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            outputs.append(
-                build_model_output(
-                    text, prompt_ids=prompt, completion_ids=ids, logprobs=sampled, finish_reason=finish_reason
-                )
-            )
-        return outputs
 
 
 class EpisodeRollout:
@@ -242,7 +197,9 @@ class EpisodeRollout:
             self.last_metrics = policy.metrics()
         elif trainer.use_vllm:
             policy = TrainerVLLMPolicy(trainer, chat_template_kwargs=self.chat_template_kwargs)
-            episodes = self._run_sync(self._run(runs, policy, sampling))
+            with awake_for_rollout(trainer.vllm_generation, policy.device):
+                episodes = self._run_sync(self._run(runs, policy, sampling))
+            self.last_metrics = policy.metrics()
         else:
             model = trainer.model_wrapped
             was_training = model.training

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from rllm_gym.engine.workflow import TerminationEvent
 from rllm_gym.policies.base import (
     Messages,
     PolicyError,
@@ -41,9 +42,9 @@ from rllm_gym.policies.base import (
     merge_template_kwargs,
     render_prompt_ids,
 )
-from rllm_gym.types import ModelOutput
+from rllm_gym.types import ModelOutput, TerminationReason
 
-__all__ = ["ServerVLLMPolicy", "sampled_logprobs"]
+__all__ = ["ServerVLLMPolicy", "prompt_too_long", "sampled_logprobs"]
 
 T = TypeVar("T")
 
@@ -79,6 +80,17 @@ def sampled_logprobs(
     return sampled
 
 
+def prompt_too_long(length: int, limit: int, context: str) -> TerminationEvent:
+    """What ends the episode of a prompt that leaves vLLM no room for a reply token (``max_prompt_length_exceeded``).
+
+    Raised from the policy's ``generate``, the engine ends that episode alone; sent, vLLM would refuse the whole
+    batch or server call, and with it every other episode's turn."""
+    return TerminationEvent(
+        TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED,
+        f"prompt of {length} tokens does not fit {context}: at most {limit} leave room for a reply",
+    )
+
+
 def _seconds(owner: str, name: str, value: Any) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 60:
         raise ValueError(f"{owner}({name}=...) must be seconds in [0, 60), got {value!r}")
@@ -104,6 +116,10 @@ class ServerVLLMPolicy:
         batch_wait_s: how long a process waits after its first queued request for others to join the round.
         max_wait_s: the longest a process waits before joining a round, even with nothing to send.
         chat_template_kwargs: extra arguments for ``apply_chat_template``.
+        max_prompt_tokens: the longest prompt the server can take (its ``--max_model_len`` less one: vLLM refuses a
+            prompt that leaves no room for a token, and the whole server call with it). A longer prompt is not sent:
+            its request raises the engine's ``TerminationEvent``, so that episode alone ends with
+            ``max_prompt_length_exceeded``. ``from_trainer`` takes it from ``vllm_max_model_length``.
 
     Example::
 
@@ -122,6 +138,7 @@ class ServerVLLMPolicy:
         batch_wait_s: float = 0.02,
         max_wait_s: float = 0.05,
         chat_template_kwargs: dict[str, Any] | None = None,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         mode = getattr(generation, "mode", None)
         if mode != "server":
@@ -147,12 +164,16 @@ class ServerVLLMPolicy:
         self.round_sizes: list[int] = []
         self.server_calls = 0
         self.server_errors = 0
+        self.max_prompt_tokens = max_prompt_tokens
+        self.too_long = 0  # prompts not sent, for being too long
 
     @classmethod
     def from_trainer(cls, trainer: Any, **kwargs: Any) -> ServerVLLMPolicy:
         """The policy on a ``GRPOTrainer`` built with ``use_vllm=True, vllm_mode="server"``."""
         tokenizer = trainer.processing_class
         eos = [getattr(tokenizer, "eos_token_id", None), *trainer.eos_token_ids]
+        context = getattr(trainer.args, "vllm_max_model_length", None)
+        kwargs.setdefault("max_prompt_tokens", None if context is None else context - 1)
         return cls(trainer.vllm_generation, trainer.accelerator, tokenizer, eos, **kwargs)
 
     async def generate(
@@ -173,6 +194,9 @@ class ServerVLLMPolicy:
             )
         if prompt_ids is None:
             prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
+            self.too_long += 1
+            raise prompt_too_long(len(prompt_ids), self.max_prompt_tokens, "the server's vllm_max_model_length")
         future: asyncio.Future[ModelOutput] = loop.create_future()
         if not self._pending:
             self._first_at = loop.time()
@@ -220,6 +244,7 @@ class ServerVLLMPolicy:
             "vllm_server/local_requests": float(sum(self.batch_sizes)),
             "vllm_server/server_calls": float(self.server_calls),
             "vllm_server/server_errors": float(self.server_errors),
+            "vllm_server/prompts_too_long": float(self.too_long),
         }
 
     async def _drive(self, task: asyncio.Future[Any]) -> None:

@@ -4,11 +4,13 @@ The GPU machine (Python 3.12, torch 2.11.0+cu130, transformers, accelerate, peft
 /work/shared/gpu/README.md) lacks TRL, vLLM, DeepSpeed, datasets, gymnasium, pettingzoo, pydantic and math-verify.
 ``prepare`` runs where the package registry is reachable: it downloads wheels for cp312 / manylinux x86_64 with
 ``pip download --no-deps`` (every dependency named, pinned where the image's torch requires it: vLLM 0.26.0 is the
-newest that pins torch==2.11.0), the DeepSpeed source archive (it builds there), and this project's wheel; splits
-every file larger than ``--part-mb`` into parts (as ``split -b``); and writes ``manifest.json`` with the sha256 of
-every whole file and part. ``batches`` stages the files into transfer-sized folders, ``install`` (on the GPU
-machine) joins the parts back (as ``cat parts > wheel``), checks every sum and installs with
-``pip install --no-index --no-deps``. Only the standard library is used, so ``install`` runs on a bare Python.
+newest that pins torch==2.11.0; each of vLLM's own requirements is carried, on the image, or in ``LEFT_OUT`` with the
+reason) and the DeepSpeed source archive (it builds there); splits every file larger than ``--part-mb`` into parts
+(as ``split -b``); and writes ``manifest.json`` with the sha256 of every whole file and part. ``batches`` stages the
+files into transfer-sized folders, ``install`` (on the GPU machine) joins the parts back (as ``cat parts > wheel``),
+checks every sum and installs with ``pip install --no-index --no-deps``. This project itself is not carried as a
+wheel: run_suite.sh installs the checkout it runs from in editable mode, so that the suite and the training
+processes it starts import the same code. Only the standard library is used, so ``install`` runs on a bare Python.
 
     python benchmarks/gpu/wheels.py prepare --dest .gpu-wheels --dry-run      # list what it would fetch
     python benchmarks/gpu/wheels.py prepare --dest .gpu-wheels                 # about 700 MB with vLLM
@@ -107,8 +109,139 @@ VLLM = [
     "nvidia-cudnn-frontend==1.28.0",
     "nvtx==0.2.15",
     "tzdata==2026.6",
+    # `vllm serve` builds its app with SageMaker's routes: vllm/entrypoints/openai/api_server.py imports
+    # model_hosting_container_standards at the top (which needs jmespath and supervisor); the Anthropic-style
+    # /v1/messages route and the logging config name the next two.
+    "model-hosting-container-standards==0.1.16",
+    "jmespath==1.1.0",
+    "supervisor==4.3.0",
+    "anthropic==2.12.0",
+    "python-json-logger==4.2.0",
 ]
 GROUPS = {"project": PROJECT, "vllm": VLLM}
+
+# vLLM 0.26.0's own requirements (its wheel's Requires-Dist, extras left out), each accounted for: carried above,
+# already on the image (/work/shared/gpu/README.md), or left out for the reason given.
+VLLM_REQUIRES = [
+    "regex",
+    "cachetools",
+    "psutil",
+    "sentencepiece",
+    "numpy",
+    "requests",
+    "tqdm",
+    "blake3",
+    "py-cpuinfo",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "protobuf",
+    "fastapi",
+    "starlette",
+    "aiohttp",
+    "openai",
+    "pydantic",
+    "prometheus-client",
+    "pillow",
+    "prometheus-fastapi-instrumentator",
+    "tiktoken",
+    "lm-format-enforcer",
+    "llguidance",
+    "outlines-core",
+    "lark",
+    "xgrammar",
+    "typing-extensions",
+    "filelock",
+    "partial-json-parser",
+    "jsonschema",
+    "pyzmq",
+    "msgspec",
+    "mistral-common",
+    "opencv-python-headless",
+    "pyyaml",
+    "six",
+    "setuptools",
+    "einops",
+    "compressed-tensors",
+    "depyf",
+    "cloudpickle",
+    "watchfiles",
+    "python-json-logger",
+    "ninja",
+    "pybase64",
+    "cbor2",
+    "ijson",
+    "setproctitle",
+    "openai-harmony",
+    "anthropic",
+    "model-hosting-container-standards",
+    "mcp",
+    "opentelemetry-sdk",
+    "opentelemetry-api",
+    "opentelemetry-exporter-otlp",
+    "opentelemetry-semantic-conventions-ai",
+    "numba",
+    "torch",
+    "torchaudio",
+    "torchvision",
+    "torchcodec",
+    "pynvvideocodec",
+    "flashinfer-python",
+    "apache-tvm-ffi",
+    "tilelang",
+    "nvidia-cudnn-frontend",
+    "nvtx",
+    "fastsafetensors",
+    "nvidia-cutlass-dsl",
+    "quack-kernels",
+    "tokenspeed-mla",
+    "humming-kernels",
+]
+ON_IMAGE = [
+    "regex",
+    "psutil",
+    "sentencepiece",
+    "numpy",
+    "requests",
+    "tqdm",
+    "py-cpuinfo",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "protobuf",
+    "aiohttp",
+    "prometheus-client",
+    "pillow",
+    "tiktoken",
+    "typing-extensions",
+    "filelock",
+    "opencv-python-headless",
+    "pyyaml",
+    "six",
+    "setuptools",
+    "einops",
+    "cloudpickle",
+    "ninja",
+    "numba",
+    "torch",
+    "torchaudio",
+    "torchvision",
+]
+LEFT_OUT = {
+    "mcp": "imported only when a tool server is given (--tool-server), inside MCPToolServer's methods",
+    "opentelemetry-sdk": "tracing (--otlp-traces-endpoint); vllm/tracing.py imports it inside a try",
+    "opentelemetry-api": "tracing, as opentelemetry-sdk",
+    "opentelemetry-exporter-otlp": "tracing, as opentelemetry-sdk",
+    "opentelemetry-semantic-conventions-ai": "tracing, as opentelemetry-sdk",
+    "torchcodec": "audio and video inputs (multimodal models)",
+    "pynvvideocodec": "video decoding on the GPU (multimodal models)",
+    "tilelang": "kernels of specific model families, imported where they run",
+    "fastsafetensors": "--load-format fastsafetensors only",
+    "nvidia-cutlass-dsl": "CuTe DSL kernels (MoE, FP8/FP4 quantization), imported where they run",
+    "quack-kernels": "CuTe DSL kernels, as nvidia-cutlass-dsl",
+    "tokenspeed-mla": "MLA attention (DeepSeek-style models)",
+    "humming-kernels": "quantized-GEMM kernels, imported where they run",
+}
 
 
 def sha256(path: Path) -> str:
@@ -130,11 +263,6 @@ def download_commands(dest: Path, groups: list[str], pip: list[str]) -> list[lis
     commands = [[*pip, "download", *wheel_flags, *platforms, "-d", str(dest), *names]]
     commands.append([*pip, "download", "--no-deps", "--no-binary=:all:", "-d", str(dest), *SOURCES])
     return commands
-
-
-def project_wheel_command(dest: Path, pip: list[str]) -> list[str]:
-    root = Path(__file__).resolve().parents[2]
-    return [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dest), str(root)]
 
 
 # Splitting and the manifest
@@ -292,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(groups) - set(GROUPS))
         if unknown:
             parser.error(f"--groups {unknown} unknown; choose from {sorted(GROUPS)}")
-        steps = [*download_commands(args.dest, groups, pip), project_wheel_command(args.dest, pip)]
+        steps = download_commands(args.dest, groups, pip)
         for step in steps:
             print(" ".join(step))
             if not args.dry_run:

@@ -48,8 +48,8 @@ def free_port() -> int:
 
 
 def small_run(model: Path, output_dir: Path, *extra: str) -> list[str]:
-    """train/grpo.py flags: qwen_math_1gpu.yaml's GPU settings (bf16, gradient accumulation; vLLM per test) on
-    learnable episodes, 4 steps of 8 prompts x 4 rollouts.
+    """train/grpo.py flags: qwen_math_1gpu.yaml's GPU settings (fp32 weights, bf16 autocast, gradient accumulation;
+    vLLM per test) on learnable episodes, 4 steps of 8 prompts x 4 rollouts.
 
     A random-weight model never solves a math problem: every reward would be 0, every advantage and gradient too,
     and no weight would change. So the env is FrozenLake on 2x2 maps (the goal one or two moves away) after a short
@@ -70,7 +70,8 @@ def small_run(model: Path, output_dir: Path, *extra: str) -> list[str]:
 def updated_by_rl(output_dir: Path, history: list[dict]) -> list[str]:
     """Tensors that an RL step changed: between the checkpoints around the last step with a nonzero gradient (the
     warm start changes weights too, so the model before training is no reference)."""
-    steps = [record["step"] for record in history if record.get("grad_norm", 0) > 0 and record["step"] > 1]
+    assert history and all("grad_norm" in record for record in history), history  # a missing metric fails
+    steps = [record["step"] for record in history if record["grad_norm"] > 0 and record["step"] > 1]
     assert steps, f"no step after the first had a nonzero gradient: {history}"
     return changed_tensors(output_dir / f"checkpoint-{steps[-1] - 1}", output_dir / f"checkpoint-{steps[-1]}")
 

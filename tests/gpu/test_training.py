@@ -1,7 +1,7 @@
 """The trainer on GPUs, driven as a user drives it: train/grpo.py in a subprocess with qwen_math_1gpu.yaml's GPU
 settings, 4 steps of a small random-weight Qwen2.5-architecture model on learnable episodes (helpers.small_run).
-vLLM colocate in bf16, server mode with `trl vllm-serve` and two training processes, DeepSpeed ZeRO-2 and ZeRO-3,
-checkpoint, resume and reload; each checks that an RL step changed the weights."""
+vLLM colocate (fp32 master weights, bf16 autocast), server mode with `trl vllm-serve` and two training processes,
+DeepSpeed ZeRO-2 and ZeRO-3, checkpoint, resume and reload; each checks that an RL step changed the weights."""
 
 from __future__ import annotations
 
@@ -28,14 +28,32 @@ def check_trained(output_dir: Path, steps: int = 4, processes: int = 1) -> list[
     return history
 
 
+def check_colocated_vllm_generated(history: list[dict]) -> None:
+    """Every step's episodes went through the colocated vLLM engine (a missing metric fails: generation would have
+    gone elsewhere), and no prompt was too long for it."""
+    for record in history:
+        assert record["vllm_colocate/generate_calls"] >= 1, record
+        assert record["vllm_colocate/requests"] >= 8 * 4, record  # every episode's turns, at least one each
+        assert record["vllm_colocate/prompts_too_long"] == 0, record
+
+
 @gpu.requires("vllm", "vllm")
-def test_vllm_colocate_grpo_steps_in_bf16(qwen_dir, tmp_path):
+def test_vllm_colocate_grpo_steps_with_bf16_autocast(qwen_dir, tmp_path):
     output_dir = tmp_path / "run"
     flags = gpu.small_run(qwen_dir, output_dir, "--use_vllm", "true", "--vllm_mode", "colocate")
     gpu.launch("single_gpu.yaml", flags, processes=1)
-    check_trained(output_dir)
+    check_colocated_vllm_generated(check_trained(output_dir))
     config = json.loads((output_dir / "final" / "config.json").read_text())
-    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16"
+    assert config.get("dtype", config.get("torch_dtype")) == "float32"  # the fp32 master weights (bf16 autocast)
+
+
+@gpu.requires("vllm", "vllm")
+def test_vllm_colocate_with_sleep_mode(qwen_dir, tmp_path):
+    # The engine is awake for each rollout (weights synced once), asleep for the training step.
+    output_dir = tmp_path / "run"
+    flags = gpu.small_run(qwen_dir, output_dir, "--use_vllm", "true", "--vllm_mode", "colocate")
+    gpu.launch("single_gpu.yaml", [*flags, "--vllm_enable_sleep_mode", "true"], processes=1)
+    check_colocated_vllm_generated(check_trained(output_dir))
 
 
 @gpu.requires("vllm", "vllm")
@@ -51,7 +69,7 @@ def test_vllm_server_mode_with_two_training_processes(qwen_dir, tmp_path):
     finally:
         server.stop()
     history = check_trained(output_dir, processes=2)
-    assert all(record.get("vllm_server/server_calls", 1) >= 1 for record in history)
+    assert all(record["vllm_server/server_calls"] >= 1 for record in history)  # a missing metric fails
 
 
 @gpu.requires("deepspeed", "deepspeed")
@@ -78,9 +96,9 @@ def test_checkpoint_resume_and_reload(qwen_dir, tmp_path):
     assert [record["step"] for record in history] == [1, 2, 3, 4, 5, 6]  # continued from checkpoint-4
     assert any(record["grad_norm"] > 0 for record in history[4:]), history  # the resumed steps trained
     assert gpu.updated_by_rl(output_dir, history)
-    # The final model reloads in the dtype it was trained in, with the saved weights.
+    # The final model reloads in the dtype it was trained in (fp32 master weights), with the saved weights.
     model = AutoModelForCausalLM.from_pretrained(output_dir / "final", dtype="auto").to("cuda")
-    assert model.dtype == torch.bfloat16
+    assert model.dtype == torch.float32
     reloaded_dir = tmp_path / "reloaded"
     model.save_pretrained(reloaded_dir)
     assert gpu.changed_tensors(output_dir / "final", reloaded_dir) == []

@@ -11,7 +11,9 @@ import json
 import re
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
+import torch
 import yaml
 
 from rllm_gym.train.config import load_config
@@ -71,3 +73,66 @@ def test_a_local_random_qwen_folder_replaces_the_hub_id(tmp_path):
     )  # fmt: skip
     config, _ = load_config(["--config", str(CONFIGS / "qwen_math_1gpu.yaml"), "--model", str(folder)])
     assert config.model == str(folder)
+
+
+class ReplyLength(gym.Env):
+    """One turn; the reward is the reply's length, so a group of different replies gets nonzero advantages."""
+
+    observation_space = action_space = gym.spaces.Text(256)
+
+    def reset(self, *, seed=None, options=None):
+        return "Say something.", {}
+
+    def step(self, action):
+        return "", float(len(str(action))), True, False, {}
+
+
+gym.register(id="test/ReplyLength-v0", entry_point=ReplyLength)
+
+
+@pytest.mark.parametrize("dtype", ["shipped", "bf16"])
+def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_model_dir, tmp_path):
+    """qwen_math_1gpu.yaml's lr (1e-6) with its dtype setup changes every weight matrix in one step; bf16 weights
+    (the earlier setup, dtype: bf16) keep nearly all of theirs, the update rounding away."""
+    import itertools
+
+    from datasets import Dataset
+
+    from rllm_gym.policies.scripted import ScriptedPolicy
+    from rllm_gym.train.advantages import AdvantageConfig
+    from rllm_gym.train.grpo import grpo_args, load_model
+    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+
+    flags = ["--config", str(CONFIGS / "qwen_math_1gpu.yaml"), "--model", str(tiny_model_dir), "--use_vllm", "false"]
+    flags += ["--prompts_per_step", "2", "--num_generations", "4", "--max_steps", "1", "--max_completion_length", "8"]
+    flags += ["--warmup_ratio", "0", "--output_dir", str(tmp_path / "run")]
+    config, _ = load_config([*flags, *(["--dtype", "bf16"] if dtype == "bf16" else [])])
+    assert config.learning_rate == 1e-6
+    model, tokenizer, _ = load_model(config)
+    args = grpo_args(config, tmp_path / "run", model.dtype)
+    assert args.bf16  # bf16 compute either way; the weights' dtype differs
+    assert model.dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    answers = itertools.count()
+    policy = ScriptedPolicy(lambda messages: ["a", "bb bb bb", "ccc", "d d"][next(answers) % 4], tokenizer=tokenizer)
+    task = encode_prompt("test/ReplyLength-v0", 0)
+    trainer = RLLMGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": task}] * 2),
+        rollout=EpisodeRollout(
+            [EnvSetup("test/ReplyLength-v0", agent="rllm_gym.agents.math:MathAgent")],
+            max_steps=1,
+            policy_factory=lambda trainer: policy,
+        ),
+        advantage_config=AdvantageConfig(estimator="grpo"),
+    )
+    trainer.train()
+    matrices = {name: p for name, p in model.named_parameters() if p.ndim == 2}
+    moved = sum(int((before[name] != p).sum()) for name, p in matrices.items())
+    if dtype == "shipped":
+        assert all(not torch.equal(before[name], p) for name, p in matrices.items())
+        assert moved > 0.9 * sum(p.numel() for p in matrices.values())
+    else:
+        assert moved < 0.05 * sum(p.numel() for p in matrices.values())

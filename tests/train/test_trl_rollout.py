@@ -2,6 +2,7 @@ import copy
 import random
 import re
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 from unittest.mock import patch
 
 import gymnasium as gym
@@ -260,6 +261,7 @@ class StandInVLLMGeneration:
 class StandInTrainer:
     def __init__(self, tokenizer, **kwargs):
         self.vllm_generation = StandInVLLMGeneration(tokenizer, **kwargs)
+        self.accelerator = SimpleNamespace(device=torch.device("cpu"))
         self.processing_class = tokenizer
         self.eos_token_ids = [tokenizer.eos_token_id]
 
@@ -304,7 +306,6 @@ class StandInServerClient:
 
 
 def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
-    from types import SimpleNamespace
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     client = StandInServerClient(tokenizer)

@@ -91,6 +91,7 @@ def test_concurrent_requests_share_one_round_and_metrics_count_rounds():
         "vllm_server/local_requests": 7.0,
         "vllm_server/server_calls": 3.0,
         "vllm_server/server_errors": 0.0,
+        "vllm_server/prompts_too_long": 0.0,
     }
 
 
@@ -236,10 +237,12 @@ def test_from_trainer_reads_the_trainer():
         accelerator=ONE_PROCESS,
         processing_class=worker.FakeTokenizer(),
         eos_token_ids=[EOS, 11],
+        args=SimpleNamespace(vllm_max_model_length=2048),
     )
     policy = ServerVLLMPolicy.from_trainer(trainer, batch_wait_s=0.0)
     assert policy.eos_token_ids == {EOS, 11} and policy.batch_wait_s == 0.0
     assert policy.generation.vllm_client is client
+    assert policy.max_prompt_tokens == 2047  # room for one token in the server's context
 
 
 def free_port() -> int:
@@ -331,3 +334,50 @@ def test_engine_episodes_run_inside_the_driver(tiny_model_dir):
     assert step.prompt_ids == tokenizer.apply_chat_template(
         step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
     )
+
+
+class BoundedClient(ReplyClient):
+    """A `trl vllm-serve` with --max_model_len ``context``: a prompt of that length or more fails the whole call."""
+
+    def __init__(self, reply_ids: list[int], context: int):
+        super().__init__(reply_ids)
+        self.context = context
+
+    def generate(self, prompts, *args, **kwargs):
+        if any(len(p) >= self.context for p in prompts):
+            raise RuntimeError("Request failed: 500, The decoder prompt is longer than the maximum model length")
+        return super().generate(prompts, *args, **kwargs)
+
+
+def test_a_prompt_too_long_for_the_server_ends_its_episode_and_not_the_round(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    reply = [*tokenizer.encode("up", add_special_tokens=False), tokenizer.eos_token_id]
+    small = {"id": "small", "map": ["SF", "FG"]}
+    big = {"id": "big", "map": ["SFFFFFFF", *["FFFFFFFF"] * 6, "FFFFFFFG"]}
+    prompts = [encode_prompt("rllm/FrozenLake-v0", task) for task in (small, big, small)]
+
+    def trainer(client, context):
+        return SimpleNamespace(
+            use_vllm=True, vllm_generation=worker.fake_generation(client), accelerator=ONE_PROCESS,
+            processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id],
+            args=SimpleNamespace(
+                vllm_mode="server", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4,
+                vllm_max_model_length=context,
+            ),
+        )  # fmt: skip
+
+    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_steps=1)
+    rollout(prompts, trainer(ReplyClient(reply), None))
+    lengths = [len(e.trajectories[0].steps[0].prompt_ids) for e in rollout.last_episodes]
+    assert lengths[0] < lengths[1]
+    client = BoundedClient(reply, context=lengths[1])  # the big map's prompt fills the server's context
+    rollout(prompts, trainer(client, lengths[1]))  # vllm_max_model_length set to the server's --max_model_len
+    reasons = [e.termination_reason.value for e in rollout.last_episodes]
+    assert reasons[1] == "max_prompt_length_exceeded" and reasons[0] == reasons[2] != "error"
+    assert [len(p) for call in client.calls for p in call["prompts"]] == [lengths[0], lengths[0]]
+    assert rollout.last_metrics["vllm_server/prompts_too_long"] == 1
+    rollout.close()
