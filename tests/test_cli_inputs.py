@@ -35,7 +35,7 @@ def train_cli(tmp_path: Path, *args: str):
     ("args", "message"),
     [
         (["--model", "runs/demo_cpu/fnial"], "--model runs/demo_cpu/fnial: no such folder (the nearest existing one"),
-        (["--taks", "3"], "eval: unrecognized argument --taks; did you mean --tasks?"),
+        (["--taks", "3"], "rllm-gym eval: error: unrecognized argument --taks; did you mean --tasks?"),
         (
             ["--agent-args", '{"system_promt": ""}'],
             "agent_args: FrozenLakeAgent takes no argument 'system_promt' (did you mean 'system_prompt'?); it accepts "

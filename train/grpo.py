@@ -338,7 +338,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     console = ConsoleLog(output_dir, resume_step, write=state.is_main_process)
     steps = StepBar(config)
     interrupt = StopOnInterrupt(announce=state.is_main_process)
-    callbacks = [RecordTraining(output_dir, asdict(config), summary), console, steps, interrupt]
+    # interrupt before console: the step Ctrl-C stops after is logged before its checkpoint is saved.
+    callbacks = [RecordTraining(output_dir, asdict(config), summary), interrupt, console, steps]
     trainer = RLLMGRPOTrainer(
         model=model,
         processing_class=tokenizer,
