@@ -39,6 +39,7 @@ from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
+from rllm_gym.train.config_file import ConfigError
 from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, progress_bar, quiet_libraries, say
 from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env, run_episodes
 from rllm_gym.train.model_record import training_record, write_model_record
@@ -422,11 +423,18 @@ def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     """The command line: a run that cannot go on ends with one line on stderr and exit status 1 (130 on Ctrl-C);
-    ``--debug true`` shows the traceback of an error too."""
+    a usage error (a setting that cannot be used, an output_dir taken by another run) with exit status 2, as in
+    ``rllm-gym eval``. ``--debug true`` shows the traceback of an error too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         main(argv)
-    except (TrainingStopped, OutputDirError) as stop:
+    except ConfigError as error:
+        print(f"rllm-gym train: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except OutputDirError as error:
+        print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
+        return 2
+    except TrainingStopped as stop:
         print(f"rllm-gym train: {stop}", file=sys.stderr, flush=True)
         return 1
     except Interrupted:
