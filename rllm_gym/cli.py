@@ -149,6 +149,10 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
 def run_train(argv: list[str]) -> int:
     """``rllm-gym train ARGS`` is ``python -m rllm_gym.train.grpo ARGS``: the same flags, messages and exit status."""
+    from rllm_gym.train.run_dir import exit_status_before_imports
+
+    if (status := exit_status_before_imports(argv)) is not None:  # a taken output_dir, said before TRL loads
+        return status
     from rllm_gym.train.grpo import cli  # imported here: torch and TRL take seconds to load
 
     program, sys.argv[0] = sys.argv[0], "rllm-gym train"  # the trainer's --help then reads "usage: rllm-gym train"

@@ -27,6 +27,7 @@ from rllm_gym.registry import UnknownEnvError, _spec
 from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.train.config_file import ConfigError, read_config_file
+from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
 
 # The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
 DTYPES = {
@@ -174,7 +175,9 @@ class TrainConfig:
         default=False, metadata={"help": "Recompute activations to save memory (on for billion-parameter models)."}
     )
     # Running
-    output_dir: str = field(default="runs/grpo", metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."})
+    output_dir: str = field(
+        default=DEFAULT_OUTPUT_DIR, metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."}
+    )
     save_steps: int = field(default=100, metadata={"help": "Checkpoint every N steps (resume with --resume)."})
     resume: bool = field(
         default=False,

@@ -64,7 +64,7 @@ def test_resume_says_where_it_starts_keeps_the_before_score_and_refuses_other_se
     before = json.loads((output_dir / "run.json").read_text())["evaluation_before"]
     (output_dir / "checkpoint-2").rename(output_dir / "checkpoint-2.bak")  # as if killed before its checkpoint
 
-    other = train(output_dir, "--max_steps", "3", "--resume", "true", "--seed", "5")
+    other = train(output_dir, "--max_steps", "3", "--resume", "true", "--seed", "5", "--eval_greedy", "true")
     assert other.returncode == 2
     assert "holds a run with other settings (seed: 0 there, 5 now)" in other.stderr
 
