@@ -4,7 +4,7 @@ rllm-gym list                                        # every env id, its default
 rllm-gym eval --env rllm/FrozenLake-v0 --tasks 16 --n 4 --out episodes.jsonl     # the embedded tiny model
 rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-url http://127.0.0.1:8000/v1
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
-rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50     # = python -m rllm_gym.train.grpo ...
+rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50 --output_dir runs/demo_50   # = grpo.py
 rllm-gym view episodes.jsonl --range 2:5             # or --index -1, --id seed-3:0, --task seed-3, --brief
 
 An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
