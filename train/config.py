@@ -28,6 +28,7 @@ from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.train.config_file import ConfigError, read_config_file
 from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
+from rllm_gym.types import TerminationReason
 
 # The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
 DTYPES = {
@@ -329,6 +330,18 @@ class TrainConfig:
                 f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
                 f"got {self.vllm_server_base_url!r}"
             )
+        # Checked here too, to name the choices as text (AdvantageConfig's messages print Python lists).
+        for name, value, allowed in (
+            ("estimator", self.estimator, ESTIMATORS),
+            ("advantage_mode", self.advantage_mode, MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        reasons = [reason.value for reason in TerminationReason]
+        unknown = [reason for reason in self.exclude_termination if reason not in reasons]
+        if unknown:
+            allowed = ", ".join(reasons)
+            raise ValueError(f"exclude_termination: unknown reasons {', '.join(unknown)}; allowed: {allowed}")
         AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
         examples = {"chat_template_kwargs": '{"enable_thinking": false}'}
         for name in ("agent_args", "env_args", "chat_template_kwargs"):

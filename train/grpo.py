@@ -458,7 +458,8 @@ def cli(argv: list[str] | None = None) -> int:
         print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
         return 2
     except RunFinished as finished:
-        print(f"rllm-gym train: {finished}", flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:  # said once, not by every process of a launch
+            print(f"rllm-gym train: {finished}", flush=True)
         return 0
     except TrainingStopped as stop:
         print(f"rllm-gym train: {stop}", file=sys.stderr, flush=True)
