@@ -20,7 +20,15 @@ from rich.text import Text
 
 from rllm_gym.types import Episode, TerminationReason
 
-__all__ = ["Selection", "SelectionError", "parse_range", "print_brief", "print_episode", "select_episodes"]
+__all__ = [
+    "Selection",
+    "SelectionError",
+    "new_messages",
+    "parse_range",
+    "print_brief",
+    "print_episode",
+    "select_episodes",
+]
 
 ROLE_STYLES = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
 REASONS = tuple(reason.value for reason in TerminationReason)
@@ -127,11 +135,9 @@ def print_episode(position: int, episode: Episode, console: Console) -> None:
             console.print(Text(str(error["traceback"]).rstrip(), style="dim"), soft_wrap=True)
     for trajectory in episode.trajectories:
         console.rule(Text(f"trajectory {trajectory.name!r}  reward={trajectory.reward}"), style="dim")
-        shown = 0  # messages already printed: each step's chat repeats the history
         for number, step in enumerate(trajectory.steps):
-            for message in step.chat_completions[shown:]:
+            for message in new_messages(step.chat_completions, first=number == 0):
                 print_message(message, console)
-            shown = len(step.chat_completions)
             output = step.model_output
             for call in output.tool_calls if output else []:
                 call_text = f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)})"
@@ -141,6 +147,26 @@ def print_episode(position: int, episode: Episode, console: Console) -> None:
                 # From the local tokenizer or, when the policy has none, the server's `usage`.
                 summary += f" tokens={output.prompt_length}+{output.completion_length}"
             console.print(Text(summary, style="bold"))
+
+
+def new_messages(chat: list[dict[str, Any]], *, first: bool) -> list[dict[str, Any]]:
+    """What a step's chat adds to the episode: all of it at the first step, then what follows the previous reply.
+
+    Each step's chat is the context the agent sent plus the reply. An agent that keeps only its last turns
+    (``max_history_turns``) drops earlier messages, so the chat cannot be read as the previous one grown; the previous
+    reply is the last assistant message before this step's own, and everything after it (the env's new observation,
+    tool results) is new. Without one in the chat (a window of one turn), everything but the system prompt is new.
+    """
+    if first:
+        return list(chat)
+    end = len(chat) - 1 if chat and chat[-1].get("role") == "assistant" else len(chat)  # this step's reply
+    previous = [i for i, message in enumerate(chat[:end]) if message.get("role") == "assistant"]
+    if previous:
+        return chat[previous[-1] + 1 :]
+    start = 0
+    while start < end and chat[start].get("role") == "system":  # the system prompt was shown at the first step
+        start += 1
+    return chat[start:]
 
 
 def print_message(message: dict[str, Any], console: Console) -> None:

@@ -129,4 +129,6 @@ def test_eval_runs_multi_agent_envs(tiny_model_dir, capsys):
 def test_unknown_env_is_named(capsys):
     with pytest.raises(SystemExit):
         main(["eval", "--env", "rllm/FrozenLak-v0"])
-    assert "--env 'rllm/FrozenLak-v0' is not a registered id" in capsys.readouterr().err
+    assert (
+        "Environment 'rllm/FrozenLak-v0' doesn't exist. Did you mean 'rllm/FrozenLake-v0'?" in capsys.readouterr().err
+    )

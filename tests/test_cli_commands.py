@@ -93,9 +93,9 @@ def test_train_fails_exactly_as_the_trainer_module_does(tmp_path):
     args = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--max_stepz", "1"]
     ours = run([*CLI, "train", *args])
     theirs = run([sys.executable, "-m", "rllm_gym.train.grpo", *args])
-    assert ours.returncode == theirs.returncode == 1
+    assert ours.returncode == theirs.returncode == 2  # a usage error, as in rllm-gym eval
     assert ours.stderr.splitlines()[-1] == theirs.stderr.splitlines()[-1]
-    assert "rllm-gym train: ValueError: unknown flag --max_stepz (did you mean --max_steps?)" in ours.stderr
+    assert "rllm-gym train: error: unknown flag --max_stepz (did you mean --max_steps?)" in ours.stderr
     assert not (tmp_path / "run").exists()
 
 

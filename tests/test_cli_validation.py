@@ -20,11 +20,11 @@ from rllm_gym.cli import main
         (["eval", "--agent", "nocolon"], "--agent must look like 'package.module:Class', got 'nocolon'"),
         (["eval", "--n", "0"], "--n must be >= 1, got 0"),
         (["eval", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
-        (["eval", "--env", "rllm/Nope-v0"], "--env 'rllm/Nope-v0' is not a registered id; choose from"),
+        (["eval", "--env", "rllm/Nope-v0"], "--env: Environment 'rllm/Nope-v0' doesn't exist."),
         (["eval", "--policy", "x"], "argument --policy: invalid choice: 'x' (choose from 'hf', 'openai', 'vllm')"),
         (["eval", "--thinking", "maybe"], "argument --thinking: invalid choice: 'maybe' (choose from 'on', 'off')"),
         (["eval", "--policy", "openai"], "--policy openai needs --model (the served or loaded model name)"),
-        (["view", "/nonexistent/episodes.jsonl"], "view: /nonexistent/episodes.jsonl is not a file"),
+        (["view", "/nonexistent/episodes.jsonl"], "rllm-gym view: error: /nonexistent/episodes.jsonl is not a file"),
     ],
 )
 def test_bad_flags_are_usage_errors_that_name_the_flag(argv, message, capsys):

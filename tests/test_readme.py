@@ -36,3 +36,17 @@ def test_block_runs_and_prints_what_it_says(index, min_claims):
     assert len(claims) >= min_claims
     for claim in claims:
         assert claim in printed, f"README claims {claim!r} but the block printed:\n{printed}"
+
+
+def test_the_engine_block_runs_as_a_script(tmp_path, monkeypatch):
+    """The engine snippet is a script (asyncio.run), not a notebook cell: a top-level await does not compile in a
+    script. Run with 2 tasks x 1 rollout instead of 100 x 4, in a folder of its own (it writes episodes.jsonl)."""
+    [block] = [block for block in python_blocks() if "AgentExecutionEngine(" in block]
+    compile(block, "README.md", "exec")  # a top-level await is a SyntaxError here
+    bounded = block.replace("list(range(100))", "list(range(2))").replace("n_rollouts=4", "n_rollouts=1")
+    assert bounded != block
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(bounded, "README.md", "exec"), namespace)
+    assert [episode.id for episode in namespace["episodes"]] == ["seed-0:0", "seed-1:0"]
+    assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 2

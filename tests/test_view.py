@@ -168,3 +168,42 @@ def test_select_episodes_keeps_positions():
     assert [p for p, _ in select_episodes(episodes, Selection(span=slice(-3, -1)))] == [1, 2]
     with pytest.raises(SelectionError, match=re.escape("no episode has id 't9:0', 't8:0' (4 in the file)")):
         select_episodes(episodes, Selection(ids=("t1:0", "t9:0", "t8:0")))
+
+
+@pytest.mark.parametrize("history", [1, 2, None], ids=["one-turn", "two-turns", "whole-chat"])
+def test_every_turn_is_shown_whatever_the_agent_kept_in_context(tmp_path, history):
+    """The main job's agent keeps one turn (max_history_turns: 1): each step's chat is not the previous one grown,
+    yet every step's new observation and reply are shown, once each, in order."""
+    import asyncio
+
+    from rllm_gym.engine import engine_for
+    from rllm_gym.policies.scripted import ScriptedPolicy
+    from rllm_gym.store import read_episodes
+
+    moves = ["down", "down", "right", "nonsense", "right", "down", "right"]
+    agent_args = {"system_prompt": "Reach G.", "observation_template": "{observation}", "max_history_turns": history}
+    path = tmp_path / "episodes.jsonl"
+    engine = engine_for(
+        "rllm/FrozenLake-v0", ScriptedPolicy(moves), agent_args=agent_args, out=path, max_steps=len(moves)
+    )
+    asyncio.run(engine.run([3], n_rollouts=1))
+    (episode,) = read_episodes(path)
+    steps = episode.trajectories[0].steps
+    assert len(steps) >= 3
+
+    shown = view(str(path))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    replies = [line.removeprefix("assistant: ") for line in lines if line.startswith("assistant: ")]
+    assert replies == [step.chat_completions[-1]["content"] for step in steps]
+    assert [line for line in lines if line.startswith("system: ")] == ["system: Reach G."]
+    # Each step's observation (its last user message) comes right before its reply, and the step line after it.
+    text = shown.stdout
+    position = 0
+    for number, step in enumerate(steps):
+        observation = step.chat_completions[-2]["content"]
+        found = text.find(f"user: {observation}", position)
+        assert found >= 0, f"step {number}'s observation is missing after position {position}:\n{text}"
+        position = text.find(f"step {number}: reward=", found)
+        assert position > found
+    assert text.count("user: ") == len(steps)

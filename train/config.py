@@ -17,16 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from transformers import HfArgumentParser
 from trl import GRPOConfig
 
 from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.log import LOG_LEVELS
 from rllm_gym.policies.base import check_model_source
-from rllm_gym.registry import env_ids
+from rllm_gym.registry import UnknownEnvError, _spec
 from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
+from rllm_gym.train.config_file import ConfigError, read_config_file
+from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
+from rllm_gym.types import TerminationReason
 
 # The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
 DTYPES = {
@@ -174,7 +176,9 @@ class TrainConfig:
         default=False, metadata={"help": "Recompute activations to save memory (on for billion-parameter models)."}
     )
     # Running
-    output_dir: str = field(default="runs/grpo", metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."})
+    output_dir: str = field(
+        default=DEFAULT_OUTPUT_DIR, metadata={"help": "Checkpoints, metrics.jsonl and reward_curve.png."}
+    )
     save_steps: int = field(default=100, metadata={"help": "Checkpoint every N steps (resume with --resume)."})
     resume: bool = field(
         default=False,
@@ -251,9 +255,11 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.env, str):
             raise ValueError(f"env must be a list of env ids, got the string {self.env!r}: write [{self.env!r}]")
-        unknown = [env_id for env_id in self.env if env_id not in env_ids()]
-        if unknown:
-            raise ValueError(f"env {unknown} is not a registered id; choose from {env_ids()}")
+        for env_id in self.env:
+            try:
+                _spec(env_id)  # the closest ids, as rllm_gym.make and rllm-gym eval --env name them
+            except UnknownEnvError as error:
+                raise ValueError(f"env: {error}") from None
         if self.env_weights is not None and len(self.env_weights) != len(self.env):
             raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
         if self.tasks is not None and len(self.tasks) != len(self.env):
@@ -293,7 +299,7 @@ class TrainConfig:
         if self.max_error_steps < 0:
             raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {self.max_error_steps}")
         if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {list(LOG_LEVELS)}, got {self.log_level!r}")
+            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         for name in (
             "prompts_per_step",
             "max_turns",
@@ -324,6 +330,18 @@ class TrainConfig:
                 f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
                 f"got {self.vllm_server_base_url!r}"
             )
+        # Checked here too, to name the choices as text (AdvantageConfig's messages print Python lists).
+        for name, value, allowed in (
+            ("estimator", self.estimator, ESTIMATORS),
+            ("advantage_mode", self.advantage_mode, MODES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        reasons = [reason.value for reason in TerminationReason]
+        unknown = [reason for reason in self.exclude_termination if reason not in reasons]
+        if unknown:
+            allowed = ", ".join(reasons)
+            raise ValueError(f"exclude_termination: unknown reasons {', '.join(unknown)}; allowed: {allowed}")
         AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
         examples = {"chat_template_kwargs": '{"enable_thinking": false}'}
         for name in ("agent_args", "env_args", "chat_template_kwargs"):
@@ -335,7 +353,7 @@ class TrainConfig:
             if not isinstance(value, dict):
                 raise ValueError(f"{name} must be a JSON object, e.g. '{example}', got {getattr(self, name)!r}")
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {list(DTYPES)} ('auto': the saved one), got {self.dtype!r}")
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} ('auto': the saved one), got {self.dtype!r}")
         if DTYPES[self.dtype] == "float16" and trl_args.get("fp16"):
             raise ValueError(
                 "dtype: fp16 with fp16: true cannot train (the fp16 loss scaler cannot unscale fp16 weights): "
@@ -353,7 +371,7 @@ class TrainConfig:
         if self.model is not None:
             check_model_source(self.model, "model")
         if self.model_shape not in SHAPES:
-            raise ValueError(f"model_shape must be one of {sorted(SHAPES)}, got {self.model_shape!r}")
+            raise ValueError(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {self.model_shape!r}")
         if self.model is not None and self.model_shape != "tiny":
             raise ValueError("model_shape sizes the embedded model: drop it when model names a model")
 
@@ -387,42 +405,56 @@ def trl_options() -> type:
     return dataclasses.make_dataclass("TRLOptions", specs)
 
 
+class _Parser(HfArgumentParser):
+    """HfArgumentParser whose usage errors (a flag's value of the wrong type, a missing value) raise
+    :class:`ConfigError` with argparse's one line, instead of printing the trainer's whole usage and exiting."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(f"{message} (rllm-gym train --help lists every flag)")
+
+
 def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
     """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from.
 
-    Keys and flags named after GRPOConfig fields that TrainConfig lacks are collected into ``trl_args``.
+    Keys and flags named after GRPOConfig fields that TrainConfig lacks are collected into ``trl_args``. Every setting
+    that cannot be used raises :class:`ConfigError` (one line naming it; a YAML value's also names the file).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     options = trl_options()
-    parser = HfArgumentParser((TrainConfig, options))
+    parser = _Parser((TrainConfig, options))
     parser.add_argument("--config", help="YAML file of TrainConfig (and TRL GRPOConfig) fields")
     config_dir = Path.cwd()
     fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
     values: dict[str, Any] = {}
+    path = None
     if "--config" in argv:
+        if argv.index("--config") + 1 == len(argv):
+            raise ConfigError("--config needs a YAML file: --config train/configs/demo_cpu.yaml")
         path = Path(argv[argv.index("--config") + 1])
-        if not path.is_file():
-            raise ValueError(f"--config {path}: no such file")
         config_dir = path.parent
-        values = yaml.safe_load(path.read_text()) or {}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError(
-                f"{path}: unknown fields {unknown}{closest(unknown[0], fields)}; see TrainConfig in train/config.py "
-                f"and TRL's GRPOConfig"
-            )
-        for key in ("agent_args", "env_args", "chat_template_kwargs", "trl_args"):
-            if isinstance(values.get(key), dict):
-                values[key] = json.dumps(values[key])
+        hints = {**typing.get_type_hints(options), **typing.get_type_hints(TrainConfig)}
+        values = read_config_file(path, hints)
         parser.set_defaults(**values)
-    parsed = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    given = {item.lstrip("-").split("=")[0] for item in argv if item.startswith("--")}
+    try:
+        parsed = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    except ConfigError:
+        raise
+    except ValueError as error:  # TrainConfig's checks
+        raise ConfigError(from_file(str(error), path, set(values) - given)) from error
     config, trl, remaining = parsed[0], parsed[1], parsed[-1]  # between them: the namespace of --config
     if remaining:
         flag = next((item for item in remaining if item.startswith("-")), remaining[0])
         name = flag.lstrip("-").split("=")[0].replace("-", "_")
-        raise ValueError(f"unknown flag {flag}{closest(name, fields, '--')}; every TrainConfig field is a --flag")
-    given = set(values) | {item.lstrip("-").split("=")[0] for item in argv if item.startswith("--")}
+        raise ConfigError(f"unknown flag {flag}{closest(name, fields, '--')}; every TrainConfig field is a --flag")
+    given |= set(values)
     chosen = {name: getattr(trl, name) for name in TRL_FIELDS if name in given}
     if chosen:
         config.trl_args = json.dumps({**json.loads(config.trl_args), **chosen}, default=str)
     return config, config_dir
+
+
+def from_file(message: str, path: Path | None, file_keys: set[str]) -> str:
+    """A check's message, prefixed with the config file when the field it starts with was set there (not by a flag)."""
+    field_name = message.split(" ", 1)[0].rstrip(":")
+    return f"{path}: {message}" if path is not None and field_name in file_keys else message

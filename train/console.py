@@ -112,6 +112,14 @@ class ConsoleLog(TrainerCallback):
         if math.isnan(logs.get("loss", 0.0)):
             logger.warning("step %d: the loss is nan: %s", state.global_step, nan_reason(logs))
 
+    def on_step_end(self, args, state, control, **kwargs):
+        # The trainer logs, then evaluates, then saves. The last step (and the one Ctrl-C stops after) is logged now,
+        # whatever logging_steps says: otherwise its line would come from the end-of-run log, after that step's eval
+        # and checkpoint lines. (Callbacks that stop the run must come before this one.)
+        if state.global_step >= state.max_steps or control.should_training_stop:
+            control.should_log = True
+        return control
+
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             say(f"saved checkpoint-{state.global_step} (step {state.global_step}/{state.max_steps})")

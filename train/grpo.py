@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; we pin its range
+if __name__ == "__main__":  # a taken output_dir is refused at once, not after the imports below (seconds)
+    from rllm_gym.train.run_dir import exit_status_before_imports
+
+    if (status := exit_status_before_imports(sys.argv[1:])) is not None:
+        sys.exit(status)
 
 import torch
 from accelerate import PartialState
@@ -41,13 +46,16 @@ from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
+from rllm_gym.train.config_file import ConfigError
 from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, progress_bar, quiet_libraries, say
 from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env, run_episodes
-from rllm_gym.train.model_record import training_record, write_model_record
+from rllm_gym.train.interrupt import StopOnInterrupt
+from rllm_gym.train.model_record import read_training_record, training_record, write_model_record
 from rllm_gym.train.run_dir import (
     OutputDirError,
-    StopOnInterrupt,
+    RunFinished,
     clear_run,
+    earlier_results,
     last_checkpoint,  # noqa: F401  (re-exported: tests and scripts find the checkpoint to resume from)
     prepare_output_dir,
     write_run_record,
@@ -351,6 +359,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     for key in ("warm_start_loss", "evaluation_before"):
         if key in record:
             summary[key] = record[key]
+    if checkpoint is not None:
+        keep_earlier_results(summary, output_dir, checkpoint, write=state.is_main_process)
     if config.warm_start_steps and checkpoint is None:
         with whole_weights(model, modify=True):
             summary["warm_start_loss"] = warm_start(
@@ -375,7 +385,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     console = ConsoleLog(output_dir, resume_step, write=state.is_main_process)
     steps = StepBar(config)
     interrupt = StopOnInterrupt(announce=state.is_main_process)
-    callbacks = [RecordTraining(output_dir, asdict(config), summary), console, steps, interrupt]
+    # interrupt before console: the step Ctrl-C stops after is logged before its checkpoint is saved.
+    callbacks = [RecordTraining(output_dir, asdict(config), summary), interrupt, console, steps]
     trainer = RLLMGRPOTrainer(
         model=model,
         processing_class=tokenizer,
@@ -429,6 +440,20 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     return summary
 
 
+def keep_earlier_results(summary: dict[str, Any], output_dir: Path, checkpoint: Path, *, write: bool) -> None:
+    """A resume that extends a finished run keeps what the run reached before: the results after each earlier end
+    go to the summary's ``earlier`` (then summary.json and final/'s record), and the checkpoint saved at that end,
+    the same weights as final/ then, gets final/'s record and card, its scores after included."""
+    earlier = earlier_results(output_dir)
+    if not earlier:
+        return
+    summary["earlier"] = earlier
+    final = read_training_record(output_dir / "final")
+    if write and final is not None and checkpoint.name == f"checkpoint-{final['steps']}":
+        write_model_record(checkpoint, final)
+        say(f"extending the run finished at step {final['steps']}: its results are kept (summary.json's 'earlier')")
+
+
 def scores(metrics: dict[str, float], when: str, env_ids: list[str]) -> dict[str, dict[str, float]]:
     """The summary's per-env fields of an evaluation: ``greedy_<when>`` (training tasks) and ``heldout_<when>``."""
     found = {f"greedy_{when}": per_env(metrics, "eval_train/greedy", env_ids)}
@@ -458,11 +483,22 @@ def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
 
 def cli(argv: list[str] | None = None) -> int:
     """The command line: a run that cannot go on ends with one line on stderr and exit status 1 (130 on Ctrl-C);
-    ``--debug true`` shows the traceback of an error too."""
+    a usage error (a setting that cannot be used, an output_dir taken by another run) with exit status 2, as in
+    ``rllm-gym eval``. ``--debug true`` shows the traceback of an error too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         main(argv)
-    except (TrainingStopped, OutputDirError) as stop:
+    except ConfigError as error:
+        print(f"rllm-gym train: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except OutputDirError as error:
+        print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
+        return 2
+    except RunFinished as finished:
+        if int(os.environ.get("RANK", "0")) == 0:  # said once, not by every process of a launch
+            print(f"rllm-gym train: {finished}", flush=True)
+        return 0
+    except TrainingStopped as stop:
         print(f"rllm-gym train: {stop}", file=sys.stderr, flush=True)
         return 1
     except Interrupted:

@@ -3,8 +3,9 @@
 The trainer writes both into ``final/`` and every ``checkpoint-N``: the env ids, agent and env arguments, chat
 template options (``chat_template_kwargs``: the trainer's, with the agent's ``enable_thinking``), the dtype, turn and
 reply limits the model was trained with, its base, its steps and its greedy success before (and, in ``final/``,
-after) training. ``rllm-gym eval --model <folder>`` reads the record and evaluates in the same
-prompt format unless flags say otherwise. This module imports nothing heavy: the CLI reads records with it.
+after) training; for a run extended after it finished, also its success where it ended before (``earlier``).
+``rllm-gym eval --model <folder>`` reads the record and evaluates in the same prompt format unless flags say
+otherwise. This module imports nothing heavy: the CLI reads records with it.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def training_record(config: dict[str, Any], *, steps: int, scores: dict[str, Any
         "greedy_after": scores.get("greedy_after"),
         "heldout_before": scores.get("heldout_before"),
         "heldout_after": scores.get("heldout_after"),
+        # A run extended after it finished (a resume with a larger max_steps): where each earlier end left it.
+        "earlier": [
+            {key: part.get(key) for key in ("steps", "greedy_after", "heldout_after")}
+            for part in scores.get("earlier", [])
+        ],
     }
 
 
@@ -146,6 +152,12 @@ def model_card(name: str, record: dict[str, Any]) -> str:
         f"- Greedy success on training tasks, after training: {after}",
         f"- Greedy success on held-out tasks (never trained on), before training: {heldout_before}",
         f"- Greedy success on held-out tasks (never trained on), after training: {heldout_after}",
+        *[
+            f"- Earlier, when the run ended at step {part['steps']} (it was extended since): greedy success "
+            f"{_scores(part['greedy_after'], 'not measured')} on training tasks, "
+            f"{_scores(part['heldout_after'], 'not measured')} on held-out tasks"
+            for part in record.get("earlier", [])
+        ],
         "",
         "## Evaluate",
         "",

@@ -1,56 +1,63 @@
-"""A training run's output folder: one run per folder, checkpoints to resume from, and a clean stop on Ctrl-C.
+"""A training run's output folder: one run per folder, checkpoints to resume from, and what a resume may change.
 
 A folder holds a run when it has any of :data:`RUN_FILES` or a ``checkpoint-N`` folder. A new run refuses such a
 folder unless told to continue it (``resume``) or replace it (``overwrite``, which deletes only those files, never
 anything else in the folder). ``run.json`` records the run's settings and its "before" evaluation, so that a resumed
-run keeps both and a run with other settings cannot be appended to it.
+run keeps both and a run with other settings cannot be appended to it. A finished run (``final/`` written at its last
+step) resumed without a larger ``max_steps`` is left as it is (:class:`RunFinished`); with one, it is extended and
+keeps its earlier results (:func:`earlier_results`). This module imports nothing heavy: the command line checks the
+folder with it before loading torch and TRL (:func:`refuse_taken_output_dir`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 __all__ = [
-    "IDENTITY_FIELDS",
+    "DEFAULT_OUTPUT_DIR",
     "RUN_FILE",
     "RUN_FILES",
+    "RUN_ONLY_FIELDS",
     "OutputDirError",
-    "StopOnInterrupt",
+    "RunFinished",
     "clear_run",
+    "earlier_results",
+    "exit_status_before_imports",
     "last_checkpoint",
     "prepare_output_dir",
     "read_run_record",
+    "refuse_taken_output_dir",
     "run_artifacts",
     "write_run_record",
 ]
 
 RUN_FILE = "run.json"
+DEFAULT_OUTPUT_DIR = "runs/grpo"  # TrainConfig.output_dir's default
 RUN_FILES = (RUN_FILE, "metrics.jsonl", "summary.json", "reward_curve.png", "final")
-# Settings that make a run what it is: resuming with another value would mix two runs in one metrics file.
-IDENTITY_FIELDS = (
-    "env",
-    "env_weights",
-    "tasks",
-    "eval_tasks",
-    "split_seed",
-    "agent_args",
-    "env_args",
-    "max_turns",
-    "chat_template_kwargs",
-    "model",
-    "model_shape",
-    "lora",
-    "num_generations",
-    "prompts_per_step",
-    "estimator",
-    "seed",
+# The settings a resume may change: how the run is shown, logged and saved, not what it trains. Any other setting
+# differing from the run's would mix two runs in one folder (max_steps may grow: that extends the run).
+RUN_ONLY_FIELDS = (
+    "max_steps",
+    "resume",
+    "overwrite",
+    "output_dir",
+    "progress",
+    "log_level",
+    "debug",
+    "report_to",
+    "save_steps",
+    "logging_steps",
+    "max_error_steps",
+    "vllm_server_base_url",
+    "vllm_server_timeout",
 )
+JSON_FIELDS = ("agent_args", "env_args", "chat_template_kwargs", "trl_args")
+# What an evaluation after the last step left in summary.json: kept under "earlier" when the run is extended.
+AFTER_KEYS = ("greedy_after", "heldout_after", "evaluation_after", "reward_first", "reward_last", "train_seconds")
 
 
 class OutputDirError(ValueError):
@@ -93,12 +100,37 @@ def write_run_record(output_dir: Path, record: dict[str, Any]) -> None:
     (output_dir / RUN_FILE).write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
-def _identity(config: dict[str, Any]) -> dict[str, Any]:
-    values = {name: config.get(name) for name in IDENTITY_FIELDS}
-    for name in ("agent_args", "env_args"):  # JSON text: compare what it means, not its spelling
-        if isinstance(values[name], str):
+class RunFinished(Exception):
+    """A resume of a run that already reached its ``max_steps``: nothing to do; the message says so and how to extend
+    it. The command line prints it and exits 0."""
+
+
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of a run that a resume must keep (every field but :data:`RUN_ONLY_FIELDS`), JSON text parsed so
+    that two spellings of one value compare equal."""
+    values = {name: value for name, value in config.items() if name not in RUN_ONLY_FIELDS}
+    for name in JSON_FIELDS:
+        if isinstance(values.get(name), str):
             values[name] = json.loads(values[name])
     return values
+
+
+def settings_changed(earlier: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``learning_rate: 0.001 there, 0.01 now`` for each setting a resume may not change that differs."""
+    before, after = _settings(earlier), _settings(now)
+    return [
+        f"{name}: {before[name]!r} there, {after.get(name)!r} now"
+        for name in before
+        if before[name] != after.get(name)
+    ]
+
+
+def final_step(output_dir: Path) -> int | None:
+    """The step ``final/`` was saved at (from its training record), or None when the run has not finished."""
+    from rllm_gym.train.model_record import read_training_record
+
+    record = read_training_record(output_dir / "final") if (output_dir / "final").is_dir() else None
+    return int(record["steps"]) if record else None
 
 
 def prepare_output_dir(
@@ -106,32 +138,63 @@ def prepare_output_dir(
 ) -> tuple[Path | None, dict[str, Any]]:
     """Check ``output_dir`` against the flags; returns the checkpoint to resume from and the run record kept there.
 
-    Raises :class:`OutputDirError` naming the folder and what to pass instead. Changes nothing: with ``overwrite``,
-    the caller deletes the earlier run with :func:`clear_run` (on the main process, once every process has checked).
+    Raises :class:`OutputDirError` naming the folder and what to pass instead (a resume with other settings names each
+    difference), and :class:`RunFinished` for a resume of a finished run whose ``max_steps`` does not grow. Changes
+    nothing: with ``overwrite``, the caller deletes the earlier run with :func:`clear_run` (on the main process, once
+    every process has checked).
     """
     if resume and overwrite:
         raise OutputDirError(
             "resume and overwrite exclude each other: --resume true continues a run, --overwrite true replaces it"
         )
-    if resume:
-        checkpoint = last_checkpoint(output_dir)
-        if checkpoint is None:
-            raise OutputDirError(
-                f"--resume true: {output_dir} has no complete checkpoint-N folder to continue from; start the run "
-                f"without --resume (with --overwrite true if the folder holds files of an earlier run)"
-            )
-        record = read_run_record(output_dir)
-        if record:
-            earlier, now = _identity(record.get("config", {})), _identity(config)
-            changed = [
-                f"{name}: {earlier[name]!r} there, {now[name]!r} now" for name in earlier if earlier[name] != now[name]
-            ]
-            if changed:
-                raise OutputDirError(
-                    f"--resume true: {output_dir} holds a run with other settings ({'; '.join(changed)}); resume "
-                    f"with the same settings, or start a new run in another output_dir"
-                )
-        return checkpoint, record
+    if not resume:
+        check_free(output_dir, overwrite)
+        return None, {}
+    checkpoint = last_checkpoint(output_dir)
+    if checkpoint is None:
+        raise OutputDirError(
+            f"--resume true: {output_dir} has no complete checkpoint-N folder to continue from; start the run "
+            f"without --resume (with --overwrite true if the folder holds files of an earlier run)"
+        )
+    record = read_run_record(output_dir)
+    changed = settings_changed(record.get("config", {}), config) if record else []
+    if changed:
+        raise OutputDirError(
+            f"--resume true: {output_dir} holds a run with other settings ({'; '.join(changed)}); resume with the "
+            f"same settings (only max_steps may grow), or start a new run in another output_dir"
+        )
+    reached = int(checkpoint.name.removeprefix("checkpoint-"))
+    finished = final_step(output_dir)
+    if finished is not None and finished >= reached and config["max_steps"] <= finished:
+        raise RunFinished(
+            f"{output_dir} holds a finished run (step {finished} of {finished}; its results are in summary.json and "
+            f"final/): nothing to do. To train it further, resume with a larger --max_steps (above {finished})"
+        )
+    if config["max_steps"] < reached:
+        raise OutputDirError(
+            f"--resume true: {output_dir} reached step {reached}, past --max_steps {config['max_steps']}: resume with "
+            f"--max_steps {reached} or more"
+        )
+    return checkpoint, record
+
+
+def earlier_results(output_dir: Path) -> list[dict[str, Any]]:
+    """The results of the finished parts of the run in ``output_dir``, oldest first: for each time it reached its
+    ``max_steps``, the step and what the evaluation after it gave (summary.json's ``greedy_after``,
+    ``heldout_after``, ``evaluation_after``, rewards and seconds). A resume that extends the run keeps them."""
+    try:
+        summary = json.loads((output_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    parts = list(summary.get("earlier", []))
+    step = final_step(output_dir)
+    if step is not None and step not in {part.get("steps") for part in parts}:
+        parts.append({"steps": step, **{key: summary[key] for key in AFTER_KEYS if key in summary}})
+    return parts
+
+
+def check_free(output_dir: Path, overwrite: bool) -> None:
+    """Raise :class:`OutputDirError` when ``output_dir`` holds a run and ``overwrite`` is off."""
     artifacts = run_artifacts(output_dir)
     if artifacts and not overwrite:
         names = ", ".join(path.name for path in artifacts[:4]) + (", ..." if len(artifacts) > 4 else "")
@@ -139,7 +202,41 @@ def prepare_output_dir(
             f"output_dir {output_dir} holds another run ({names}): pass --resume true to continue it, "
             f"--overwrite true to replace it, or choose another --output_dir"
         )
-    return None, {}
+
+
+def refuse_taken_output_dir(argv: list[str]) -> None:
+    """Raise :class:`OutputDirError` at once when the run ``argv`` asks for would be refused for a taken output_dir
+    (no --resume, no --overwrite), reading only its --config YAML and those flags.
+
+    The trainer checks again once its config is complete; this check only makes the refusal immediate (loading TRL
+    took about 10 s first). Anything it cannot read (a bad YAML file, a flag without value) is left to that check.
+    """
+    import yaml
+
+    from rllm_gym.train.config_file import TRUE
+
+    if "-h" in argv or "--help" in argv:
+        return
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--config")
+    parser.add_argument("--output_dir", "--output-dir")
+    for flag in ("resume", "overwrite"):
+        parser.add_argument(f"--{flag}", nargs="?", const="true")
+    try:
+        given, _ = parser.parse_known_args(argv)
+        values = yaml.safe_load(Path(given.config).read_text()) or {} if given.config else {}
+    except (SystemExit, OSError, yaml.YAMLError):
+        return
+    if not isinstance(values, dict):
+        return
+
+    def setting(name: str, default: Any) -> Any:
+        flag = getattr(given, name)
+        return flag if flag is not None else values.get(name, default)
+
+    resume, overwrite = (str(setting(name, False)).lower() in TRUE for name in ("resume", "overwrite"))
+    if not (resume or overwrite):
+        check_free(Path(str(setting("output_dir", DEFAULT_OUTPUT_DIR))), overwrite=False)
 
 
 def clear_run(output_dir: Path) -> None:
@@ -151,43 +248,14 @@ def clear_run(output_dir: Path) -> None:
             path.unlink()
 
 
-class StopOnInterrupt(TrainerCallback):
-    """Ctrl-C (SIGINT) during training: finish the current step, save a checkpoint, stop; ``stopped_at`` is the step.
+def exit_status_before_imports(argv: list[str]) -> int | None:
+    """2, having said why on stderr, when the trainer's command line ``argv`` names a taken output_dir (see
+    :func:`refuse_taken_output_dir`); None when the run may go on to load the trainer."""
+    import sys
 
-    A second Ctrl-C quits at once (KeyboardInterrupt), leaving the last checkpoint saved before it.
-    """
-
-    def __init__(self, announce: bool = True):
-        self.announce = announce
-        self.requested = False
-        self.stopped_at: int | None = None
-        self._step = 0
-        self._previous: Any = None
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        self.requested = True
-        if self.announce:
-            print(
-                f"Ctrl-C: stopping after step {self._step + 1} with a checkpoint (continue with --resume true; "
-                f"Ctrl-C again quits at once)",
-                flush=True,
-            )
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._step = state.global_step
-        self._previous = signal.signal(signal.SIGINT, self._handle)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self._step = state.global_step
-        if self.requested:
-            control.should_save = True
-            control.should_training_stop = True
-            self.stopped_at = state.global_step
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+    try:
+        refuse_taken_output_dir(argv)
+    except OutputDirError as error:
+        print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
+        return 2
+    return None

@@ -402,6 +402,16 @@ class RLLMGRPOTrainer(GRPOTrainer):
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """Nothing: train/grpo.py writes a filled-in card into each model folder (train/model_record.py)."""
 
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Warn about the missing keys of a resumed checkpoint that were really not loaded. A tied weight (the
+        embedded model's lm_head is its embedding) is saved once, under the name it shares, so every resume "missed"
+        it although loading the shared tensor loaded it too: that warning looked like a corrupt checkpoint."""
+        state = self.model.state_dict(keep_vars=True)
+        missing = set(load_result.missing_keys)
+        loaded = {tensor.data_ptr() for name, tensor in state.items() if name not in missing}
+        kept = [name for name in load_result.missing_keys if name not in state or state[name].data_ptr() not in loaded]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=kept))
+
     def _count_episodes(self, episodes: list[Episode]) -> None:
         """Add a step's episodes (every process's, each once) to the run's counts; stop on too many failed steps."""
         unique = list({episode.id: episode for episode in episodes}.values())

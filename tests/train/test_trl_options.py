@@ -49,18 +49,18 @@ def test_trl_options_from_yaml_and_flags_reach_the_trainer(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "message", "status"),
     [
-        (["--max_grad_nrom", "1"], "unknown flag --max_grad_nrom (did you mean --max_grad_norm?)"),
-        (["--gradient_accumulation_steps", "3"], "must divide among 1 processes x 3 gradient accumulation steps"),
-        (["--trl_args", '{"max_grad_nrom": 1}'], "trl_args: 'max_grad_nrom' is not a GRPOConfig field"),
-        (["--warmup_ratio", "1.5"], "warmup_ratio must be in [0, 1), got 1.5"),
+        (["--max_grad_nrom", "1"], "unknown flag --max_grad_nrom (did you mean --max_grad_norm?)", 2),
+        (["--gradient_accumulation_steps", "3"], "must divide among 1 processes x 3 gradient accumulation steps", 1),
+        (["--trl_args", '{"max_grad_nrom": 1}'], "trl_args: 'max_grad_nrom' is not a GRPOConfig field", 2),
+        (["--warmup_ratio", "1.5"], "warmup_ratio must be in [0, 1), got 1.5", 2),
     ],
 )
-def test_bad_trl_options_are_named(args, message, tmp_path, capsys):
+def test_bad_trl_options_are_named(args, message, status, tmp_path, capsys):
     from rllm_gym.train.grpo import cli
 
-    assert cli(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *args]) == 1
+    assert cli(["--config", str(TINY), "--output_dir", str(tmp_path / "run"), *args]) == status
     assert message in capsys.readouterr().err
 
 
