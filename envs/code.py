@@ -164,22 +164,31 @@ def _instructions(task: dict[str, Any]) -> str:
 
 
 def _feedback(metadata: dict[str, Any], revisions_left: int, public: int | None) -> str:
-    """What a failing attempt is told. ``public``: how many of the first tests may be quoted (``None``: all). Of a
-    hidden test only its status is told: its input and expected output would let the next attempt print the answer
-    (a reward the policy forges), and what the program printed or raised could carry the hidden input out."""
+    """What a failing attempt is told. ``public``: how many of the first tests may be quoted (``None``: all).
+
+    Of a hidden test only that it failed is told: its input and expected output would let the next attempt print
+    the answer (a reward the policy forges), what the program printed or raised could carry the hidden input out,
+    and its status (wrong answer, timeout, memory...) or how many hidden tests passed before it would be a channel
+    the program picks from the hidden input. The public tests ran in a sandbox process of their own, before any
+    hidden input reached the solution, so what is quoted of them depends on nothing hidden.
+    """
     if metadata.get("error") and not metadata.get("tests"):
         head = f"Your reply could not be graded: {metadata['error']}."
     else:
         index, failing = next((i, t) for i, t in enumerate(metadata["tests"]) if not t["passed"])
         if public is not None and index >= public:
+            shown = f"All {public} public test(s) passed, but a" if public else "A"
             head = (
-                f"{metadata['passed']} of {metadata['total']} tests passed. The first failing test is a hidden one "
-                f"({failing['status'].replace('_', ' ')}); its input and expected output, and what your program "
-                f"printed or raised on it, are not shown."
+                f"{shown} hidden test failed. Of hidden tests nothing more is shown: not their input or expected "
+                f"output, not what your program printed or raised, not how it failed."
             )
         else:
+            if public is None:
+                count = f"{metadata['passed']} of {metadata['total']} tests passed."
+            else:  # hidden tests count for nothing here: how many passed is theirs to hide too
+                count = f"{sum(t['passed'] for t in metadata['tests'][:public])} of {public} public test(s) passed."
             lines = [
-                f"{metadata['passed']} of {metadata['total']} tests passed. First failing test:",
+                f"{count} First failing test:",
                 f"Input:\n{failing['input']}",
             ]
             if "expected" in failing:
@@ -346,7 +355,7 @@ class CodeEnv(gym.Env[str, str]):
     def _attempt_step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._attempt += 1
         invalid = not self.action_space.contains(action)
-        result = self.grader(self._task, "" if invalid else action)
+        result = self.grader(self._task, "" if invalid else action, public_tests=public_test_count(self._task))
         meta = result.metadata
         graded = bool(meta.get("graded"))
         revisions_left = self.max_revisions - (self._attempt - 1)
