@@ -215,9 +215,13 @@ class CodeEnv(gym.Env[str, str]):
     (exact ints and strings, a float tolerance only for expected floats). By default the episode is single-turn;
     with ``max_revisions=N`` a failing reply gets feedback on the first failing test and may be revised N times.
     Feedback quotes a test (input, expected, got, or the error) only when it is public, one the model may see
-    (``public_tests``: the one assert an MBPP prompt shows, none otherwise); of a hidden test it tells only the
-    status. Quoting hidden tests let a policy earn the reward by printing the expected outputs it had been shown, and
-    what a program prints or raises on a hidden input could carry that input out.
+    (``public_tests``: the one assert an MBPP prompt shows, none otherwise), from a run of the public tests alone
+    (function and assert tests run them in a sandbox process apart from the hidden ones); of a hidden test it says
+    only that one failed. Quoting hidden tests let a policy earn the reward by printing the expected outputs it had
+    been shown, and what a program prints or raises on a hidden input could carry that input out. Even a hidden test's
+    status (wrong answer, timeout, memory...) or how many hidden tests passed is a channel the program picks from the
+    hidden input, so neither is told: the trade-off is that the policy cannot tell a hidden timeout from a hidden
+    wrong answer, while ``info["tests"]`` keeps every status for the user.
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply. An action outside the space (``bytes``, ``None``, a
@@ -226,7 +230,7 @@ class CodeEnv(gym.Env[str, str]):
     ## Observation Space
     ``TextSpace``: at reset, the problem statement, how to read input or which function to define, any starter code,
     and the answer format. After a failing attempt with revisions left: the feedback on the first failing test
-    (quoted when it is public, its status only when it is hidden).
+    (quoted when it is public, with how many public tests passed; "a hidden test failed" when it is hidden).
 
     ## Prompt Format
     Example observation::
@@ -279,7 +283,9 @@ class CodeEnv(gym.Env[str, str]):
     * v0: initial version; grading since made unforgeable (paired function tests, strict comparison, a minimal
       file system view): replies that exploited the old grader now earn 0.0. Text over ``max_length`` is no
       longer run, and ``render_mode="human"`` was added. Feedback no longer quotes hidden tests (``feedback="full"``
-      restores it), and an MBPP prompt shows one of its asserts rather than three.
+      restores it), and an MBPP prompt shows one of its asserts rather than three. A hidden failure is told as
+      "a hidden test failed" (no status, no count of hidden passes), public tests run apart from hidden ones, a
+      HumanEval prompt's helpers stay the task's, and exceptions such as ``StopIteration`` fail the test.
     """
 
     metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}

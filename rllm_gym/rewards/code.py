@@ -17,6 +17,16 @@ value comes back (None, bool, int, float, str, bytes and lists, tuples, dicts an
 the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are compared
 here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit counts.
 
+**The task's code stays the task's.** In assert tests, names the task defines (a HumanEval prompt's helpers, the test
+code, MBPP setup) resolve to the task's definitions; only the entry point and names the task never defines call the
+solution, whose program gets the prompt's helpers it does not define itself. **Exceptions cannot steer the tests:** a
+builtin ``Exception`` raised by the solution reaches the test as that builtin, while ``StopIteration``, the
+``BaseException`` family, other names and calls without a plain-data answer fail the test even if its code catches
+them (see :mod:`rllm_gym.sandbox._channel`). **Public tests run apart:** with ``public_tests`` (the first tests, the
+ones feedback may quote), function and assert tests run them in a paired run of their own, before the hidden ones, so
+what is reported of them never depends on a hidden input; a test without a report says so. **Any value gets a
+verdict:** comparison and quoting (:mod:`rllm_gym.rewards._code_compare`) never raise, whatever the solution returns.
+
 **Strict comparison.** ints, strs and bytes compare exactly, ``bool`` is not an ``int``, and a float tolerance
 (``float_tolerance``, relative and absolute, default ``1e-6``; a task may set its own ``float_tolerance``) applies only
 where the expected value is a float: in stdin/stdout tests, where the expected token is a float literal (has ``.``,

@@ -6,7 +6,11 @@ code) and the solution (model code). The harness imports ``_rllm_channel`` (:fun
 function's return value encoded by :func:`encode`. Only plain data crosses: None, bool, int, float, str, bytes and
 lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__`` is
 not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
-:class:`RemoteError`: the harness never runs an object the solution made.
+:class:`RemoteError`: the harness never runs an object the solution made. An exception from the solution's function
+comes back as a name and a message; the harness raises the builtin ``Exception`` of that name, except for names that
+would steer the test code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a
+builtin ``Exception``): those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are
+recorded in ``failures``, which the harness reads after each test, so catching them does not pass the test.
 
 Standard library only: the zygote loads this file by path (see :mod:`rllm_gym.sandbox._zygote`); the host imports it
 to decode values a harness reports.
