@@ -193,7 +193,10 @@ def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
 def _error_reply(exc: BaseException) -> dict[str, str]:
     """The nearest builtin class of ``exc`` and its message, whatever its ``__str__`` does (raise, loop on itself,
     return megabytes). The harness trusts neither: the solution's process can write any reply it likes."""
-    name = next((k.__name__ for k in type(exc).__mro__ if getattr(builtins, k.__name__, None) is k), "BaseException")
+    try:
+        name = next(k.__name__ for k in type(exc).__mro__ if getattr(builtins, k.__name__, None) is k)
+    except BaseException:  # a metaclass with its own __mro__ or __name__
+        name = "BaseException"
     try:
         message = str(exc)[:500]
     except BaseException:

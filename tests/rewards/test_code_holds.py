@@ -195,6 +195,14 @@ RAISES = {
     "fake-StopIteration": "class StopIteration(Exception):\n        pass\n    raise StopIteration",
     "fake-ValueError-base": "class ValueError(BaseException):\n        pass\n    raise ValueError",
     "odd-str": "class E(Exception):\n        def __str__(self):\n            raise E()\n    raise E()",
+    "odd-metaclass": (
+        "class M(type):\n"
+        "        __mro__ = property(lambda cls: 1 / 0)\n"
+        "        __name__ = property(lambda cls: 1 / 0)\n"
+        "    class E(Exception, metaclass=M):\n"
+        "        pass\n"
+        "    raise E()"
+    ),
     "odd-eq-repr-del": (
         "class E(Exception):\n"
         "        __eq__ = lambda self, other: True\n"
