@@ -191,10 +191,16 @@ def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
 
 
 def _error_reply(exc: BaseException) -> dict[str, str]:
-    """The nearest builtin class of ``exc`` and its message, whatever its ``__str__`` does (raise, loop on itself,
-    return megabytes). The harness trusts neither: the solution's process can write any reply it likes."""
+    """The nearest specific builtin class of ``exc`` (a ``ValueError`` subclass is a ``ValueError``; a class of its
+    own under ``Exception`` keeps its name, which the harness treats as a failed call) and its message, whatever its
+    ``__str__`` does (raise, loop on itself, return megabytes). The harness trusts neither: the solution's process can
+    write any reply it likes."""
     try:
-        name = next(k.__name__ for k in type(exc).__mro__ if getattr(builtins, k.__name__, None) is k)
+        kind = type(exc)
+        nearest = next(k for k in kind.__mro__ if getattr(builtins, k.__name__, None) is k)
+        # Qualified, so that a class of its own that borrows a builtin's name ("ValueError") is not taken for it.
+        own = f"{kind.__module__}.{kind.__qualname__}" if kind is not nearest else nearest.__name__
+        name = str(own if nearest in (Exception, BaseException) else nearest.__name__)
     except BaseException:  # a metaclass with its own __mro__ or __name__
         name = "BaseException"
     try:

@@ -225,6 +225,17 @@ def test_an_exception_from_the_solution_fails_the_test_whatever_the_test_code_do
     assert failing["status"] == "runtime_error" and failing["error"], failing
 
 
+@pytest.mark.parametrize("base", ["Exception", "BaseException", "ArithmeticError"])
+def test_a_class_that_borrows_a_builtins_name_is_not_that_builtin(grader, base):
+    hostile = (
+        f"class ValueError({base}):\n    pass\n\n"
+        "def is_even(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x % 2 == 0\n"
+    )
+    result = _grade(grader, EVEN_TASKS["raises"], hostile)
+    assert result.reward == 0.0, result.metadata
+    assert result.metadata["tests"][0]["status"] == "runtime_error" and result.metadata["tests"][0]["error"]
+
+
 @pytest.mark.parametrize("fmt", list(EVEN_TASKS))
 def test_an_honest_predicate_still_passes(grader, fmt):
     honest = "def is_even(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x % 2 == 0\n"
