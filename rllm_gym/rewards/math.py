@@ -357,7 +357,8 @@ class MathGrader:
         True
 
     ``metadata`` holds ``extracted_answer``, ``ground_truth`` (the first reference answer), ``path`` (which path
-    decided: ``exact``, ``numeric``, ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
+    decided: ``exact``, ``numeric``, ``words`` (words after the number change its meaning: not equal),
+    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
     and, for format errors and failures, ``error``.
 
     Args:
