@@ -136,7 +136,8 @@ _TRAILING_WORDS = re.compile(
 )
 _WORD = re.compile(r"[A-Za-z]+|[^A-Za-z\s.,]")
 _PLAIN_DECIMAL = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?$")
-_SCALES = {"hundred": 2, "thousand": 3, "million": 6, "billion": 9, "trillion": 12}
+_SCALES = {"hundred": 2, "thousand": 3, "million": 6, "billion": 9, "trillion": 12}  # powers of ten
+_DOZEN = "dozen"  # a scale too: "2 dozen" is 24, never 2
 # Words that make a number say something else ("3 is not it", "5 or more", "about 7"): an answer ending in one is
 # not that number. Any other short run of words after a number is read as its unit ("10 cm", "5 apples each").
 _MEANING_WORDS = frozenset(
@@ -165,24 +166,29 @@ def _read_trailing_words(text: str) -> tuple[str, str]:
     words = [word for word in words if word not in "{}"]
     if not words:
         return core, "unit"  # an empty \text{}
-    exponent = 0
-    while words and words[0] in _SCALES:
-        exponent += _SCALES[words.pop(0)]
+    exponent, dozens = 0, 0
+    while words and (words[0] in _SCALES or words[0] == _DOZEN):
+        word = words.pop(0)
+        exponent, dozens = exponent + _SCALES.get(word, 0), dozens + (word == _DOZEN)
+    scaled = exponent or dozens
     if words[:2] in (["percent"], ["per", "cent"]) and len(words) == (1 if words[0] == "percent" else 2):
-        return (core + "%", "percent") if not exponent else (text, "words")
+        return (core + "%", "percent") if not scaled else (text, "words")
     if len(words) > _MAX_UNIT_WORDS or any(not word.isalpha() or word in _MEANING_WORDS for word in words):
         return text, "words"
-    if not exponent:
+    if not scaled:
         return core, "unit"
     if not _PLAIN_DECIMAL.match(core):
         return text, "words"  # a scale word after an expression: not read here
+    if dozens:  # exact: 12**k times the number (never longer than the words it replaces)
+        value = Fraction(core.replace(",", "")) * 12**dozens * 10**exponent
+        return (str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"), "scale"
     return f"{core.replace(',', '')}e{exponent}", "scale"
 
 
 def _normalize(answer: str) -> tuple[str, str]:
     text = answer.strip().rstrip(".").strip("$").strip().rstrip(".")
     text = re.sub(r"\\text\{\s*\}", "", text)
-    text, how = _read_trailing_words(text)
+    text, how = _read_trailing_words(re.sub(r"^\\?\$\s*", "", text))  # "\$1.2 million": the number starts after $
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _DROP.sub("", text)
     return _ASSIGNMENT.sub("", text), how

@@ -35,6 +35,10 @@ def grader():
         ("3000000000", "The answer is 3 billion.", True),
         ("7200", "The answer is 7 thousand", False),  # a scale word does not round
         ("10 \\text{ million}", "\\boxed{10000000}", True),
+        ("1200000", "\\boxed{\\$1.2 \\text{ million}}", True),
+        ("24", "The answer is 2 dozen.", True),
+        ("2", "The answer is 2 dozen.", False),
+        ("18", "\\boxed{1.5 \\text{ dozen eggs}}", True),
         # units are dropped, as before
         ("10", "\\boxed{10 \\text{ cm}}", True),
         ("10", "\\boxed{10\\text{ cm}}", True),
