@@ -156,8 +156,8 @@ def _read_trailing_words(text: str) -> tuple[str, str]:
     """``(text, how)``: the answer with words after its number read, and how they were read: ``""`` (none),
     ``"unit"`` (dropped: ``10\\text{ cm}`` -> ``10``), ``"scale"`` (applied: ``7 thousand`` -> ``7e3``),
     ``"percent"`` (``50 percent`` -> ``50%``) or ``"words"`` (they change the meaning: the text is left as it is)."""
-    if not _NUMERIC_START.match(text):
-        return text, ""
+    if not text or not (text[-1].isalpha() or text[-1] in "}.") or not _NUMERIC_START.match(text):
+        return text, ""  # words end in a letter, a period or a brace: most numbers are decided here
     found = _TRAILING_WORDS.search(text)
     if found is None or found.start() == 0:
         return text, ""
@@ -188,7 +188,9 @@ def _read_trailing_words(text: str) -> tuple[str, str]:
 def _normalize(answer: str) -> tuple[str, str]:
     text = answer.strip().rstrip(".").strip("$").strip().rstrip(".")
     text = re.sub(r"\\text\{\s*\}", "", text)
-    text, how = _read_trailing_words(re.sub(r"^\\?\$\s*", "", text))  # "\$1.2 million": the number starts after $
+    if text.startswith(("\\$", "$")):  # "\$1.2 million": the number, and its words, start after the dollar sign
+        text = text.removeprefix("\\").removeprefix("$").lstrip()
+    text, how = _read_trailing_words(text)
     text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     text = _DROP.sub("", text)
     return _ASSIGNMENT.sub("", text), how
