@@ -164,22 +164,31 @@ def _instructions(task: dict[str, Any]) -> str:
 
 
 def _feedback(metadata: dict[str, Any], revisions_left: int, public: int | None) -> str:
-    """What a failing attempt is told. ``public``: how many of the first tests may be quoted (``None``: all). Of a
-    hidden test only its status is told: its input and expected output would let the next attempt print the answer
-    (a reward the policy forges), and what the program printed or raised could carry the hidden input out."""
+    """What a failing attempt is told. ``public``: how many of the first tests may be quoted (``None``: all).
+
+    Of a hidden test only that it failed is told: its input and expected output would let the next attempt print
+    the answer (a reward the policy forges), what the program printed or raised could carry the hidden input out,
+    and its status (wrong answer, timeout, memory...) or how many hidden tests passed before it would be a channel
+    the program picks from the hidden input. The public tests ran in a sandbox process of their own, before any
+    hidden input reached the solution, so what is quoted of them depends on nothing hidden.
+    """
     if metadata.get("error") and not metadata.get("tests"):
         head = f"Your reply could not be graded: {metadata['error']}."
     else:
         index, failing = next((i, t) for i, t in enumerate(metadata["tests"]) if not t["passed"])
         if public is not None and index >= public:
+            shown = f"All {public} public test(s) passed, but a" if public else "A"
             head = (
-                f"{metadata['passed']} of {metadata['total']} tests passed. The first failing test is a hidden one "
-                f"({failing['status'].replace('_', ' ')}); its input and expected output, and what your program "
-                f"printed or raised on it, are not shown."
+                f"{shown} hidden test failed. Of hidden tests nothing more is shown: not their input or expected "
+                f"output, not what your program printed or raised, not how it failed."
             )
         else:
+            if public is None:
+                count = f"{metadata['passed']} of {metadata['total']} tests passed."
+            else:  # hidden tests count for nothing here: how many passed is theirs to hide too
+                count = f"{sum(t['passed'] for t in metadata['tests'][:public])} of {public} public test(s) passed."
             lines = [
-                f"{metadata['passed']} of {metadata['total']} tests passed. First failing test:",
+                f"{count} First failing test:",
                 f"Input:\n{failing['input']}",
             ]
             if "expected" in failing:
@@ -206,9 +215,13 @@ class CodeEnv(gym.Env[str, str]):
     (exact ints and strings, a float tolerance only for expected floats). By default the episode is single-turn;
     with ``max_revisions=N`` a failing reply gets feedback on the first failing test and may be revised N times.
     Feedback quotes a test (input, expected, got, or the error) only when it is public, one the model may see
-    (``public_tests``: the one assert an MBPP prompt shows, none otherwise); of a hidden test it tells only the
-    status. Quoting hidden tests let a policy earn the reward by printing the expected outputs it had been shown, and
-    what a program prints or raises on a hidden input could carry that input out.
+    (``public_tests``: the one assert an MBPP prompt shows, none otherwise), from a run of the public tests alone
+    (function and assert tests run them in a sandbox process apart from the hidden ones); of a hidden test it says
+    only that one failed. Quoting hidden tests let a policy earn the reward by printing the expected outputs it had
+    been shown, and what a program prints or raises on a hidden input could carry that input out. Even a hidden test's
+    status (wrong answer, timeout, memory...) or how many hidden tests passed is a channel the program picks from the
+    hidden input, so neither is told: the trade-off is that the policy cannot tell a hidden timeout from a hidden
+    wrong answer, while ``info["tests"]`` keeps every status for the user.
 
     ## Action Space
     ``TextSpace(max_length=100_000)``: the model's reply. An action outside the space (``bytes``, ``None``, a
@@ -217,7 +230,7 @@ class CodeEnv(gym.Env[str, str]):
     ## Observation Space
     ``TextSpace``: at reset, the problem statement, how to read input or which function to define, any starter code,
     and the answer format. After a failing attempt with revisions left: the feedback on the first failing test
-    (quoted when it is public, its status only when it is hidden).
+    (quoted when it is public, with how many public tests passed; "a hidden test failed" when it is hidden).
 
     ## Prompt Format
     Example observation::
@@ -270,7 +283,9 @@ class CodeEnv(gym.Env[str, str]):
     * v0: initial version; grading since made unforgeable (paired function tests, strict comparison, a minimal
       file system view): replies that exploited the old grader now earn 0.0. Text over ``max_length`` is no
       longer run, and ``render_mode="human"`` was added. Feedback no longer quotes hidden tests (``feedback="full"``
-      restores it), and an MBPP prompt shows one of its asserts rather than three.
+      restores it), and an MBPP prompt shows one of its asserts rather than three. A hidden failure is told as
+      "a hidden test failed" (no status, no count of hidden passes), public tests run apart from hidden ones, a
+      HumanEval prompt's helpers stay the task's, and exceptions such as ``StopIteration`` fail the test.
     """
 
     metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
@@ -346,7 +361,7 @@ class CodeEnv(gym.Env[str, str]):
     def _attempt_step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._attempt += 1
         invalid = not self.action_space.contains(action)
-        result = self.grader(self._task, "" if invalid else action)
+        result = self.grader(self._task, "" if invalid else action, public_tests=public_test_count(self._task))
         meta = result.metadata
         graded = bool(meta.get("graded"))
         revisions_left = self.max_revisions - (self._attempt - 1)

@@ -89,6 +89,21 @@ def test_stdout_stdin_and_exit_codes(sandbox):
     assert crash.stderr.strip().endswith("ValueError: boom") and "_zygote" not in crash.stderr
 
 
+def test_lone_surrogates_in_code_input_and_files_are_the_programs_affair(sandbox):
+    """Text UTF-8 cannot encode is the caller's (a model's) text: the run ends in its own status, never
+    ``sandbox_error``."""
+    broken = sandbox.run("s = '\ud800'\nprint(len(s))\n")
+    assert broken.status is ExecutionStatus.RUNTIME_ERROR and "surrogates not allowed" in broken.stderr
+    commented = sandbox.run("print(2 * 21)  # \udcff\n")
+    assert commented.status is ExecutionStatus.RUNTIME_ERROR
+    echoed = sandbox.run(
+        "import sys\nprint(repr(sys.stdin.read()), open('f.txt', encoding='utf-8', errors='replace').read())",
+        stdin="a\ud800b",
+        files={"f.txt": "\udcff"},
+    )
+    assert echoed.status is ExecutionStatus.OK and echoed.stdout.startswith("'a\ufffd\ufffd\ufffdb'"), echoed
+
+
 def test_big_stdin_and_extra_files(sandbox):
     data = "\n".join(str(i) for i in range(200_000)) + "\n"
     result = sandbox.run(

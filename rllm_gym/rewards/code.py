@@ -17,6 +17,16 @@ value comes back (None, bool, int, float, str, bytes and lists, tuples, dicts an
 the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are compared
 here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit counts.
 
+**The task's code stays the task's.** In assert tests, names the task defines (a HumanEval prompt's helpers, the test
+code, MBPP setup) resolve to the task's definitions; only the entry point and names the task never defines call the
+solution, whose program gets the prompt's helpers it does not define itself. **Exceptions cannot steer the tests:** a
+builtin ``Exception`` raised by the solution reaches the test as that builtin, while ``StopIteration``, the
+``BaseException`` family, other names and calls without a plain-data answer fail the test even if its code catches
+them (see :mod:`rllm_gym.sandbox._channel`). **Public tests run apart:** with ``public_tests`` (the first tests, the
+ones feedback may quote), function and assert tests run them in a paired run of their own, before the hidden ones, so
+what is reported of them never depends on a hidden input; a test without a report says so. **Any value gets a
+verdict:** comparison and quoting (:mod:`rllm_gym.rewards._code_compare`) never raise, whatever the solution returns.
+
 **Strict comparison.** ints, strs and bytes compare exactly, ``bool`` is not an ``int``, and a float tolerance
 (``float_tolerance``, relative and absolute, default ``1e-6``; a task may set its own ``float_tolerance``) applies only
 where the expected value is a float: in stdin/stdout tests, where the expected token is a float literal (has ``.``,
@@ -35,15 +45,15 @@ learning from it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from rllm_gym.sandbox import ExecutionStatus, PairResult, Sandbox, SandboxResult, _channel, default_sandbox
+from rllm_gym.rewards._code_compare import DEFAULT_FLOAT_TOLERANCE, clean_text, outputs_match, values_match
+from rllm_gym.rewards._code_harness import Plan, task_code
+from rllm_gym.sandbox import ExecutionStatus, PairResult, Sandbox, SandboxResult, default_sandbox
 from rllm_gym.types import RewardOutput
 
 __all__ = [
@@ -58,9 +68,6 @@ __all__ = [
 ]
 
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n`]*\n(.*?)```", re.DOTALL)
-_INTEGER = re.compile(r"[+-]?\d+\Z")
-_QUOTE = 300  # characters of an input/expected/got quoted in the per-test results
-DEFAULT_FLOAT_TOLERANCE = 1e-6
 
 
 def extract_code(text: str) -> str | None:
@@ -71,77 +78,14 @@ def extract_code(text: str) -> str | None:
     return blocks[-1][1] if blocks else None
 
 
-def _number(token: str) -> float | None:
-    try:
-        return float(token)
-    except ValueError:
-        return None
-
-
-def _is_float_literal(token: str) -> bool:
-    return _INTEGER.match(token) is None and _number(token) is not None
-
-
-def _close(got: float, expected: float, tol: float) -> bool:
-    if math.isnan(expected):
-        return math.isnan(got)
-    return math.isclose(got, expected, rel_tol=tol, abs_tol=tol)
-
-
-def outputs_match(got: str, expected: str, tol: float = DEFAULT_FLOAT_TOLERANCE) -> bool:
-    """Whether printed output matches the expected output, token by token, ignoring whitespace.
-
-    A token must equal the expected one exactly, except where the expected token is a float literal: then any
-    number within ``tol`` (relative and absolute) matches.
-    """
-    got_tokens, expected_tokens = got.split(), expected.split()
-    if got_tokens == expected_tokens:
-        return True
-    if len(got_tokens) != len(expected_tokens):
-        return False
-    for a, b in zip(got_tokens, expected_tokens, strict=True):
-        if a == b:
-            continue
-        x = _number(a)
-        if not _is_float_literal(b) or x is None or not _close(x, float(b), tol):
-            return False
-    return True
-
-
-def _typed(items: Any) -> set[tuple[type, Any]]:
-    """Keys or members with their exact types: ``{1}`` and ``{True}`` differ."""
-    return {(type(item), item) for item in items}
-
-
-def values_match(got: Any, expected: Any, tol: float = DEFAULT_FLOAT_TOLERANCE) -> bool:
-    """Whether a returned plain value equals the expected one under the strict rules of the module docstring."""
-    kind = type(expected)
-    if kind is bool or type(got) is bool:
-        return type(got) is kind and got == expected
-    if kind is float:
-        return type(got) in (int, float) and _close(float(got), expected, tol)
-    if kind in (int, str, bytes, type(None)):
-        return type(got) is kind and got == expected
-    if kind in (list, tuple):
-        return (
-            type(got) in (list, tuple)
-            and len(got) == len(expected)
-            and all(values_match(a, b, tol) for a, b in zip(got, expected, strict=True))
-        )
-    if kind is dict:
-        return (
-            type(got) is dict
-            and _typed(got) == _typed(expected)
-            and all(values_match(got[k], expected[k], tol) for k in expected)
-        )
-    if kind in (set, frozenset):
-        return type(got) in (set, frozenset) and _typed(got) == _typed(expected)
-    return False
-
-
 @dataclass
 class TestCase:
-    """One test: ``kind`` is ``"stdio"``, ``"call"`` or ``"assert"``; ``input``/``expected`` depend on the kind."""
+    """One test: ``kind`` is ``"stdio"``, ``"call"`` or ``"assert"``; ``input``/``expected`` depend on the kind.
+
+    ``fn_name``: the function under test (a call test's, a HumanEval entry point). ``setup``: the tests' own code
+    (a HumanEval ``check``, MBPP setup); ``task_code``: the task's code the prompt shows (a HumanEval prompt's
+    helpers). Names either defines stay the task's in the tests.
+    """
 
     __test__ = False  # not a pytest test class
 
@@ -151,6 +95,7 @@ class TestCase:
     setup: str = ""
     fn_name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    task_code: str = ""
 
 
 def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
@@ -171,7 +116,8 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             raise ValueError(
                 "task['test'] must be the source of `def check(candidate)` and task['entry_point'] a name"
             )
-        return [TestCase("assert", input=f"check({entry})", setup=test)]
+        code = task_code(task_info.get("prompt"), entry)
+        return [TestCase("assert", input=f"check({entry})", setup=test, fn_name=entry, task_code=code)]
     tests = task_info.get("tests")
     if tests is None:
         raise ValueError(
@@ -213,175 +159,6 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
     return [TestCase("stdio", input=args, expected=out) for args, out in pairs]
 
 
-# Harness programs: trusted test code that runs in a sandboxed process of its own and calls the solution through
-# ``_rllm_channel`` (see rllm_gym.sandbox._channel). Each reports one line per test, after a marker.
-
-_CALL_HARNESS = """
-import json as _json
-import _rllm_channel as _ch
-def _report(index, **fields):
-    print({mark!r} + _json.dumps(dict(index=index, **fields)), flush=True)
-_function = _ch.remote({fn!r})
-for _index, _args in enumerate(_json.loads({cases!r})):
-    try:
-        _got = _function(*_args)
-    except _ch.RemoteError as _exc:
-        _report(_index, status=_exc.status, error=str(_exc)[:300])
-    except Exception as _exc:
-        _report(_index, status="runtime_error", error=(type(_exc).__name__ + ": " + str(_exc))[:300])
-    else:
-        _report(_index, status="ok", got=_ch.encode(_got))
-"""
-
-_ASSERT_HARNESS = """
-import builtins as _builtins
-import json as _json
-import _rllm_channel as _ch
-def _report(index, **fields):
-    print({mark!r} + _json.dumps(dict(index=index, **fields)), flush=True)
-class _Namespace(dict):
-    # A name the tests use but do not define is the solution's: calling it calls the solution's function.
-    def __missing__(self, name):
-        if name in _builtins.__dict__:
-            return _builtins.__dict__[name]
-        if name.startswith("__"):
-            raise KeyError(name)
-        self[name] = _ch.remote(name)
-        return self[name]
-_tests = _Namespace(__name__="__tests__", __builtins__=_builtins)
-_setup, _cases, _stop = _json.loads({payload!r})
-try:
-    exec(compile(_setup, "<test setup>", "exec"), _tests)
-    _setup_error = None
-except BaseException as _exc:
-    _setup_error = "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300]
-for _index, _source in enumerate(_cases):
-    if _setup_error is not None:
-        _report(_index, status="runtime_error", error=_setup_error)
-        continue
-    try:
-        exec(compile(_source, "<test>", "exec"), _tests)
-    except AssertionError as _exc:
-        _report(_index, status="wrong_answer", error=("AssertionError: " + str(_exc))[:300])
-    except _ch.RemoteError as _exc:
-        _report(_index, status=_exc.status, error=str(_exc)[:300])
-    except Exception as _exc:
-        _report(_index, status="runtime_error", error=(type(_exc).__name__ + ": " + str(_exc))[:300])
-    else:
-        _report(_index, status="ok")
-        continue
-    if _stop:
-        break
-"""
-
-
-def _quote(value: Any) -> str:
-    try:
-        text = value if isinstance(value, str) else json.dumps(value, default=repr)
-    except ValueError:  # an int past Python's 4300-digit printing limit
-        text = f"<a value holding an int too long to print ({type(value).__name__})>"
-    return text if len(text) <= _QUOTE else text[:_QUOTE] + "..."
-
-
-def _last_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    return _quote(lines[-1]) if lines else ""
-
-
-@dataclass
-class _Plan:
-    """What to run for one reply, and how to turn the sandbox results into per-test results."""
-
-    code: str
-    tests: list[TestCase]
-    stop: bool
-    tol: float
-    mark: str = field(default_factory=lambda: f"@@rllm-test-{secrets.token_hex(8)}@@")
-
-    @property
-    def paired(self) -> bool:
-        return self.tests[0].kind != "stdio"
-
-    def harness(self) -> str:
-        """The trusted test program of a paired run: the tests' arguments or asserts, never the solution."""
-        if self.tests[0].kind == "call":
-            cases = json.dumps([t.input for t in self.tests])
-            return _CALL_HARNESS.format(mark=self.mark, fn=self.tests[0].fn_name, cases=cases)
-        setup = "\n".join(dict.fromkeys(t.setup for t in self.tests if t.setup))
-        payload = json.dumps([setup, [t.input for t in self.tests], self.stop])
-        return _ASSERT_HARNESS.format(mark=self.mark, payload=payload)
-
-    def judge_stdio(self, results: list[SandboxResult]) -> list[dict[str, Any]]:
-        records = []
-        for test, result in zip(self.tests, results, strict=False):
-            record = {"input": _quote(test.input), "expected": _quote(test.expected)}
-            if result.status is ExecutionStatus.OK:
-                passed = outputs_match(result.stdout, test.expected, self.tol)
-                record.update(passed=passed, status="ok" if passed else "wrong_answer", got=_quote(result.stdout))
-            else:
-                error = result.error or _last_line(result.stderr) or f"the program ended with {result.status.value}"
-                record.update(passed=False, status=result.status.value, error=error)
-            records.append(record)
-        return records
-
-    def judge_pair(self, pair: PairResult) -> list[dict[str, Any]]:
-        reports: dict[int, dict[str, Any]] = {}
-        for line in pair.harness.stdout.splitlines():
-            if line.startswith(self.mark):
-                with contextlib.suppress(ValueError, TypeError):
-                    report = json.loads(line[len(self.mark) :])
-                    reports[int(report["index"])] = report
-        records = []
-        for index, test in enumerate(self.tests):
-            record: dict[str, Any] = {"input": _quote(test.input)}
-            if test.kind == "call":
-                record["expected"] = _quote(test.expected)
-            report = reports.get(index)
-            if report is None:  # the harness ended (timeout, the solution's memory...) before reaching this test
-                status = pair.harness.status
-                status = pair.solution.status if status is ExecutionStatus.OK else status
-                status = ExecutionStatus.RUNTIME_ERROR if status is ExecutionStatus.OK else status
-                error = _last_line(pair.harness.stderr) or _last_line(pair.solution.stderr) or "no report"
-                record.update(passed=False, status=status.value, error=error)
-            elif report["status"] != "ok":
-                record.update(passed=False, status=report["status"], error=report.get("error", ""))
-                if report["status"] == "runtime_error" and "ended before answering" in record["error"]:
-                    self._blame_solution(record, pair.solution)
-            elif test.kind == "call":
-                self._compare(record, test, report)
-            else:
-                record.update(passed=True, status="ok")
-            records.append(record)
-            if self.stop and not record["passed"]:
-                break
-        return records
-
-    @staticmethod
-    def _blame_solution(record: dict[str, Any], solution: SandboxResult) -> None:
-        """A call found the solution's process gone: say how it ended (its crash, memory, time)."""
-        if solution.status is not ExecutionStatus.OK:
-            record["status"] = solution.status.value
-        tail = _last_line(solution.stderr)
-        if tail:
-            record["error"] = f"the solution's process ended: {tail}"
-
-    def _compare(self, record: dict[str, Any], test: TestCase, report: dict[str, Any]) -> None:
-        try:
-            got = _channel.decode(report.get("got"))
-        except _channel.RemoteError as exc:
-            record.update(passed=False, status="not_plain_data", error=str(exc))
-            return
-        expected = test.expected
-        ok = values_match(got, expected, self.tol) or (
-            type(expected) is list and len(expected) == 1 and values_match(got, expected[0], self.tol)
-        )
-        try:
-            shown = repr(got)
-        except ValueError:  # an int past Python's 4300-digit printing limit
-            shown = f"<an int of {got.bit_length()} bits>"
-        record.update(passed=ok, status="ok" if ok else "wrong_answer", got=_quote(shown))
-
-
 class CodeReward:
     """Grades replies to code tasks; ``CodeReward(...)(task_info, action)`` is a :class:`RewardFunction`.
 
@@ -417,10 +194,13 @@ class CodeReward:
         self.timeout, self.memory_mb, self.sandbox = float(timeout), memory_mb, sandbox
         self.float_tolerance = float(float_tolerance)
 
-    def _plan(self, task_info: dict[str, Any], action: str) -> _Plan | RewardOutput:
+    def _plan(self, task_info: dict[str, Any], action: str, public_tests: int | None) -> Plan | RewardOutput:
         tests = parse_tests(task_info)
         tol = task_info.get("float_tolerance", self.float_tolerance)
         _check_tolerance("task['float_tolerance']", tol)
+        public = task_info.get("public_tests", 0) if public_tests is None else public_tests
+        if isinstance(public, bool) or not isinstance(public, int) or not 0 <= public <= len(tests):
+            raise ValueError(f"public_tests must be an int from 0 to {len(tests)} (the tests), got {public!r}")
         code = extract_code(action)
         if code is None:
             return RewardOutput(
@@ -434,14 +214,14 @@ class CodeReward:
                     "total": len(tests),
                 },
             )
-        return _Plan(code, tests, self.stop, float(tol))
+        # A lone surrogate cannot be written as UTF-8 source: it stands for the replacement character it shows as.
+        return Plan(clean_text(code), tests, self.stop, float(tol), public=public)
 
-    def _kwargs(self, plan: _Plan) -> dict[str, Any]:
-        timeout = min(60.0, self.timeout * len(plan.tests)) if plan.paired else self.timeout
+    def _kwargs(self, plan: Plan, count: int) -> dict[str, Any]:
+        timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout
         return {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout}
 
-    def _score(self, plan: _Plan, results: list[SandboxResult] | PairResult) -> RewardOutput:
-        runs = [results.harness, results.solution] if isinstance(results, PairResult) else results
+    def _score(self, plan: Plan, runs: list[SandboxResult], records: list[dict[str, Any]]) -> RewardOutput:
         failures = [r for r in runs if r.status is ExecutionStatus.SANDBOX_ERROR]
         if failures:
             return RewardOutput(
@@ -454,7 +234,6 @@ class CodeReward:
                     "total": len(plan.tests),
                 },
             )
-        records = plan.judge_pair(results) if isinstance(results, PairResult) else plan.judge_stdio(results)
         passed = sum(r["passed"] for r in records)
         total = len(plan.tests)
         all_passed = passed == total
@@ -471,14 +250,37 @@ class CodeReward:
             },
         )
 
-    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
-        plan = self._plan(task_info, action)
+    def _score_pairs(self, plan: Plan, pairs: list[tuple[range, PairResult]]) -> RewardOutput:
+        runs = [run for _, pair in pairs for run in (pair.harness, pair.solution)]
+        records = [record for indices, pair in pairs for record in plan.judge_pair(pair, indices)]
+        if self.stop:  # the hidden slice may have run at once with a failing public one: keep to the first failure
+            first = next((i for i, record in enumerate(records) if not record["passed"]), len(records))
+            records = records[: first + 1]
+        return self._score(plan, runs, records)
+
+    def _stopped(self, plan: Plan, indices: range, pair: PairResult) -> bool:
+        """Whether the slices after this one are not run: a sandbox failure, or a failure with stop-on-failure."""
+        if ExecutionStatus.SANDBOX_ERROR in (pair.harness.status, pair.solution.status):
+            return True
+        return self.stop and not all(record["passed"] for record in plan.judge_pair(pair, indices))
+
+    def __call__(self, task_info: dict[str, Any], action: str, *, public_tests: int | None = None) -> RewardOutput:
+        """Grade ``action``. ``public_tests``: how many of the first tests feedback may quote (default: the task's
+        ``public_tests``, else 0); function and assert tests run them in a paired run of their own, before and
+        apart from the hidden ones, so nothing about them was computed after the solution saw a hidden input."""
+        plan = self._plan(task_info, action, public_tests)
         if isinstance(plan, RewardOutput):
             return plan
         sandbox = self.sandbox or default_sandbox()
-        kwargs = self._kwargs(plan)
         if plan.paired:
-            return self._score(plan, sandbox.run_pair(plan.code, plan.harness(), **kwargs))
+            pairs = []
+            for indices in plan.segments():
+                kwargs = self._kwargs(plan, len(indices))
+                pairs.append((indices, sandbox.run_pair(plan.solution(), plan.harness(indices), **kwargs)))
+                if self._stopped(plan, indices, pairs[-1][1]):
+                    break
+            return self._score_pairs(plan, pairs)
+        kwargs = self._kwargs(plan, 1)
         if self.stop:
             results = []
             for test in plan.tests:
@@ -488,17 +290,30 @@ class CodeReward:
         else:
             futures = [sandbox.submit(plan.code, stdin=t.input, **kwargs) for t in plan.tests]
             results = [f.result() for f in futures]
-        return self._score(plan, results)
+        return self._score(plan, results, plan.judge_stdio(results))
 
-    async def acall(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+    async def acall(self, task_info: dict[str, Any], action: str, *, public_tests: int | None = None) -> RewardOutput:
         """The same grading, awaited without blocking the event loop."""
-        plan = self._plan(task_info, action)
+        plan = self._plan(task_info, action, public_tests)
         if isinstance(plan, RewardOutput):
             return plan
         sandbox = self.sandbox or default_sandbox()
-        kwargs = self._kwargs(plan)
         if plan.paired:
-            return self._score(plan, await sandbox.arun_pair(plan.code, plan.harness(), **kwargs))
+            segments = plan.segments()
+            if self.stop:
+                pairs = []
+                for indices in segments:
+                    kwargs = self._kwargs(plan, len(indices))
+                    pairs.append((indices, await sandbox.arun_pair(plan.solution(), plan.harness(indices), **kwargs)))
+                    if self._stopped(plan, indices, pairs[-1][1]):
+                        break
+            else:  # separate processes: the slices may run at once
+                runs = (
+                    sandbox.arun_pair(plan.solution(), plan.harness(i), **self._kwargs(plan, len(i))) for i in segments
+                )
+                pairs = list(zip(segments, await asyncio.gather(*runs), strict=True))
+            return self._score_pairs(plan, pairs)
+        kwargs = self._kwargs(plan, 1)
         if self.stop:
             results = []
             for test in plan.tests:
@@ -508,10 +323,10 @@ class CodeReward:
         else:
             runs = (sandbox.arun(plan.code, stdin=t.input, **kwargs) for t in plan.tests)
             results = list(await asyncio.gather(*runs))
-        return self._score(plan, results)
+        return self._score(plan, results, plan.judge_stdio(results))
 
     @staticmethod
-    def _passed(plan: _Plan, results: list[SandboxResult]) -> bool:
+    def _passed(plan: Plan, results: list[SandboxResult]) -> bool:
         last = results[-1]
         if last.status is not ExecutionStatus.OK:
             return False

@@ -485,8 +485,8 @@ class Sandbox:
         The solution's program runs as ``__main__``, then serves calls; the harness imports ``_rllm_channel`` and
         calls ``_rllm_channel.remote("name")(*args)``, which returns the solution's plain-data result or raises
         ``_rllm_channel.RemoteError`` (the builtin exception of the same name when the solution's function raised
-        one). Both runs get the keyword arguments of :func:`run_python` (``stdin`` goes to the solution); the
-        solution is stopped when the harness ends.
+        an ordinary one; see ``_channel.failures``). Both runs get the keyword arguments of :func:`run_python`
+        (``stdin`` goes to the solution); the solution is stopped when the harness ends.
         """
         return self._wait(self.submit_pair(solution, harness, **kwargs), kwargs.get("timeout", 5.0), pair=True)
 

@@ -6,7 +6,11 @@ code) and the solution (model code). The harness imports ``_rllm_channel`` (:fun
 function's return value encoded by :func:`encode`. Only plain data crosses: None, bool, int, float, str, bytes and
 lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__`` is
 not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
-:class:`RemoteError`: the harness never runs an object the solution made.
+:class:`RemoteError`: the harness never runs an object the solution made. An exception from the solution's function
+comes back as a name and a message; the harness raises the builtin ``Exception`` of that name, except for names that
+would steer the test code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a
+builtin ``Exception``): those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are
+recorded in ``failures``, which the harness reads after each test, so catching them does not pass the test.
 
 Standard library only: the zygote loads this file by path (see :mod:`rllm_gym.sandbox._zygote`); the host imports it
 to decode values a harness reports.
@@ -173,8 +177,8 @@ def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
             args = [decode(arg) for arg in request["args"]]
             kwargs = {key: decode(value) for key, value in request["kwargs"].items()}
             result = function(*args, **kwargs)
-        except Exception as exc:
-            reply = {"error": type(exc).__name__, "message": str(exc)[:500]}
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: this call failed, the next may not
+            reply = _error_reply(exc)
         else:
             try:
                 reply = {"ok": encode(result)}
@@ -186,18 +190,52 @@ def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
             write_frame(write_fd, {"not_plain": f"the return value cannot be sent: {exc}"})
 
 
+def _error_reply(exc: BaseException) -> dict[str, str]:
+    """The nearest specific builtin class of ``exc`` (a ``ValueError`` subclass is a ``ValueError``; a class of its
+    own under ``Exception`` keeps its name, which the harness treats as a failed call) and its message, whatever its
+    ``__str__`` does (raise, loop on itself, return megabytes). The harness trusts neither: the solution's process can
+    write any reply it likes."""
+    try:
+        kind = type(exc)
+        nearest = next(k for k in kind.__mro__ if getattr(builtins, k.__name__, None) is k)
+        # Qualified, so that a class of its own that borrows a builtin's name ("ValueError") is not taken for it.
+        own = f"{kind.__module__}.{kind.__qualname__}" if kind is not nearest else nearest.__name__
+        name = str(own if nearest in (Exception, BaseException) else nearest.__name__)
+    except BaseException:  # a metaclass with its own __mro__ or __name__
+        name = "BaseException"
+    try:
+        message = str(exc)[:500]
+    except BaseException:
+        message = "<an exception whose str() fails>"
+    return {"error": name, "message": message}
+
+
 # The harness's side
 
+# An exception class that control flow gives a meaning: raised into the test code, StopIteration ends the loop that
+# called the solution (``all(map(f, xs))`` is then True), GeneratorExit and the BaseException family unwind it.
+# A call that raises one of these, any name not a builtin Exception, or fails without an answer (the process died,
+# the value is not plain data) raises RemoteError and is also recorded in ``failures``, so that the test fails even
+# when its code catches the exception.
+_STEERING = (StopIteration, StopAsyncIteration)
+failures: list[tuple[str, str]] = []  # (status, reason) of the calls that failed since the harness last cleared it
 
-def _exception(name: str, message: str) -> Exception:
-    """The builtin exception of that name (so ``pytest.raises(ValueError)``-style tests work), else RemoteError."""
+
+def _exception(name: Any, message: str) -> Exception:
+    """The builtin exception of that name (so ``pytest.raises(ValueError)``-style tests work); RemoteError, recorded
+    in ``failures``, for a name that would steer the test code or is no builtin ``Exception``."""
     kind = getattr(builtins, name, None) if isinstance(name, str) else None
-    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, RemoteError):
+    if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, (RemoteError, *_STEERING)):
         try:
             return kind(str(message))
         except Exception:
             pass
-    return RemoteError(f"{name}: {message}", "runtime_error")
+    return _failure(f"the solution raised {str(name)[:100]}: {message}", "runtime_error")
+
+
+def _failure(message: str, status: str) -> RemoteError:
+    failures.append((status, message[:300]))
+    return RemoteError(message, status)
 
 
 def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: Any) -> Any:
@@ -205,27 +243,32 @@ def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: A
     try:
         request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
     except NotPlainData as exc:
-        raise RemoteError(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
+        raise _failure(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
     try:
         write_frame(write_fd, request)
         body = read_frame(read_fd)
     except OSError as exc:  # it died before reading the request (EPIPE) or mid-reply: the same verdict as EOF
-        raise RemoteError(f"the solution's process ended before answering ({exc.strerror})", "runtime_error") from None
+        raise _failure(f"the solution's process ended before answering ({exc.strerror})", "runtime_error") from None
+    except RemoteError as exc:
+        raise _failure(str(exc), exc.status) from None
     if body is None:
-        raise RemoteError("the solution's process ended before answering", "runtime_error")
+        raise _failure("the solution's process ended before answering", "runtime_error")
     try:
         reply = json.loads(body)
     except (ValueError, RecursionError):
-        raise RemoteError("malformed reply from the solution's process", "not_plain_data") from None
+        raise _failure("malformed reply from the solution's process", "not_plain_data") from None
     if type(reply) is not dict or len(reply) not in (1, 2):
-        raise RemoteError("malformed reply from the solution's process", "not_plain_data")
+        raise _failure("malformed reply from the solution's process", "not_plain_data")
     if "ok" in reply and len(reply) == 1:
-        return decode(reply["ok"])
+        try:
+            return decode(reply["ok"])
+        except RemoteError as exc:
+            raise _failure(str(exc), exc.status) from None
     if "not_plain" in reply:
-        raise RemoteError(f"the return value is not plain data: {str(reply['not_plain'])[:200]}", "not_plain_data")
+        raise _failure(f"the return value is not plain data: {str(reply['not_plain'])[:200]}", "not_plain_data")
     if "error" in reply:
         raise _exception(reply["error"], str(reply.get("message", ""))[:500])
-    raise RemoteError("malformed reply from the solution's process", "not_plain_data")
+    raise _failure("malformed reply from the solution's process", "not_plain_data")
 
 
 def remote(name: str) -> Any:
@@ -243,5 +286,6 @@ def harness_module() -> types.ModuleType:
     module = types.ModuleType("_rllm_channel", __doc__)
     for item in (RemoteError, encode, decode, call, remote):
         setattr(module, item.__name__, item)
+    module.failures = failures  # the same list: the harness reads and clears it per test
     sys.modules["_rllm_channel"] = module
     return module

@@ -165,12 +165,12 @@ def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         payload = json.loads(_read_all(fds["payload"]))
         code = payload["code"]
         stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
-        os.write(stdin_fd, payload["stdin"].encode())
+        os.write(stdin_fd, payload["stdin"].encode("utf-8", "surrogatepass"))  # a lone surrogate: text, no fault
         os.lseek(stdin_fd, 0, os.SEEK_SET)
         fds["stdin"] = stdin_fd
         for name, text in {**payload["files"], req["filename"]: code}.items():
             path = os.path.join(workdir, name)
-            with open(path, "w", encoding="utf-8") as handle:
+            with open(path, "w", encoding="utf-8", errors="surrogatepass") as handle:
                 handle.write(text)
             if ctx["uid"] is not None:
                 os.chown(path, ctx["uid"], ctx["uid"])

@@ -92,8 +92,8 @@ def test_feedback_never_quotes_a_hidden_test_so_a_policy_cannot_copy_or_carry_it
     ):
         obs, reward, terminated, _, info = env.step(_fence(attempt))
         assert not terminated and reward == 0.0, obs
-        assert "0 of 2 tests passed. The first failing test is a hidden one" in obs, obs
-        assert not any(leak in obs.split("\n\nRevise")[0].replace("0 of 2", "") for leak in leaks), obs
+        assert obs.startswith("A hidden test failed."), obs
+        assert not any(leak in obs.split("\n\nRevise")[0] for leak in leaks), obs
         assert info["tests"][0]["input"] == "2 3\n"  # the full record stays in info, for logs
     # A policy that hard-codes what it could learn gets nothing more.
     obs, reward, terminated, _, _ = env.step(_fence("print(5)\n"))
@@ -106,8 +106,8 @@ def test_public_tests_are_quoted_and_hidden_ones_only_named():
     obs = env.step(_fence("print(6)\n"))[0]
     assert "Input:\n2 3\n" in obs and "Expected:\n5\n" in obs and "Got:\n6\n" in obs
     obs = env.step(_fence("print(5)\n"))[0]
-    assert "1 of 2 tests passed. The first failing test is a hidden one (wrong answer)" in obs
-    assert "42" not in obs and "40" not in obs
+    assert obs.startswith("All 1 public test(s) passed, but a hidden test failed.")
+    assert "42" not in obs and "40" not in obs and "wrong answer" not in obs
 
 
 def test_an_mbpp_prompt_shows_one_assert_and_feedback_hides_the_others():
@@ -123,7 +123,7 @@ def test_an_mbpp_prompt_shows_one_assert_and_feedback_hides_the_others():
     # Hard-coding the shown assert passes it, and no more.
     obs, reward, terminated, _, info = env.step(_fence("def sq(x):\n    return 4\n"))
     assert (reward, terminated, info["passed"]) == (0.0, False, 1)
-    assert "hidden one" in obs and "sq(3)" not in obs and "9" not in obs
+    assert "hidden test failed" in obs and "sq(3)" not in obs and "9" not in obs
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,7 @@ def test_livecodebench_private_cases_are_graded_and_stay_hidden():
     env = CodeEnv(max_revisions=1)
     env.reset(options={"task": row})
     obs = env.step(_fence("print(4)\n"))[0]
-    assert "1 of 2 tests passed. The first failing test is a hidden one" in obs and "42" not in obs
+    assert obs.startswith("All 1 public test(s) passed, but a hidden test failed.") and "42" not in obs
 
 
 def test_a_livecodebench_pickle_that_would_run_code_is_refused(tmp_path):
