@@ -47,6 +47,10 @@ def cpu_engine_defaults(
       ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set. On a CPU, vLLM reads ``gpu_memory_utilization`` as the share of host
       memory to reserve (0.92 by default) and refuses to start when that much is not free.
     - ``enforce_eager=True``: the engine starts in ~20 s instead of ~90 s spent in ``torch.compile``.
+    - ``enable_chunked_prefill=False``: with chunked prefill, a seeded request whose prompt is split over two engine
+      steps kills the CPU engine (vLLM rewinds the request's generator, ``gen.set_offset`` in
+      ``gpu_model_runner.py``, and CPU generators refuse: "CPU Generator does not use offset"). It happens as soon as
+      the prompts in flight pass ``max_num_batched_tokens`` (2,048), e.g. 32 seeded FrozenLake turns.
     - ``dtype``: the checkpoint's own dtype (what transformers and :class:`HFPolicy` load; ``float32`` when the
       config names none), because the CPU backend otherwise loads a float32 checkpoint as bfloat16, and bfloat16
       log-probabilities differ from the trainer's float32 forward pass by ~0.1 nats per token, which GRPO's
@@ -58,6 +62,7 @@ def cpu_engine_defaults(
     if not memory_given:
         kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
     kwargs.setdefault("enforce_eager", True)
+    kwargs.setdefault("enable_chunked_prefill", False)
     kwargs.setdefault("dtype", checkpoint_dtype or "float32")
     return kwargs
 

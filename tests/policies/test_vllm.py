@@ -179,13 +179,15 @@ def test_cpu_engine_defaults_fill_what_vllm_gets_wrong_on_a_cpu():
     assert cpu_engine_defaults({}, checkpoint_dtype="float32", environ={}) == {
         "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
         "enforce_eager": True,
+        "enable_chunked_prefill": False,
         "dtype": "float32",
     }
     # A bfloat16 checkpoint keeps its dtype (what transformers loads); a config without one means float32.
     assert cpu_engine_defaults({}, checkpoint_dtype="bfloat16", environ={})["dtype"] == "bfloat16"
     assert cpu_engine_defaults({}, checkpoint_dtype=None, environ={})["dtype"] == "float32"
     # The caller's values win, and a memory setting of theirs (argument or vLLM's env var) replaces the KV default.
-    given = {"dtype": "bfloat16", "enforce_eager": False, "gpu_memory_utilization": 0.3}
+    given = {"dtype": "bfloat16", "enforce_eager": False, "enable_chunked_prefill": True}
+    given["gpu_memory_utilization"] = 0.3
     assert cpu_engine_defaults(given, checkpoint_dtype="float32", environ={}) == given
     env = cpu_engine_defaults({}, checkpoint_dtype="float32", environ={"VLLM_CPU_KVCACHE_SPACE": "2"})
     assert "kv_cache_memory_bytes" not in env

@@ -42,7 +42,17 @@ def test_cpu_defaults_reach_the_engine(policy):
     config = policy.engine.vllm_config
     assert config.model_config.dtype == torch.float32  # the checkpoint's dtype, not the CPU backend's bfloat16
     assert config.model_config.enforce_eager is True
+    assert config.scheduler_config.enable_chunked_prefill is False
     assert config.cache_config.kv_cache_memory_bytes == CPU_KV_CACHE_BYTES
+
+
+def test_many_seeded_requests_past_one_batch_of_prompt_tokens(policy, vllm_model_dir):
+    # 32 prompts of ~100 tokens in flight pass max_num_batched_tokens (2,048): with chunked prefill (vLLM's default)
+    # a seeded request split over two steps killed the CPU engine ("CPU Generator does not use offset").
+    chats = [[{"role": "user", "content": f"{i} " + "move left then down " * 20}] for i in range(32)]
+    outs = _generate_all(policy, chats, SamplingParams(temperature=1.0, max_tokens=4, seed=7))
+    assert sum(len(out.prompt_ids) for out in outs) > 2048
+    assert all(len(out.completion_ids) == len(out.logprobs) >= 1 for out in outs)
 
 
 def test_generation_carries_ids_and_one_logprob_per_token(policy, vllm_model_dir):

@@ -38,6 +38,7 @@ def server(vllm_model_dir, tmp_path_factory):
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir)]
     command += ["--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
     command += ["--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 28)]
+    command += ["--no-enable-chunked-prefill"]
     log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"NO_PROXY": "*"})
     url = f"http://127.0.0.1:{port}"
