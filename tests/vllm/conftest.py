@@ -32,5 +32,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded default model (its default shape, which vLLM's CPU attention must accept)."""
     path = build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"))
-    assert json.loads((path / "config.json").read_text())["num_attention_heads"] == 2
+    config = json.loads((path / "config.json").read_text())
+    assert config["hidden_size"] // config["num_attention_heads"] == 32
     return path
