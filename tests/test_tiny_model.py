@@ -27,6 +27,9 @@ def test_folder_loads_with_auto_classes(built):
     tokenizer = AutoTokenizer.from_pretrained(built)
     assert model.config.model_type == "qwen2"
     assert (model.config.hidden_size, model.config.num_hidden_layers) == (64, 2)
+    # vLLM's CPU attention runs head dimensions 32 and 64 only (16 is refused at the first forward).
+    assert model.config.hidden_size // model.config.num_attention_heads == 32
+    assert model.config.num_key_value_heads == 1
     assert model.config.vocab_size == len(tokenizer) == 1024
     for token in SPECIAL_TOKENS + TEXT_TOKENS:
         assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token

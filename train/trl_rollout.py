@@ -454,7 +454,9 @@ class RLLMGRPOTrainer(GRPOTrainer):
         # with untrained rows to a size every process shares. TRL syncs vLLM's weights in _generate, after the
         # rollout: here that would be too late, so it is done before.
         if self.use_vllm and self.state.global_step != self._last_loaded_step:
-            self.vllm_generation.sync_weights()
+            from rllm_gym.train.vllm_cpu import sync_weights  # TRL's sync, or on vLLM's CPU build one that can load
+
+            sync_weights(self.vllm_generation)
             self._last_loaded_step = self.state.global_step
         rollout = self.rollout
         rollout([example["prompt"] for example in inputs], self)

