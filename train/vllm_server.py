@@ -39,9 +39,9 @@ from rllm_gym.policies.base import (
     build_model_output,
     check_request,
     merge_template_kwargs,
-    render_prompt_ids,
 )
-from rllm_gym.types import ModelOutput
+from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for
+from rllm_gym.types import ModelOutput, Step
 
 __all__ = ["ServerVLLMPolicy", "sampled_logprobs"]
 
@@ -104,6 +104,7 @@ class ServerVLLMPolicy:
         batch_wait_s: how long a process waits after its first queued request for others to join the round.
         max_wait_s: the longest a process waits before joining a round, even with nothing to send.
         chat_template_kwargs: extra arguments for ``apply_chat_template``.
+        token_history: ``"sampled"`` (each prompt continues the previous call's tokens) or ``"template"``.
 
     Example::
 
@@ -122,6 +123,7 @@ class ServerVLLMPolicy:
         batch_wait_s: float = 0.02,
         max_wait_s: float = 0.05,
         chat_template_kwargs: dict[str, Any] | None = None,
+        token_history: TokenHistory = "sampled",
     ) -> None:
         mode = getattr(generation, "mode", None)
         if mode != "server":
@@ -135,6 +137,7 @@ class ServerVLLMPolicy:
         self.accelerator = accelerator
         self.tokenizer = tokenizer
         self.template_kwargs = merge_template_kwargs(None, chat_template_kwargs)
+        self.token_history = check_token_history(token_history, "ServerVLLMPolicy")
         self.eos_token_ids = {int(i) for i in eos_token_ids if i is not None}
         self._pending: list[_Request] = []
         self._first_at = 0.0
@@ -162,6 +165,7 @@ class ServerVLLMPolicy:
         *,
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        previous: Step | None = None,
     ) -> ModelOutput:
         check_request(messages, prompt_ids)
         loop = asyncio.get_running_loop()
@@ -172,7 +176,10 @@ class ServerVLLMPolicy:
                 "loop, which keeps the training processes in step"
             )
         if prompt_ids is None:
-            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+            # Token in, token out, as every policy does (rllm_gym.policies.tokens).
+            prompt_ids = prompt_ids_for(
+                self.tokenizer, messages, tools, self.template_kwargs, previous, self.token_history
+            )
         future: asyncio.Future[ModelOutput] = loop.create_future()
         if not self._pending:
             self._first_at = loop.time()

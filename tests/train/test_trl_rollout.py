@@ -65,26 +65,16 @@ def test_a_template_that_rewrites_history_splits_the_trajectory_into_rows_and_dr
     )
 
 
-SPELLING = {1: "<s>", 2: "le", 3: "ft", 4: "left", 5: "\n", 6: "up", 7: "rewritten"}
-
-
-def spell(ids):
-    return "".join(SPELLING[i] for i in ids)
-
-
-def test_a_reply_spelled_with_other_tokens_of_the_same_text_keeps_one_row_with_the_sampled_tokens():
+def test_a_prompt_that_re_spells_an_earlier_reply_starts_a_row_of_its_own():
+    # Policies continue the sampled tokens, so this happens only where the chat was re-rendered (token_history=
+    # "template", a text-rendering server): the row then holds what the model saw at that turn, not a patched guess.
     steps = [
         Step(prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.1, -0.2]),  # sampled "le" "ft"
         Step(prompt_ids=[1, 4, 5], response_ids=[6], logprobs=[-0.3]),  # the template re-encoded it as "left"
     ]
-    [row] = trajectory_to_sequences(Trajectory(steps=steps), decode=spell)
-    assert row.prompt_ids == [1] and row.completion_ids == [2, 3, 5, 6] and row.env_mask == [1, 1, 0, 1]
-    assert row.spans == [(0, 2), (3, 4)] and row.retokenized and not row.prefix_mismatch
-    # Without decode (or when the text itself changed) the step starts a row of its own.
-    assert len(trajectory_to_sequences(Trajectory(steps=steps))) == 2
-    rewritten = [steps[0], Step(prompt_ids=[1, 7, 5], response_ids=[6], logprobs=[-0.3])]
-    first, second = trajectory_to_sequences(Trajectory(steps=rewritten), decode=spell)
-    assert second.prefix_mismatch and not first.retokenized and second.prompt_ids == [1, 7, 5]
+    first, second = trajectory_to_sequences(Trajectory(steps=steps))
+    assert (first.completion_ids, second.prompt_ids, second.completion_ids) == ([2, 3], [1, 4, 5], [6])
+    assert second.prefix_mismatch and not first.prefix_mismatch
 
 
 def parity(task_info, action):
