@@ -4,7 +4,8 @@ This is the default backend (it runs the embedded tiny model when no model is na
 trainer. Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within a few
 milliseconds of each other, groups them by sampling parameters, pads them on the left and runs one ``generate`` per
 group in a worker thread, so the event loop keeps serving envs meanwhile. Log-probabilities are those of the raw
-model distribution (before temperature and top-k/top-p), as vLLM returns them by default.
+model distribution (before temperature and top-k/top-p), as vLLM returns them by default, gathered step by step
+(:class:`SampledLogprobs`): a batch's full logits are never kept.
 """
 
 from __future__ import annotations
@@ -258,6 +259,10 @@ class HFPolicy(BatchingPolicy):
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop_strings=list(params.stop) or None,
+            # A checkpoint's generation config fills in what is left unset; these processors would run before
+            # SampledLogprobs and change the distribution SamplingParams describe (vLLM's, with the same params).
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
             # Neither logits nor scores are kept: SampledLogprobs keeps one log-probability per token as it goes.
             return_dict_in_generate=False,
             output_logits=False,

@@ -120,13 +120,15 @@ def test_bad_arguments_name_the_argument(tiny_model_dir, kwargs, message):
         HFPolicy(tiny_model_dir, **kwargs)
 
 
-async def test_logprobs_are_gathered_per_step_and_match_the_stacked_logits(policy):
-    """The sampled tokens' logprobs as the old method computed them (every step's logits kept, (B, T, V)), without
-    asking generate for the logits or scores."""
+@pytest.mark.parametrize("checkpoint_penalty", [None, 5.0])
+async def test_logprobs_are_gathered_per_step_and_match_the_stacked_logits(policy, checkpoint_penalty, monkeypatch):
+    """The sampled tokens' logprobs as the old method computed them (every step's raw logits kept, (B, T, V)),
+    without asking generate for the logits or scores; a checkpoint's repetition penalty does not leak in."""
     import torch
 
     from rllm_gym.policies import hf
 
+    monkeypatch.setattr(policy.model.generation_config, "repetition_penalty", checkpoint_penalty)
     params = SamplingParams(temperature=1.0, max_tokens=9, seed=3)
     config = policy._generation_config(params)
     assert not (config.output_logits or config.output_scores or config.return_dict_in_generate)
