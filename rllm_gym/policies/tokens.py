@@ -12,7 +12,9 @@ does it.
 
 The template's text after the reply is found by rendering the chat with a marker in place of the reply's content and
 taking what follows the marker: what the template writes before the reply (a default system prompt, a tool list,
-earlier turns it rewrites) never enters the continuation, and neither do its changes to the reply itself.
+earlier turns it rewrites) never enters the continuation, and neither do its changes to the reply itself. That text
+is tokenized on its own, which assumes a tokenizer that adds nothing in front of a fragment (byte-level BPE as in
+Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix space would add one there).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ __all__ = ["TOKEN_HISTORY_MODES", "TokenHistory", "continuation_ids", "prompt_id
 TokenHistory = Literal["sampled", "template"]
 TOKEN_HISTORY_MODES: tuple[str, ...] = ("sampled", "template")
 
-# Stands in for the previous reply's content; a text no chat or template writes on its own.
-_MARK = "\u2060<rllm-gym-previous-reply>\u2060"
+# Stands in for the previous reply's content: letters and digits only, so a template that escapes or trims content
+# (tojson, | trim) still writes it as is; a chat that happens to hold it too is rendered whole (see the count check).
+_MARK = "rllmgymPreviousReply7f3a9c"
 
 
 def render_prompt_ids(

@@ -244,5 +244,17 @@ def test_continuation_needs_the_previous_chat_and_ids(tokenizers):
     assert continuation_ids(tokenizer, step, later, None, {})[:3] == [1, 2, 3]
     assert continuation_ids(tokenizer, step, [{"role": "user", "content": "other"}, *later[1:]], None, {}) is None
     assert continuation_ids(tokenizer, step.model_copy(update={"prompt_ids": []}), later, None, {}) is None
+    # A chat that holds the marker text itself cannot be cut at it: rendered whole rather than guessed.
+    from rllm_gym.policies.tokens import _MARK
+
+    assert continuation_ids(tokenizer, step, [*chat, {"role": "user", "content": _MARK}], None, {}) is None
+    # A template that escapes contents (tojson) still writes the marker as is; its closing quote is template text.
+    escaping = family_tokenizer(tokenizer.name_or_path, "embedded")
+    escaping.chat_template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content | tojson) + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    added = continuation_ids(escaping, step, later, None, {})[3:]
+    assert escaping.decode(added) == '"<|im_end|>\n<|im_start|>user\n"c"<|im_end|>\n<|im_start|>assistant\n'
     with pytest.raises(ValueError, match=r"token_history=\.\.\.\) must be 'sampled'"):
         ReplayPolicy(tokenizer, [], token_history="full")
