@@ -167,7 +167,7 @@ class ServerVLLMPolicy:
         tools: list[dict[str, Any]] | None = None,
         previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         loop = asyncio.get_running_loop()
         if not self._driving or loop is not self._loop:
             # Without the driver no round would ever carry this request, and the other processes would wait on it.

@@ -172,8 +172,14 @@ class Policy(Protocol):
     ) -> ModelOutput: ...
 
 
-def check_request(messages: Messages | None, prompt_ids: Sequence[int] | None) -> None:
-    """Raise a clear error unless exactly one of ``messages`` and ``prompt_ids`` is given."""
+def check_request(messages: Messages | None, prompt_ids: Sequence[int] | None, previous: Step | None = None) -> None:
+    """Raise a clear error unless exactly one of ``messages`` and ``prompt_ids`` is given (and ``previous``, when
+    given, is a Step)."""
+    if previous is not None and not isinstance(previous, Step):
+        raise TypeError(
+            "previous must be the agent's last Step (agent.get_current_state()) or None, "
+            f"got {type(previous).__name__}"
+        )
     if (messages is None) == (prompt_ids is None):
         raise ValueError("generate() needs exactly one of `messages` (a chat) or `prompt_ids` (token ids)")
     if messages is not None and (not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)):
@@ -323,7 +329,7 @@ class BasePolicy(ABC):
         tools: list[dict[str, Any]] | None = None,
         previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         ids = None if prompt_ids is None else list(prompt_ids)
         params = sampling_params or SamplingParams()
         return await self._generate(PolicyRequest(messages, ids, params, tools, previous))

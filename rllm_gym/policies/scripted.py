@@ -74,7 +74,7 @@ class ScriptedPolicy:
         tools: list[dict[str, Any]] | None = None,
         previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         params = sampling_params or SamplingParams()
         messages = messages if messages is not None else [{"role": "user", "content": "", "prompt_ids": prompt_ids}]
         self.calls.append(list(messages))  # a copy: the caller's chat keeps growing

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -256,5 +257,7 @@ def test_continuation_needs_the_previous_chat_and_ids(tokenizers):
     )
     added = continuation_ids(escaping, step, later, None, {})[3:]
     assert escaping.decode(added) == '"<|im_end|>\n<|im_start|>user\n"c"<|im_end|>\n<|im_start|>assistant\n'
+    with pytest.raises(TypeError, match=re.escape("previous must be the agent's last Step")):
+        asyncio.run(ReplayPolicy(tokenizer, [[1]]).generate(later, previous=chat))
     with pytest.raises(ValueError, match=r"token_history=\.\.\.\) must be 'sampled'"):
         ReplayPolicy(tokenizer, [], token_history="full")
