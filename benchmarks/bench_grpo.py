@@ -17,6 +17,12 @@ threads.
     python benchmarks/bench_grpo.py --quick                  # about 15 s on 2 cores
     python benchmarks/bench_grpo.py --json grpo.json         # full run, about a minute
     python benchmarks/bench_grpo.py --quick --profile 4      # plus the top costs of each trainer
+
+A second table times a multi-turn step (FrozenLake, several turns, the tiny model; ``--multi-turn-steps 0`` skips
+it): our trainer with each call's prompt continuing the sampled tokens (``token_history="sampled"``, token in, token
+out: one training row per trajectory) against the same trainer re-rendering the chat every call
+(``token_history="template"``, as before issue 32: a row splits wherever the tokenizer re-spells a sampled reply),
+interleaved step by step in the same run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -350,18 +357,22 @@ def build_trainer(
 
 
 def run_interleaved(
-    kinds: list[str], model_path: Path, settings: Settings, data: dict[str, Dataset], max_steps: int
+    kinds: list[str],
+    model_path: Path,
+    settings: Any,
+    data: dict[str, Dataset],
+    max_steps: int,
+    build: Callable[..., GRPOTrainer] = build_trainer,
 ) -> tuple[dict[str, StepTimer], dict[str, GRPOTrainer]]:
-    """Train every kind for ``max_steps`` steps, each in its own thread, taking turns step by step."""
+    """Train every kind for ``max_steps`` steps, each in its own thread, taking turns step by step; ``build`` makes a
+    kind's trainer (``build_trainer``'s arguments)."""
     turns = Turns(kinds)
     timers = {kind: StepTimer(kind, turns) for kind in kinds}
     errors: dict[str, BaseException] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as output_root:
         # Built one after another in this thread (construction is not timed), then run in turns.
         trainers = {
-            kind: build_trainer(
-                kind, model_path, settings, data[kind], f"{output_root}/{kind}", max_steps, timers[kind]
-            )
+            kind: build(kind, model_path, settings, data[kind], f"{output_root}/{kind}", max_steps, timers[kind])
             for kind in kinds
         }
 
@@ -494,6 +505,14 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
         default=None,
         help="what-if: both graders skip math-verify (exact and numeric paths only), isolating the engine's own cost",
     )
+    parser.add_argument(
+        "--multi-turn-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="timed steps of each multi-turn trainer (token in, token out vs the re-rendered chat); 0 skips it "
+        "(default 4, --quick 2)",
+    )
     for name, value in asdict(Settings()).items():
         if not isinstance(value, bool):
             parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None, help=f"default {value}")
@@ -506,6 +525,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Settings]:
     for name in asdict(settings):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
+    if args.multi_turn_steps is None:
+        args.multi_turn_steps = 2 if args.quick else 4
     return args, settings
 
 
@@ -627,6 +648,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     result, profiles = measure(args, settings)
     print_report(result, profiles, args.profile_lines)
+    if args.multi_turn_steps:
+        import grpo_multi_turn  # the multi-turn row, a module of its own (this one is long enough)
+
+        rounds = 1 if args.quick else 2
+        result["multi_turn"] = grpo_multi_turn.measure(args.multi_turn_steps, rounds, settings.seed)
+        grpo_multi_turn.print_report(result["multi_turn"])
     print(f"total {time.perf_counter() - started:.1f} s")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -299,7 +299,7 @@ def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
 
 def grpo_rows(r: dict[str, Any], command: str) -> list[Row]:
     s = r["settings"]
-    return [
+    rows = [
         (
             f"GRPO step, single-turn Math-v0, {s['prompts_per_step']} prompts x {s['num_generations']} generations, "
             f"{s['max_completion_length']} tokens, tiny model, CPU (`{command}`)",
@@ -308,6 +308,23 @@ def grpo_rows(r: dict[str, Any], command: str) -> list[Row]:
             f"{r['ratio']:.2f}x the time",
         )
     ]
+    multi = r.get("multi_turn")  # grpo_multi_turn.py, run by bench_grpo.py unless --multi-turn-steps 0
+    if multi:
+        m, rows_per = multi["settings"], multi["rows_per_trajectory"]
+        rows.append(
+            (
+                f"GRPO step, multi-turn FrozenLake (up to {m['max_turns']} turns, {multi['turns']['sampled']:.1f} on "
+                f"average), {m['prompts_per_step']} prompts x {m['num_generations']} generations, "
+                f"{m['max_completion_length']} tokens a reply, tiny model, CPU: prompts continue the sampled tokens "
+                f"(`{command}`)",
+                f"{multi['sampled']['median_s']:.3f} s (median of {multi['sampled']['n']}), "
+                f"{rows_per['sampled']:.2f} rows per trajectory",
+                f"the chat re-rendered each call (before), {multi['template']['median_s']:.3f} s, "
+                f"{rows_per['template']:.2f} rows per trajectory",
+                f"{multi['ratio']:.2f}x the time",
+            )
+        )
+    return rows
 
 
 def vllm_rows(r: dict[str, Any], command: str) -> list[Row]:

@@ -90,6 +90,9 @@ class ModelOutput(Record):
     """What a policy returns for one LLM call: the text, its parts, and the token-level data the trainer needs.
 
     ``logprobs`` holds one log-probability per token of ``completion_ids`` when the backend returns them.
+    ``text_rendered`` is True when the server took the chat as text and rendered it itself (an OpenAI-compatible
+    chat endpoint without token prompts): the model was then not given the previous calls' sampled tokens, and any
+    ``prompt_ids`` are a local rendering of the chat, not necessarily the tokens it saw.
     """
 
     text: str = ""
@@ -102,6 +105,7 @@ class ModelOutput(Record):
     prompt_length: int = 0
     completion_length: int = 0
     finish_reason: str | None = None
+    text_rendered: bool = False
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Self:

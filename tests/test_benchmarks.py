@@ -394,3 +394,22 @@ def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypa
     # Ours: the last step's generation is its rollout, as the rollout clocks itself (from its plan to its rows).
     last, rollout = timers["ours"].phases[-1]["generate"], trainers["ours"].rollout.last_seconds
     assert rollout <= last <= 1.2 * rollout + 0.02, (last, rollout)
+
+
+def test_render_adds_the_multi_turn_grpo_row_when_it_was_run():
+    results = fabricated()
+    results["benchmarks"]["bench_grpo"]["results"]["multi_turn"] = {
+        "settings": {"max_turns": 4, "prompts_per_step": 4, "num_generations": 4, "max_completion_length": 12},
+        "sampled": {"median_s": 1.5, "n": 8},
+        "template": {"median_s": 3.0, "n": 8},
+        "ratio": 0.5,
+        "rows_per_trajectory": {"sampled": 1.0, "template": 3.5},
+        "turns": {"sampled": 3.8, "template": 3.9},
+    }
+    row = run_all.render(results).splitlines()[-1]
+    assert row == (
+        "| GRPO step, multi-turn FrozenLake (up to 4 turns, 3.8 on average), 4 prompts x 4 generations, 12 tokens a "
+        "reply, tiny model, CPU: prompts continue the sampled tokens (`bench_grpo.py --quick --rounds 2`) | 1.500 s "
+        "(median of 8), 1.00 rows per trajectory | the chat re-rendered each call (before), 3.000 s, 3.50 rows per "
+        "trajectory | 0.50x the time |"
+    )

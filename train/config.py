@@ -115,6 +115,16 @@ class TrainConfig:
             "Recorded in the model folder for rllm-gym eval."
         },
     )
+    token_history: str = field(
+        default="sampled",
+        metadata={
+            "help": "How each LLM call's prompt is built in an episode: 'sampled' (recommended) continues the "
+            "previous call's prompt and sampled tokens with the new messages' tokens, so a trajectory is one "
+            "training row of exactly what the model saw; 'template' re-renders the whole chat each call with the "
+            "chat template (e.g. Qwen3 then drops earlier <think> blocks), and the trajectory splits into rows "
+            "where that rewrites history (rollout/prefix_mismatch)."
+        },
+    )
     lora: bool = field(default=False, metadata={"help": "Train a LoRA adapter instead of all weights (needs peft)."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank (16 is a common start)."})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha (usually 2 x rank)."})
@@ -323,6 +333,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
         if self.env_weights is not None and (min(self.env_weights) < 0 or sum(self.env_weights) <= 0):
             raise ValueError(f"env_weights must be >= 0 with a positive sum, got {self.env_weights}")
+        if self.token_history not in ("sampled", "template"):
+            raise ValueError(
+                f"token_history must be 'sampled' (continue the sampled tokens) or 'template' (re-render the chat "
+                f"each call), got {self.token_history!r}"
+            )
         if self.vllm_mode not in ("colocate", "server"):
             raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
         if self.vllm_server_base_url is not None and not self.vllm_server_base_url.startswith(("http://", "https://")):

@@ -337,6 +337,7 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         max_steps=config.max_turns,
         gamma=config.gamma,
         chat_template_kwargs=json.loads(config.chat_template_kwargs),
+        token_history=config.token_history,
     )
     advantage_config = AdvantageConfig(
         estimator=config.estimator,

@@ -1,5 +1,5 @@
 """Training rows from episodes, without torch or TRL: the dataset prompt that names a task, and the token sequences a
-trajectory becomes (one cumulative sequence while the chat template keeps its history, a new row where it does not).
+trajectory becomes (one sequence of the episode's tokens; a new row only where the chat itself did not continue).
 
 :mod:`rllm_gym.train.trl_rollout` feeds these rows to TRL; they are pure functions, tested without a model.
 """
@@ -7,7 +7,6 @@ trajectory becomes (one cumulative sequence while the chat template keeps its hi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +43,6 @@ class TrainingSequence:
     first_step: int = 0
     source: int = 0
     prefix_mismatch: bool = False  # this row starts at a step whose prompt did not extend the previous row's tokens
-    retokenized: bool = False  # a later step's prompt re-tokenized an earlier reply (same text, other tokens)
 
 
 def placeholder_sequence(filler_id: int, source: int = -1) -> TrainingSequence:
@@ -54,22 +52,17 @@ def placeholder_sequence(filler_id: int, source: int = -1) -> TrainingSequence:
     )
 
 
-def trajectory_to_sequences(
-    trajectory: Trajectory,
-    filler_id: int = 0,
-    source: int = 0,
-    decode: Callable[[list[int]], str] | None = None,
-) -> list[TrainingSequence]:
-    """The training rows of a trajectory: one cumulative sequence while each step's prompt extends the previous
-    prompt and reply, a new row (the step's full prompt) at each step where it does not.
+def trajectory_to_sequences(trajectory: Trajectory, filler_id: int = 0, source: int = 0) -> list[TrainingSequence]:
+    """The training rows of a trajectory: the first step's prompt, then each reply (``env_mask`` 1) and the tokens
+    added before the next reply (``env_mask`` 0), as one row while each step's prompt extends the previous prompt and
+    reply token for token; a new row (that step's full prompt, masked) where it does not.
 
-    No step is ever dropped: a template that re-renders the history (Qwen3 drops earlier ``<think>`` blocks) gives one
-    row per turn, each with the prompt the model saw and its own reply trained. With ``decode`` (the tokenizer's,
-    special tokens kept), a step whose prompt only spells an earlier reply with other tokens of the same text (a BPE
-    tokenizer re-encoding sampled tokens, ``"le" "ft"`` -> ``"left"``) extends the row all the same: the row keeps the
-    sampled tokens and takes the new messages after them, and is marked ``retokenized``. Without this, a tiny model's
-    multi-turn rows split at every such reply and each split row pads the whole batch to its full prompt. A trajectory
-    without steps (its episode failed before the first LLM call) becomes a one-token placeholder with ``env_mask`` 0.
+    The policies build each prompt from the previous call's tokens (token in, token out:
+    :mod:`rllm_gym.policies.tokens`), so a trajectory of the default agents with their full history is one row by
+    construction. A row splits where the chat itself did not continue: the agent dropped earlier turns by design
+    (``max_history_turns``), the policy re-rendered the chat with its template (``token_history="template"``), or a
+    server rendered chat text (``ModelOutput.text_rendered``). No step is ever dropped. A trajectory without steps (its
+    episode failed before the first LLM call) becomes a one-token placeholder with ``env_mask`` 0.
     """
     if not trajectory.steps:
         return [placeholder_sequence(filler_id, source)]
@@ -77,23 +70,16 @@ def trajectory_to_sequences(
     context: list[int] = []
     for index, step in enumerate(trajectory.steps):
         if rows and step.prompt_ids[: len(context)] == context:
-            new_messages: list[int] | None = step.prompt_ids[len(context) :]
-        elif rows and decode is not None:
-            new_messages = _after_same_text(step.prompt_ids, context, decode)
-            rows[-1].retokenized |= new_messages is not None
+            added = step.prompt_ids[len(context) :]
+            row = rows[-1]
+            row.completion_ids += added
+            row.env_mask += [0] * len(added)
+            row.logprobs += [0.0] * len(added)
         else:
-            new_messages = None
-        if new_messages is None:
-            rows.append(
-                TrainingSequence(
-                    prompt_ids=list(step.prompt_ids), first_step=index, source=source, prefix_mismatch=bool(rows)
-                )
+            row = TrainingSequence(
+                prompt_ids=list(step.prompt_ids), first_step=index, source=source, prefix_mismatch=bool(rows)
             )
-        else:
-            rows[-1].completion_ids += new_messages
-            rows[-1].env_mask += [0] * len(new_messages)
-            rows[-1].logprobs += [0.0] * len(new_messages)
-        row = rows[-1]
+            rows.append(row)
         start = len(row.completion_ids)
         row.completion_ids += step.response_ids
         row.env_mask += [1] * len(step.response_ids)
@@ -102,17 +88,3 @@ def trajectory_to_sequences(
         row.spans.append((start, len(row.completion_ids)))
         context = row.prompt_ids + row.completion_ids
     return rows
-
-
-def _after_same_text(prompt: list[int], context: list[int], decode: Callable[[list[int]], str]) -> list[int] | None:
-    """The tokens of ``prompt`` after a prefix that decodes to the same text as ``context``, or None when no prefix
-    does (the template changed the text, not only its tokens)."""
-    text = decode(context)
-    common = next((i for i, (a, b) in enumerate(zip(prompt, context, strict=False)) if a != b), len(context))
-    for end in range(common, len(prompt) + 1):
-        spelled = decode(prompt[:end])
-        if spelled == text:
-            return prompt[end:]
-        if len(spelled) > len(text) or not text.startswith(spelled[: len(spelled) - 8]):
-            return None
-    return None

@@ -2,17 +2,17 @@
 
 :class:`EpisodeRollout` runs the episodes of TRL's prompt slots: each slot is a task (the prompt string is the task as
 JSON, see :func:`encode_prompt`) and trains one trajectory of one episode run by
-:class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory becomes one token sequence while the chat
-template keeps its history: the first step's prompt, then each reply (``env_mask`` 1, trained) followed by the tokens
-the template adds for the next observation (``env_mask`` 0, never trained), as long as each step's prompt extends the
-previous prompt plus reply token for token (or re-spells an earlier reply with other tokens of the same text, a BPE
-effect: the row keeps the sampled tokens, ``rollout/retokenized``). A template that re-renders earlier turns (Qwen3
-drops the ``<think>`` blocks of earlier assistant turns) breaks that prefix; then the trajectory is split there: a
-new training row starts with that step's full prompt (as the model saw it, masked out) and its reply trained. So no
-turn is ever dropped: a trajectory gives one row per run of steps that extend each other, one row per turn at worst,
-and every row carries its trajectory's advantages (groups and statistics stay one entry per trajectory).
+:class:`~rllm_gym.engine.AgentExecutionEngine`. A multi-turn trajectory is one token sequence by construction: every
+policy builds each call's prompt from the previous call's prompt and sampled ids plus the new messages' tokens
+(token in, token out, :mod:`rllm_gym.policies.tokens`), so the row is the first step's prompt, then each reply
+(``env_mask`` 1, trained) followed by the tokens of the next observation (``env_mask`` 0, never trained), exactly
+the tokens the model saw and sampled. A row splits only where the chat did not continue: the agent dropped earlier
+turns by design (``max_history_turns``), the policy re-renders the whole chat (``token_history="template"``, e.g.
+to let Qwen3's template drop earlier ``<think>`` blocks), or a server rendered chat text. Then a new training row
+starts with that step's full prompt (masked) and its reply trained, so no turn is ever dropped, and every row
+carries its trajectory's advantages (groups and statistics stay one entry per trajectory).
 ``rollout/prefix_mismatch`` is the share of trajectories split so, ``rollout/rows_per_trajectory`` the rows per
-trajectory (1.0 when every prefix holds).
+trajectory (1.0 when none is) and ``rollout/text_rendered`` the share of LLM calls a server rendered from text.
 
 :class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: it runs the episodes first, repeats TRL's
 inputs once per row (padded with untrained rows to a size every process shares, ``rollout/padding_rows``), lets TRL
@@ -44,6 +44,7 @@ from rllm_gym.engine.common import default_env_workers
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy, HFPolicy
+from rllm_gym.policies.tokens import TokenHistory, check_token_history
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
 from rllm_gym.train.sequences import (
@@ -90,7 +91,9 @@ class EpisodeRollout:
 
     A call gives one row or more per prompt (see the module docstring); :class:`RLLMGRPOTrainer` lays TRL's batch out
     row by row. ``last_episodes`` and ``last_slots`` follow the prompts, ``last_sequences`` the rows (each names its
-    prompt in ``source``). ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) go to every policy it builds.
+    prompt in ``source``). ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) and ``token_history``
+    (``"sampled"``, token in, token out; or ``"template"``, the chat re-rendered each call, rows split where the
+    template rewrites history) go to every policy it builds.
 
     Prompt slots that name the same env and task share episodes: the ``k``-th slot of ``(env, task, slot s)`` in a
     call trains trajectory ``s`` of the ``k``-th episode of ``(env, task)``. For a single-agent env that is one
@@ -116,6 +119,7 @@ class EpisodeRollout:
         stop_on_truncation: bool = True,
         policy_factory: Callable[[GRPOTrainer], Policy] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        token_history: TokenHistory = "sampled",
     ):
         if not envs:
             raise ValueError("EpisodeRollout needs at least one EnvSetup")
@@ -127,6 +131,7 @@ class EpisodeRollout:
         self.stop_on_truncation = stop_on_truncation
         self.policy_factory = policy_factory
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.token_history = check_token_history(token_history, "EpisodeRollout")
         self.calls = 0
         self.last_episodes: list[Episode] = []  # aligned with the last call's prompts (shared episodes repeat)
         self.last_slots: list[int] = []
@@ -192,11 +197,15 @@ class EpisodeRollout:
         if self.policy_factory is not None:
             episodes = self._run_sync(self._run(runs, self.policy_factory(trainer), sampling))
         elif trainer.use_vllm and trainer.args.vllm_mode == "server":
-            policy = ServerVLLMPolicy.from_trainer(trainer, chat_template_kwargs=self.chat_template_kwargs)
+            policy = ServerVLLMPolicy.from_trainer(
+                trainer, chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history
+            )
             episodes = self._run_sync(policy.run(self._run(runs, policy, sampling)))
             self.last_metrics = policy.metrics()
         elif trainer.use_vllm:
-            policy = TrainerVLLMPolicy(trainer, chat_template_kwargs=self.chat_template_kwargs)
+            policy = TrainerVLLMPolicy(
+                trainer, chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history
+            )
             with awake_for_rollout(trainer.vllm_generation, policy.device):
                 episodes = self._run_sync(self._run(runs, policy, sampling))
             self.last_metrics = policy.metrics()
@@ -213,6 +222,7 @@ class EpisodeRollout:
                     tokenizer=trainer.processing_class,
                     device=str(trainer.accelerator.device),
                     chat_template_kwargs=self.chat_template_kwargs,
+                    token_history=self.token_history,
                     max_batch_size=len(runs),
                     batch_wait_s=0.02,
                 )
@@ -226,11 +236,10 @@ class EpisodeRollout:
             for ep, slot in zip(row_episodes, slots, strict=True)
         ]
         self.filler_id = trainer.processing_class.eos_token_id or 0
-        decode = trainer.processing_class.decode  # special tokens kept: they are part of the text compared
         self.last_sequences = [
             row
             for source, trajectory in enumerate(trajectories)
-            for row in trajectory_to_sequences(trajectory, self.filler_id, source, decode)
+            for row in trajectory_to_sequences(trajectory, self.filler_id, source)
         ]
         self.last_episodes, self.last_slots = row_episodes, slots
         self.last_rewards = [float(t.reward or 0.0) for t in trajectories]
@@ -492,25 +501,27 @@ class RLLMGRPOTrainer(GRPOTrainer):
         loss_mask = output["completion_mask"] * mask
         output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         split = {s.source for s in sequences if s.prefix_mismatch}
-        retokenized = {s.source for s in sequences if s.retokenized}
+        episodes = {e.id: e for e in rollout.last_episodes}.values()  # slots of one multi-agent episode share it
+        calls = [s.model_output for e in episodes for t in e.trajectories for s in t.steps]
         counts = gather_object(
             [
                 (
                     len(split),
-                    len(retokenized),
                     sum(s.source >= 0 for s in sequences),
                     len(sequences),
                     sum(sum(s.env_mask) for s in sequences),
+                    sum(o is not None and o.text_rendered for o in calls),
+                    len(calls),
                 )
             ]
         )
-        split_trajectories, retokenized_trajectories, trained_rows, rows, tokens = (
+        split_trajectories, trained_rows, rows, tokens, text_rendered, all_calls = (
             sum(column) for column in zip(*counts, strict=True)
         )
         n = max(len(everyone), 1)
         metrics = {
             "rollout/prefix_mismatch": split_trajectories / n,
-            "rollout/retokenized": retokenized_trajectories / n,
+            "rollout/text_rendered": text_rendered / max(all_calls, 1),
             "rollout/rows_per_trajectory": trained_rows / n,
             "rollout/padding_rows": (rows - trained_rows) / max(rows, 1),
             "rollout/model_tokens_per_s": tokens / max(rollout.last_seconds, 1e-9),

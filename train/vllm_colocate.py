@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 
 from rllm_gym.policies.base import PolicyRequest, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy
+from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.train.vllm_server import prompt_too_long, sampled_logprobs
 from rllm_gym.types import ModelOutput
 
@@ -47,6 +48,7 @@ class TrainerVLLMPolicy(BatchingPolicy):
         chat_template_kwargs: dict[str, Any] | None = None,
         max_batch_size: int = 1024,
         batch_wait_s: float = 0.02,
+        token_history: TokenHistory = "sampled",
     ):
         generation = trainer.vllm_generation
         if generation.mode != "colocate" or generation.tensor_parallel_size != 1:
@@ -55,7 +57,8 @@ class TrainerVLLMPolicy(BatchingPolicy):
                 f"{generation.mode!r} and tensor parallel {generation.tensor_parallel_size}; for a model that needs "
                 f"several GPUs, serve it with `trl vllm-serve` and train with vllm_mode='server'"
             )
-        super().__init__(trainer.processing_class, dict(chat_template_kwargs or {}), max_batch_size, batch_wait_s)
+        template_kwargs = dict(chat_template_kwargs or {})
+        super().__init__(trainer.processing_class, template_kwargs, max_batch_size, batch_wait_s, token_history)
         self.generation = generation
         self.device = torch.device(trainer.accelerator.device)
         self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}

@@ -40,9 +40,9 @@ from rllm_gym.policies.base import (
     build_model_output,
     check_request,
     merge_template_kwargs,
-    render_prompt_ids,
 )
-from rllm_gym.types import ModelOutput, TerminationReason
+from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for
+from rllm_gym.types import ModelOutput, Step, TerminationReason
 
 __all__ = ["ServerVLLMPolicy", "prompt_too_long", "sampled_logprobs"]
 
@@ -120,6 +120,7 @@ class ServerVLLMPolicy:
             prompt that leaves no room for a token, and the whole server call with it). A longer prompt is not sent:
             its request raises the engine's ``TerminationEvent``, so that episode alone ends with
             ``max_prompt_length_exceeded``. ``from_trainer`` takes it from ``vllm_max_model_length``.
+        token_history: ``"sampled"`` (each prompt continues the previous call's tokens) or ``"template"``.
 
     Example::
 
@@ -139,6 +140,7 @@ class ServerVLLMPolicy:
         max_wait_s: float = 0.05,
         chat_template_kwargs: dict[str, Any] | None = None,
         max_prompt_tokens: int | None = None,
+        token_history: TokenHistory = "sampled",
     ) -> None:
         mode = getattr(generation, "mode", None)
         if mode != "server":
@@ -152,6 +154,7 @@ class ServerVLLMPolicy:
         self.accelerator = accelerator
         self.tokenizer = tokenizer
         self.template_kwargs = merge_template_kwargs(None, chat_template_kwargs)
+        self.token_history = check_token_history(token_history, "ServerVLLMPolicy")
         self.eos_token_ids = {int(i) for i in eos_token_ids if i is not None}
         self._pending: list[_Request] = []
         self._first_at = 0.0
@@ -183,8 +186,9 @@ class ServerVLLMPolicy:
         *,
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         loop = asyncio.get_running_loop()
         if not self._driving or loop is not self._loop:
             # Without the driver no round would ever carry this request, and the other processes would wait on it.
@@ -193,7 +197,10 @@ class ServerVLLMPolicy:
                 "loop, which keeps the training processes in step"
             )
         if prompt_ids is None:
-            prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+            # Token in, token out, as every policy does (rllm_gym.policies.tokens).
+            prompt_ids = prompt_ids_for(
+                self.tokenizer, messages, tools, self.template_kwargs, previous, self.token_history
+            )
         if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             self.too_long += 1
             raise prompt_too_long(len(prompt_ids), self.max_prompt_tokens, "the server's vllm_max_model_length")

@@ -154,8 +154,12 @@ class Workflow(ABC):
             self._trajectories.append(trajectory)
 
     async def generate(self, agent: BaseAgent, **kwargs: Any) -> ModelOutput:
-        """The policy's reply to the agent's chat; a prompt over ``max_prompt_length`` ends the episode."""
-        output = await self.policy.generate(agent.chat_completions, self.sampling_params, **kwargs)
+        """The policy's reply to the agent's chat; a prompt over ``max_prompt_length`` ends the episode.
+
+        The agent's last Step goes with it (``previous``), so that a token backend continues the tokens of that call
+        instead of re-rendering the chat (token in, token out; see :mod:`rllm_gym.policies.tokens`)."""
+        previous = agent.get_current_state()
+        output = await self.policy.generate(agent.chat_completions, self.sampling_params, previous=previous, **kwargs)
         if self.max_prompt_length is not None and output.prompt_length > self.max_prompt_length:
             raise TerminationEvent(
                 TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED,
@@ -255,7 +259,8 @@ def _response_tokens(step: Step) -> int:
 def episode_metrics(episode: Episode) -> dict[str, float]:
     """Per-role numbers (several trajectories may share a role, e.g. two solvers): ``<role>/reward`` and
     ``<role>/accuracy`` are means over the role's trajectories, ``<role>/turns`` and the token counts are totals,
-    ``<role>/count`` is the number of trajectories; ``turns`` and ``response_tokens`` are episode totals."""
+    ``<role>/count`` is the number of trajectories; ``turns``, ``response_tokens`` and ``text_rendered_calls`` (LLM
+    calls a server rendered from chat text, see ``ModelOutput.text_rendered``) are episode totals."""
     by_role = defaultdict(list)
     for trajectory in episode.trajectories:
         by_role[trajectory.name].append(trajectory)
@@ -272,6 +277,10 @@ def episode_metrics(episode: Episode) -> dict[str, float]:
         if verdicts:
             metrics[f"{role}/accuracy"] = sum(map(bool, verdicts)) / len(verdicts)
     metrics["turns"] = float(sum(len(t.steps) for t in episode.trajectories))
+    # LLM calls whose server rendered the chat as text (no token prompts): not token in, token out.
+    metrics["text_rendered_calls"] = float(
+        sum(s.model_output is not None and s.model_output.text_rendered for t in episode.trajectories for s in t.steps)
+    )
     metrics["response_tokens"] = float(sum(metrics[f"{role}/response_tokens"] for role in by_role))
     return metrics
 

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rllm_gym.types import ModelOutput, ToolCall
+from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for, render_prompt_ids
+from rllm_gym.types import ModelOutput, Step, ToolCall
 
 __all__ = [
     "BasePolicy",
@@ -33,6 +34,7 @@ __all__ = [
     "build_model_output",
     "check_model_source",
     "parse_hermes_tool_calls",
+    "render_prompt_ids",
     "split_reasoning",
 ]
 
@@ -145,7 +147,9 @@ class Policy(Protocol):
     """Chat messages or prompt token ids in, one :class:`ModelOutput` out; async, and batched by the backend.
 
     Call ``generate`` from many coroutines at once: concurrent calls are the normal case and every backend batches
-    them (vLLM continuous batching, a server's own batching, HFPolicy's request queue).
+    them (vLLM continuous batching, a server's own batching, HFPolicy's request queue). ``previous`` is the episode's
+    last Step of the same agent (its chat, prompt ids and completion ids): a backend that works on token ids continues
+    that call's tokens rather than re-rendering the chat (:mod:`rllm_gym.policies.tokens`); others may ignore it.
 
     Example::
 
@@ -164,11 +168,18 @@ class Policy(Protocol):
         *,
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        previous: Step | None = None,
     ) -> ModelOutput: ...
 
 
-def check_request(messages: Messages | None, prompt_ids: Sequence[int] | None) -> None:
-    """Raise a clear error unless exactly one of ``messages`` and ``prompt_ids`` is given."""
+def check_request(messages: Messages | None, prompt_ids: Sequence[int] | None, previous: Step | None = None) -> None:
+    """Raise a clear error unless exactly one of ``messages`` and ``prompt_ids`` is given (and ``previous``, when
+    given, is a Step)."""
+    if previous is not None and not isinstance(previous, Step):
+        raise TypeError(
+            "previous must be the agent's last Step (agent.get_current_state()) or None, "
+            f"got {type(previous).__name__}"
+        )
     if (messages is None) == (prompt_ids is None):
         raise ValueError("generate() needs exactly one of `messages` (a chat) or `prompt_ids` (token ids)")
     if messages is not None and (not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)):
@@ -239,6 +250,7 @@ def build_model_output(
     finish_reason: str | None = None,
     prompt_length: int | None = None,
     completion_length: int | None = None,
+    text_rendered: bool = False,
 ) -> ModelOutput:
     """The ModelOutput for a completion ``text``: reasoning and tool calls split out, content stripped.
 
@@ -261,6 +273,7 @@ def build_model_output(
         prompt_length=len(prompt_ids) if prompt_length is None else prompt_length,
         completion_length=len(completion_ids) if completion_length is None else completion_length,
         finish_reason=finish_reason,
+        text_rendered=text_rendered,
     )
 
 
@@ -272,35 +285,25 @@ def merge_template_kwargs(enable_thinking: bool | None, extra: dict[str, Any] | 
     return kwargs
 
 
-def render_prompt_ids(
-    tokenizer: Any,
-    messages: Messages,
-    tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any],
-) -> list[int]:
-    """Token ids of ``messages`` rendered by the tokenizer's chat template, with the assistant generation prompt."""
-    ids = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
-    )
-    return list(ids)
-
-
 @dataclass(frozen=True)
 class PolicyRequest:
-    """One checked ``generate`` call: exactly one of ``messages`` and ``prompt_ids`` is set; ``params`` is filled."""
+    """One checked ``generate`` call: exactly one of ``messages`` and ``prompt_ids`` is set; ``params`` is filled;
+    ``previous`` is the agent's last Step in this episode, if any."""
 
     messages: Messages | None
     prompt_ids: list[int] | None
     params: SamplingParams
     tools: list[dict[str, Any]] | None
+    previous: Step | None = None
 
 
 class BasePolicy(ABC):
     """What the model backends (transformers, vLLM, OpenAI-compatible HTTP) have in common.
 
     :meth:`generate` checks the request (exactly one of messages and prompt ids, default sampling parameters) and
-    hands a :class:`PolicyRequest` to the backend's :meth:`_generate`; :meth:`prompt_token_ids` renders a chat with
-    the tokenizer's chat template and the policy's ``template_kwargs`` (``enable_thinking`` only when set), and every
+    hands a :class:`PolicyRequest` to the backend's :meth:`_generate`; :meth:`prompt_token_ids` gives its prompt ids
+    (token in, token out: continued from the previous call's ids, see :mod:`rllm_gym.policies.tokens`; the chat
+    template with the policy's ``template_kwargs``, ``enable_thinking`` only when set, renders the rest), and every
     backend builds its reply with :func:`build_model_output`. A backend keeps only what is its own: how a request
     reaches the model and how the model's answer is read.
     """
@@ -311,9 +314,11 @@ class BasePolicy(ABC):
         *,
         enable_thinking: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        token_history: TokenHistory = "sampled",
     ) -> None:
         self.tokenizer = tokenizer
         self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
+        self.token_history = check_token_history(token_history, type(self).__name__)
 
     async def generate(
         self,
@@ -322,17 +327,23 @@ class BasePolicy(ABC):
         *,
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         ids = None if prompt_ids is None else list(prompt_ids)
-        return await self._generate(PolicyRequest(messages, ids, sampling_params or SamplingParams(), tools))
+        params = sampling_params or SamplingParams()
+        return await self._generate(PolicyRequest(messages, ids, params, tools, previous))
 
     @abstractmethod
     async def _generate(self, request: PolicyRequest) -> ModelOutput:
         """The backend's reply to a checked request."""
 
     def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
-        """The request's prompt ids: as given, or its chat rendered by the tokenizer's chat template."""
+        """The request's prompt ids: as given; or, with ``token_history="sampled"`` (the default), the previous call's
+        prompt and completion ids continued by the new messages; or the chat rendered whole by the chat template
+        (the first call, ``token_history="template"``, or a chat that dropped earlier messages)."""
         if request.prompt_ids is not None:
             return request.prompt_ids
-        return render_prompt_ids(self.tokenizer, request.messages, request.tools, self.template_kwargs)
+        return prompt_ids_for(
+            self.tokenizer, request.messages, request.tools, self.template_kwargs, request.previous, self.token_history
+        )

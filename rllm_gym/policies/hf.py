@@ -4,7 +4,8 @@ This is the default backend (it runs the embedded tiny model when no model is na
 trainer. Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within a few
 milliseconds of each other, groups them by sampling parameters, pads them on the left and runs one ``generate`` per
 group in a worker thread, so the event loop keeps serving envs meanwhile. Log-probabilities are those of the raw
-model distribution (before temperature and top-k/top-p), as vLLM returns them by default.
+model distribution (before temperature and top-k/top-p), as vLLM returns them by default, gathered step by step
+(:class:`SampledLogprobs`): a batch's full logits are never kept.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+)
 
 from rllm_gym.policies.base import (
     BasePolicy,
@@ -26,9 +34,10 @@ from rllm_gym.policies.base import (
     build_model_output,
     merge_template_kwargs,
 )
+from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
-__all__ = ["BatchingPolicy", "HFPolicy"]
+__all__ = ["BatchingPolicy", "HFPolicy", "SampledLogprobs"]
 
 
 @dataclass
@@ -50,13 +59,20 @@ class BatchingPolicy(BasePolicy):
     out ``batch_wait_s``; a full batch (``max_batch_size``) is always sent at once.
     """
 
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any], max_batch_size: int, batch_wait_s: float):
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_kwargs: dict[str, Any],
+        max_batch_size: int,
+        batch_wait_s: float,
+        token_history: TokenHistory = "sampled",
+    ):
         name = type(self).__name__
         if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
             raise ValueError(f"{name}(max_batch_size=...) must be an int >= 1, got {max_batch_size!r}")
         if not isinstance(batch_wait_s, (int, float)) or isinstance(batch_wait_s, bool) or not 0 <= batch_wait_s < 60:
             raise ValueError(f"{name}(batch_wait_s=...) must be seconds in [0, 60), got {batch_wait_s!r}")
-        super().__init__(tokenizer, chat_template_kwargs=template_kwargs)
+        super().__init__(tokenizer, chat_template_kwargs=template_kwargs, token_history=token_history)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self._queue: asyncio.Queue[_Request] | None = None
@@ -139,6 +155,9 @@ class HFPolicy(BatchingPolicy):
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (CUDA when available).
         dtype: torch dtype name for loading (``"auto"`` keeps the checkpoint's).
         enable_thinking: passed to the chat template when set (Qwen3-style templates); ``None`` keeps its default.
+        token_history: ``"sampled"`` (default): an episode's next prompt is the previous call's prompt and
+            completion ids followed by the new messages' tokens (:mod:`rllm_gym.policies.tokens`); ``"template"``:
+            the chat template renders the whole chat each call (what it does to earlier turns included).
         max_batch_size: the most requests one ``generate`` call runs together.
         batch_wait_s: how long the queue waits after the first request for others to join its batch.
 
@@ -159,6 +178,7 @@ class HFPolicy(BatchingPolicy):
         chat_template_kwargs: dict[str, Any] | None = None,
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
+        token_history: TokenHistory = "sampled",
     ) -> None:
         if model is None:
             from rllm_gym.tiny_model import default_model_path
@@ -187,6 +207,7 @@ class HFPolicy(BatchingPolicy):
             merge_template_kwargs(enable_thinking, chat_template_kwargs),
             max_batch_size,
             batch_wait_s,
+            token_history,
         )
         self.device = torch.device(device)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)
@@ -200,18 +221,19 @@ class HFPolicy(BatchingPolicy):
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=self.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         config = self._generation_config(params)
+        sampled = SampledLogprobs()
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
+                logits_processor=LogitsProcessorList([sampled]),
                 tokenizer=self.tokenizer if params.stop else None,
             )
-        tokens = out.sequences[:, width:]  # (B, T)
-        logits = torch.stack(out.logits, dim=1).float()  # (B, T, V)
-        token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        tokens = sequences[:, width:]  # (B, T)
+        token_logprobs = sampled.finish(tokens)  # (B, T)
         outputs = []
         for row, prompt in enumerate(prompts):
             ids, finish_reason, text = self._finish(tokens[row].tolist(), params)
@@ -237,8 +259,14 @@ class HFPolicy(BatchingPolicy):
             eos_token_id=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             stop_strings=list(params.stop) or None,
-            return_dict_in_generate=True,
-            output_logits=True,
+            # A checkpoint's generation config fills in what is left unset; these processors would run before
+            # SampledLogprobs and change the distribution SamplingParams describe (vLLM's, with the same params).
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            # Neither logits nor scores are kept: SampledLogprobs keeps one log-probability per token as it goes.
+            return_dict_in_generate=False,
+            output_logits=False,
+            output_scores=False,
             **sampling,
         )
 
@@ -254,6 +282,39 @@ class HFPolicy(BatchingPolicy):
                 if cut >= 0:
                     return tokens[: k + 1], "stop", text[:cut]
         return tokens, "length", self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Collects the log-probability of each sampled token during ``generate``, never all the logits of a batch.
+
+    Called at every generation step with that step's logits (the raw model logits when no other logits processor
+    runs before it; temperature and top-k/top-p come after custom processors), it keeps that step's log-softmax,
+    ``(B, V)``, only until the next step, whose ``input_ids`` end with the token sampled from it: one ``(B,)``
+    log-probability is kept per step, so what it holds is ``O(B x T)`` plus one step's ``(B, V)``, where stacking
+    ``output_logits`` held ``(B, T, V)``. :meth:`finish` takes the last step's token from the finished sequences.
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []  # one (B,) tensor per generated token
+        self._last: torch.Tensor | None = None  # (B, V): the latest step's log-softmax, until its token is known
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self._take(input_ids[:, -1])  # the token sampled from the previous step's distribution
+        self._last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self._last is not None:
+            self.steps.append(self._last.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))  # (B,)
+            self._last = None
+
+    def finish(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The ``(B, T)`` log-probabilities of the generated ``tokens`` ``(B, T)``."""
+        if len(self.steps) < tokens.size(1):
+            self._take(tokens[:, len(self.steps)])
+        if not self.steps:
+            return tokens.new_zeros(tokens.shape, dtype=torch.float32)
+        return torch.stack(self.steps, dim=1)
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:

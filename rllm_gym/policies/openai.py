@@ -8,8 +8,10 @@ connections and unreadable bodies are retried with exponential backoff (and ``Re
 it); other 4xx answers fail at once with the server's message. With several base URLs (a fleet of replicas) each
 request goes to the replica with the fewest requests in flight, and a replica that fails with a connection error or
 a 5xx leaves the rotation for a cool-down. Token ids and log-probabilities come from the server when it returns them
-(vLLM with ``return_token_ids=True``); otherwise the prompt is rendered and the reply tokenized locally with the
-model's tokenizer, and ``logprobs`` stays empty. Without a tokenizer the ids stay empty and the token counts
+(vLLM with ``return_token_ids=True``); with a tokenizer too, chats are sent as token ids to ``/completions``, each
+call continuing the previous call's tokens (token in, token out). Otherwise the server renders the chat as text
+(``ModelOutput.text_rendered``), the prompt is rendered and the reply tokenized locally with the model's tokenizer,
+and ``logprobs`` stays empty. Without a tokenizer the ids stay empty and the token counts
 (``ModelOutput.prompt_length``, ``completion_length``) come from the reply's ``usage``; where there are ids, the
 counts are their lengths, since the trainer and ``max_prompt_length`` work on those ids.
 """
@@ -40,7 +42,9 @@ from rllm_gym.policies.base import (
     PolicyRequest,
     SamplingParams,
     build_model_output,
+    render_prompt_ids,
 )
+from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
 __all__ = ["OpenAIPolicy", "chat_request_body", "reply_text", "usage_counts"]
@@ -113,12 +117,18 @@ def reply_text(message: dict[str, Any]) -> str:
 
 
 def _logprob_entries(choice: dict[str, Any]) -> tuple[list[float], list[int] | None]:
-    """Log-probabilities of a choice, and its token ids when they are written as ``token_id:N`` tokens."""
-    entries = (choice.get("logprobs") or {}).get("content")
-    if not entries:
+    """Log-probabilities of a choice, and its token ids when they are written as ``token_id:N`` tokens; from a chat
+    choice (``logprobs.content``) or a ``/completions`` one (``logprobs.token_logprobs`` and ``logprobs.tokens``)."""
+    block = choice.get("logprobs") or {}
+    entries = block.get("content")
+    if entries:
+        logprobs = [float(e["logprob"]) for e in entries]
+        tokens = [e.get("token", "") for e in entries]
+    elif block.get("token_logprobs"):
+        logprobs = [float(lp) if lp is not None else 0.0 for lp in block["token_logprobs"]]
+        tokens = list(block.get("tokens") or [])
+    else:
         return [], None
-    logprobs = [float(e["logprob"]) for e in entries]
-    tokens = [e.get("token", "") for e in entries]
     if entries and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
         return logprobs, [int(t.removeprefix("token_id:")) for t in tokens]
     return logprobs, None
@@ -172,7 +182,12 @@ class OpenAIPolicy(BasePolicy):
         tokenizer: a tokenizer (folder, hub name or object) for local prompt rendering and reply tokenization when
             the server returns no token ids; ``None`` leaves ids empty in that case.
         enable_thinking: sent as ``chat_template_kwargs`` (and used for local rendering) when set.
-        return_token_ids: ask for token ids and logprobs with vLLM's extensions (only vLLM accepts them).
+        return_token_ids: ask for token ids and logprobs with vLLM's extensions (only vLLM accepts them). With a
+            ``tokenizer`` too, chats go to ``/completions`` as token ids: token in, token out (each call's prompt is
+            the previous call's prompt and sampled ids followed by the new messages' tokens). Otherwise the server
+            renders the chat text itself and the output says so (``ModelOutput.text_rendered``).
+        token_history: ``"sampled"`` (default) or ``"template"`` (re-render the whole chat each call), for token
+            prompts; see :class:`~rllm_gym.policies.HFPolicy`.
         request_logprobs: send the standard ``logprobs: true``.
         max_concurrency: the most requests in flight from this policy, over all replicas.
         timeout_s: per-attempt timeout of a request.
@@ -192,6 +207,7 @@ class OpenAIPolicy(BasePolicy):
         chat_template_kwargs: dict[str, Any] | None = None,
         return_token_ids: bool = False,
         request_logprobs: bool = False,
+        token_history: TokenHistory = "sampled",
         max_concurrency: int = 64,
         timeout_s: float = 120.0,
         max_retries: int = 3,
@@ -236,7 +252,12 @@ class OpenAIPolicy(BasePolicy):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        super().__init__(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=chat_template_kwargs)
+        super().__init__(
+            tokenizer,
+            enable_thinking=enable_thinking,
+            chat_template_kwargs=chat_template_kwargs,
+            token_history=token_history,
+        )
         self.return_token_ids = return_token_ids
         self.request_logprobs = request_logprobs
         self.max_concurrency = max_concurrency
@@ -255,10 +276,19 @@ class OpenAIPolicy(BasePolicy):
         self.retries = 0
         self._warned_count = False
 
+    @property
+    def token_prompts(self) -> bool:
+        """Whether chats go out as token ids on ``/completions`` (token in, token out): with ``return_token_ids`` (a
+        vLLM server) and a tokenizer to render them; otherwise the server renders the chat text itself."""
+        return self.return_token_ids and self.tokenizer is not None
+
     async def _generate(self, request: PolicyRequest) -> ModelOutput:
         params = request.params
         if request.prompt_ids is not None:
             return await self._generate_from_ids(request.prompt_ids, params)
+        if self.token_prompts:
+            # The previous call's prompt and sampled ids, continued by the new messages (rllm_gym.policies.tokens).
+            return await self._generate_from_ids(self.prompt_token_ids(request), params)
         body = chat_request_body(
             self.model,
             request.messages or [],
@@ -273,16 +303,18 @@ class OpenAIPolicy(BasePolicy):
         text = reply_text(choice.get("message") or {})
         server_prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
         if server_prompt_ids is None and self.tokenizer is not None:
-            server_prompt_ids = self.prompt_token_ids(request)
-        return self._to_output(data, choice, text, server_prompt_ids, params)
+            # A local rendering of the whole chat: the server rendered its own (text_rendered says so).
+            messages, tools = request.messages or [], request.tools
+            server_prompt_ids = render_prompt_ids(self.tokenizer, messages, tools, self.template_kwargs)
+        return self._to_output(data, choice, text, server_prompt_ids, params, text_rendered=True)
 
     async def _generate_from_ids(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
         # Token-id prompts on /completions are a vLLM/SGLang feature; transformers serve wants a string prompt.
-        body = chat_request_body(
-            self.model, [], params, request_logprobs=self.request_logprobs, return_token_ids=self.return_token_ids
-        )
+        body = chat_request_body(self.model, [], params, return_token_ids=self.return_token_ids)
         del body["messages"]
         body["prompt"] = prompt_ids
+        if self.request_logprobs or self.return_token_ids:
+            body["logprobs"] = 0  # /completions takes a number of alternatives: 0 = the sampled token's only
         data = await self._post("/completions", body)
         choice = data["choices"][0]
         return self._to_output(data, choice, choice.get("text") or "", prompt_ids, params)
@@ -294,6 +326,8 @@ class OpenAIPolicy(BasePolicy):
         text: str,
         prompt_ids: Sequence[int] | None,
         params: SamplingParams,
+        *,
+        text_rendered: bool = False,
     ) -> ModelOutput:
         logprobs, ids_from_logprobs = _logprob_entries(choice)
         completion_ids = choice.get("token_ids") or ids_from_logprobs
@@ -329,6 +363,7 @@ class OpenAIPolicy(BasePolicy):
             finish_reason=finish_reason,
             prompt_length=None if prompt_ids else prompt_tokens,
             completion_length=None if completion_ids else completion_tokens,
+            text_rendered=text_rendered,
         )
 
     # HTTP -----------------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from rllm_gym.policies.base import Messages, PolicyError, SamplingParams, build_model_output, check_request
-from rllm_gym.types import ModelOutput
+from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for
+from rllm_gym.types import ModelOutput, Step
 
 __all__ = ["ScriptedPolicy"]
 
@@ -28,7 +29,8 @@ class ScriptedPolicy:
         cycle: start the list over when it runs out instead of raising.
         tokenizer: used for real token ids when given (the prompt rendered by its chat template, when it has one);
             otherwise ids are the UTF-8 bytes of the text (prompt: of the last message). Each logprob is
-            ``fake_logprob``.
+            ``fake_logprob``. With a chat template, an episode's later prompts continue the previous call's ids as
+            the real backends' do (``token_history="sampled"``), or re-render the chat (``"template"``).
 
     ``calls`` records the messages of every request. The length limit is honoured like a model would: with fake
     ids, a reply longer than ``max_tokens`` bytes is cut and its finish reason is ``"length"``.
@@ -47,6 +49,7 @@ class ScriptedPolicy:
         cycle: bool = False,
         tokenizer: Any = None,
         fake_logprob: float = -0.5,
+        token_history: TokenHistory = "sampled",
     ) -> None:
         if isinstance(replies, str):
             raise TypeError("ScriptedPolicy(replies=...) takes a list of replies or a function, not a single string")
@@ -58,6 +61,7 @@ class ScriptedPolicy:
         self.cycle = cycle
         self.tokenizer = tokenizer
         self.fake_logprob = fake_logprob
+        self.token_history = check_token_history(token_history, "ScriptedPolicy")
         self.calls: list[Messages] = []
         self._index = 0
 
@@ -68,8 +72,9 @@ class ScriptedPolicy:
         *,
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        previous: Step | None = None,
     ) -> ModelOutput:
-        check_request(messages, prompt_ids)
+        check_request(messages, prompt_ids, previous)
         params = sampling_params or SamplingParams()
         messages = messages if messages is not None else [{"role": "user", "content": "", "prompt_ids": prompt_ids}]
         self.calls.append(list(messages))  # a copy: the caller's chat keeps growing
@@ -78,7 +83,7 @@ class ScriptedPolicy:
             return reply
         if not isinstance(reply, str):
             raise PolicyError(f"ScriptedPolicy replies must be str or ModelOutput, got {type(reply).__name__}")
-        return self._to_output(reply, messages, prompt_ids, params)
+        return self._to_output(reply, messages, prompt_ids, params, previous)
 
     async def _next_reply(self, messages: Messages) -> Reply:
         if callable(self._replies):
@@ -101,15 +106,17 @@ class ScriptedPolicy:
         return list(text.encode("utf-8"))
 
     def _to_output(
-        self, reply: str, messages: Messages, prompt_ids: Sequence[int] | None, params: SamplingParams
+        self,
+        reply: str,
+        messages: Messages,
+        prompt_ids: Sequence[int] | None,
+        params: SamplingParams,
+        previous: Step | None,
     ) -> ModelOutput:
         if prompt_ids is None and self.tokenizer is not None and self.tokenizer.chat_template:
-            # As a real backend does: the whole chat through the chat template, ready for the assistant's reply.
-            prompt_ids = list(
-                self.tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
+            # As a real backend does: the previous call's tokens continued by the new messages (the first call: the
+            # whole chat through the chat template), ready for the assistant's reply.
+            prompt_ids = prompt_ids_for(self.tokenizer, messages, None, {}, previous, self.token_history)
         elif prompt_ids is None:
             prompt_ids = self._encode(str(messages[-1].get("content", ""))) if messages else []
         completion_ids = self._encode(reply)

@@ -6,8 +6,9 @@ can be measured and tested against a real socket without a model. Failures are q
 :meth:`StubOpenAIServer.fail_next`: ``"429"``, ``"500"``, ``"400"``, ``"garbage"`` (a 200 with a body that is not
 JSON) or ``"drop"`` (the connection closes without an answer). Replies carry a ``usage`` that counts one token per
 whitespace-separated word (:func:`count_tokens`: of every message for the prompt, of the reply for the completion),
-so that tests can predict the counts a policy without a tokenizer reports. Run it as a process with
-``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
+so that tests can predict the counts a policy without a tokenizer reports. With ``reply_ids``, ``/v1/completions``
+takes token-id prompts and answers with vLLM's ``prompt_token_ids``, ``token_ids`` and logprobs. Run it as a process
+with ``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -59,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         stub = self.server.stub
-        failure = stub._next_failure()
+        failure = stub._next_failure(self.path.rstrip("/"), body)
         time.sleep(stub.latency_s)
         if failure == "drop":
             self.close_connection = True
@@ -83,6 +85,12 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/v1/completions":
             reply, prompt = stub.reply or "echo", body.get("prompt")
             choice = {"index": 0, "text": reply, "finish_reason": "stop"}
+            if stub.reply_ids is not None and body.get("return_token_ids"):
+                # vLLM's token in, token out: the prompt ids it was given and the reply's ids, each with a logprob.
+                ids = stub.reply_ids(prompt) if callable(stub.reply_ids) else list(stub.reply_ids)
+                choice["finish_reason"] = "length" if len(ids) >= body.get("max_tokens", len(ids) + 1) else "stop"
+                choice.update(prompt_token_ids=prompt, token_ids=ids)
+                choice["logprobs"] = {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-0.5] * len(ids)}
         else:
             self._send(404, b'{"error": "not found"}')
             return
@@ -124,6 +132,7 @@ class StubOpenAIServer:
         model: str = "stub",
         response: dict[str, Any] | None = None,
         usage: bool = True,
+        reply_ids: list[int] | Callable[[Any], list[int]] | None = None,
     ) -> None:
         self.latency_s = latency_s
         self.reply = reply
@@ -131,6 +140,11 @@ class StubOpenAIServer:
         self.response = response
         self.model = model
         self.usage = usage  # False: replies without `usage`, as some servers send them
+        # Token ids of the reply (or a function of the prompt giving them), sent on /v1/completions to a request with
+        # return_token_ids as vLLM sends them: a stand-in for a server that takes token prompts.
+        self.reply_ids = reply_ids
+        # (path, JSON body) of the last POSTs, in order; bounded, as benchmarks send hundreds of thousands.
+        self.requests: deque[tuple[str, dict[str, Any]]] = deque(maxlen=1024)
         self.hits = 0
         self._failures: deque[str] = deque()
         self._lock = threading.Lock()
@@ -151,9 +165,10 @@ class StubOpenAIServer:
         with self._lock:
             self._failures.extend(modes)
 
-    def _next_failure(self) -> str | None:
+    def _next_failure(self, path: str, body: dict[str, Any]) -> str | None:
         with self._lock:
             self.hits += 1
+            self.requests.append((path, body))
             return self._failures.popleft() if self._failures else None
 
     def start(self) -> StubOpenAIServer:

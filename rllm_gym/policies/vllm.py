@@ -4,8 +4,8 @@ vLLM is an optional dependency (``pip install 'rllm-gym[vllm]'`` on a GPU, the `
 "vLLM on a CPU"), imported only when a VLLMPolicy is built. The vLLM-specific code is kept thin: the mapping from
 :class:`SamplingParams` to ``vllm.SamplingParams`` keyword arguments and from a ``vllm.RequestOutput`` to a
 :class:`ModelOutput` are pure functions, unit-tested with stand-in objects on machines without vLLM. Prompts are
-rendered with the model's chat template by transformers and sent as token ids, so the ids in the ModelOutput are
-exactly the ones the engine saw.
+sent as token ids (an episode's first rendered with the model's chat template by transformers, each later one
+continuing the previous prompt and sampled ids), so the ids in the ModelOutput are exactly the ones the engine saw.
 
 vLLM's async engine belongs to the event loop it first runs on (its output handler is a task of that loop): driven
 from a second loop it hangs. So the engine lives on a thread and loop of its own, and :meth:`VLLMPolicy.generate`
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, SamplingParams, build_model_output
+from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
 __all__ = ["CPU_KV_CACHE_BYTES", "VLLMPolicy", "cpu_engine_defaults", "model_output_from_vllm", "vllm_sampling_kwargs"]
@@ -123,6 +124,8 @@ class VLLMPolicy(BasePolicy):
         enable_thinking: passed to the chat template when set.
         lora_path: a LoRA adapter folder applied to every request (``enable_lora`` is switched on for it).
         return_logprobs: ask for each sampled token's log-probability.
+        token_history: ``"sampled"`` (an episode's next prompt continues the previous call's prompt and sampled ids,
+            :mod:`rllm_gym.policies.tokens`) or ``"template"`` (the whole chat re-rendered each call).
         **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=4096``, ``tensor_parallel_size=2``. On vLLM's CPU build the defaults of
             :func:`cpu_engine_defaults` fill in what is not given.
@@ -145,6 +148,7 @@ class VLLMPolicy(BasePolicy):
         chat_template_kwargs: dict[str, Any] | None = None,
         lora_path: str | os.PathLike[str] | None = None,
         return_logprobs: bool = True,
+        token_history: TokenHistory = "sampled",
         **engine_kwargs: Any,
     ) -> None:
         try:
@@ -167,6 +171,7 @@ class VLLMPolicy(BasePolicy):
             AutoTokenizer.from_pretrained(str(tokenizer or model)),
             enable_thinking=enable_thinking,
             chat_template_kwargs=chat_template_kwargs,
+            token_history=token_history,
         )
         self.return_logprobs = return_logprobs
         self._vllm = vllm

@@ -8,6 +8,11 @@ import pytest
 from rllm_gym.policies import HFPolicy, SamplingParams
 
 CHAT = [{"role": "user", "content": "What is 2 + 3?"}]
+CHATS = [
+    CHAT,
+    [{"role": "user", "content": "Say a long sentence about a frozen lake, please."}],
+    [{"role": "user", "content": "hi"}],
+]
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +118,67 @@ async def test_exactly_one_of_messages_and_prompt_ids(policy):
 def test_bad_arguments_name_the_argument(tiny_model_dir, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         HFPolicy(tiny_model_dir, **kwargs)
+
+
+@pytest.mark.parametrize("checkpoint_penalty", [None, 5.0])
+async def test_logprobs_are_gathered_per_step_and_match_the_stacked_logits(policy, checkpoint_penalty, monkeypatch):
+    """The sampled tokens' logprobs as the old method computed them (every step's raw logits kept, (B, T, V)),
+    without asking generate for the logits or scores; a checkpoint's repetition penalty does not leak in."""
+    import torch
+
+    from rllm_gym.policies import hf
+
+    monkeypatch.setattr(policy.model.generation_config, "repetition_penalty", checkpoint_penalty)
+    params = SamplingParams(temperature=1.0, max_tokens=9, seed=3)
+    config = policy._generation_config(params)
+    assert not (config.output_logits or config.output_scores or config.return_dict_in_generate)
+    prompts = [policy.tokenizer.apply_chat_template(c, add_generation_prompt=True, return_dict=False) for c in CHATS]
+    kept: list[hf.SampledLogprobs] = []
+
+    class Spy(hf.SampledLogprobs):
+        def __init__(self):
+            super().__init__()
+            kept.append(self)
+
+    original = hf.SampledLogprobs
+    hf.SampledLogprobs = Spy
+    try:
+        outputs = policy._generate_batch(prompts, params)
+    finally:
+        hf.SampledLogprobs = original
+    [spy] = kept
+    assert len(spy.steps) == 9 and all(step.shape == (len(prompts),) for step in spy.steps)  # O(B x T) kept
+
+    width = max(map(len, prompts))
+    ids = torch.tensor([[policy.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    old_config = policy._generation_config(params)
+    old_config.return_dict_in_generate = old_config.output_logits = True
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        out = policy.model.generate(input_ids=ids, attention_mask=mask, generation_config=old_config)
+    tokens = out.sequences[:, width:]
+    old = torch.log_softmax(torch.stack(out.logits, 1).float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    for row, output in enumerate(outputs):
+        assert output.completion_ids == tokens[row, : len(output.completion_ids)].tolist()
+        assert output.logprobs == pytest.approx(old[row, : len(output.logprobs)].tolist(), abs=1e-5)
+
+
+def test_sampled_logprobs_keep_one_step_of_logits_at_a_time():
+    import torch
+
+    from rllm_gym.policies.hf import SampledLogprobs
+
+    collector = SampledLogprobs()
+    scores = [torch.randn(2, 50) for _ in range(3)]
+    tokens = torch.tensor([[4, 7, 9], [1, 2, 3]])
+    prefix = torch.zeros(2, 5, dtype=torch.long)
+    for step, step_scores in enumerate(scores):
+        input_ids = torch.cat([prefix, tokens[:, :step]], dim=1)
+        assert collector(input_ids, step_scores) is step_scores  # the scores pass through unchanged
+        assert len(collector.steps) == step  # the token of a step is taken once the next step shows it
+    got = collector.finish(tokens)
+    want = torch.stack(
+        [torch.log_softmax(s, -1).gather(-1, tokens[:, i : i + 1]).squeeze(-1) for i, s in enumerate(scores)], 1
+    )
+    assert got.shape == (2, 3) and torch.allclose(got, want)

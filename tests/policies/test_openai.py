@@ -178,15 +178,13 @@ def test_reply_text_rebuilds_reasoning_and_tool_calls():
 
 
 async def test_vllm_style_token_ids_and_logprobs_are_used(tiny_model_dir):
-    """A server that returns vLLM's token ids and logprobs: no local tokenization, logprobs kept."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = [*tokenizer.encode("<think>hm</think>four", add_special_tokens=False), tokenizer.eos_token_id]
+    """A server that returns vLLM's token ids and logprobs on a chat request (no tokenizer here, so the chat goes out
+    as text): no local tokenization, logprobs kept, and the call is marked text-rendered."""
+    ids = [11, 12, 13, 2]
     reply = {
         "choices": [
             {
-                "message": {"role": "assistant", "content": "ignored: ids win"},
+                "message": {"role": "assistant", "content": "four"},
                 "finish_reason": "stop",
                 "token_ids": ids,
                 "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": -0.25} for i in ids]},
@@ -196,11 +194,29 @@ async def test_vllm_style_token_ids_and_logprobs_are_used(tiny_model_dir):
     }
 
     with StubOpenAIServer(response=reply) as server:
+        async with OpenAIPolicy("m", server.url, return_token_ids=True) as policy:
+            out = await policy.generate(CHAT, GREEDY)
+        assert [path for path, _ in server.requests] == ["/v1/chat/completions"]
+    assert out.completion_ids == ids and out.logprobs == [-0.25] * len(ids)
+    assert (out.content, out.prompt_ids, out.finish_reason, out.text_rendered) == ("four", [1, 2, 3], "stop", True)
+
+
+async def test_with_a_tokenizer_token_ids_go_to_the_completions_endpoint(tiny_model_dir):
+    """Token in, token out on a vLLM-style server: the chat is rendered locally and sent as token ids to
+    /completions; the reply's ids and logprobs are the server's, the text is decoded from them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = [*tokenizer.encode("<think>hm</think>four", add_special_tokens=False), tokenizer.eos_token_id]
+    rendered = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, return_dict=False)
+    with StubOpenAIServer(reply="ignored: ids win", reply_ids=ids) as server:
         async with OpenAIPolicy("m", server.url, tokenizer=tokenizer, return_token_ids=True) as policy:
             out = await policy.generate(CHAT, GREEDY)
-    assert out.completion_ids == ids and out.logprobs == [-0.25] * len(ids)
-    assert (out.reasoning, out.content, out.prompt_ids) == ("hm", "four", [1, 2, 3])
-    assert out.finish_reason == "stop"
+        (path, body), *_ = server.requests
+    assert path == "/v1/completions" and body["prompt"] == rendered and body["logprobs"] == 0
+    assert out.completion_ids == ids and out.logprobs == [-0.5] * len(ids)
+    assert (out.reasoning, out.content, out.prompt_ids) == ("hm", "four", rendered)
+    assert out.finish_reason == "stop" and not out.text_rendered
 
 
 def test_bad_constructor_arguments_name_the_fix():

@@ -82,52 +82,6 @@ def test_vllm_policy_without_vllm_says_how_to_install_it():
         VLLMPolicy("any-model")
 
 
-# VLLMPolicy's engine driving, with a stand-in for vLLM: its async engine, like the real AsyncLLM, belongs to the
-# event loop it runs on and fails from any other.
-
-
-class _StandInAsyncLLM:
-    def __init__(self, args):
-        self.args = args
-        self.loop = None  # bound on first use, like AsyncLLM's output handler
-        self.cancelled: list[str] = []
-        self.shut_down = False
-
-    @classmethod
-    def from_engine_args(cls, args):
-        return cls(args)
-
-    async def generate(self, prompt, params, request_id, lora_request=None):
-        self.loop = self.loop or asyncio.get_running_loop()
-        if asyncio.get_running_loop() is not self.loop:
-            raise RuntimeError("the engine's output handler is attached to a different loop")
-        ids = prompt.prompt_token_ids
-        try:
-            await asyncio.sleep(params.delay if hasattr(params, "delay") else 0.01 * (ids[0] % 3))
-        except asyncio.CancelledError:
-            self.cancelled.append(request_id)
-            raise
-        completion = SimpleNamespace(text=f"echo {ids[0]}", token_ids=(ids[0], 2), logprobs=None, finish_reason="stop")
-        yield SimpleNamespace(request_id=request_id, prompt_token_ids=ids, outputs=[completion])
-
-    def shutdown(self):
-        self.shut_down = True
-
-
-@pytest.fixture
-def standin_vllm(monkeypatch):
-    modules = {name: ModuleType(name) for name in ("vllm", "vllm.lora", "vllm.lora.request", "vllm.sampling_params")}
-    modules |= {name: ModuleType(name) for name in ("vllm.v1", "vllm.v1.engine", "vllm.v1.engine.async_llm")}
-    modules["vllm"].AsyncEngineArgs = lambda **kwargs: SimpleNamespace(**kwargs)
-    modules["vllm"].SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
-    modules["vllm"].TokensPrompt = lambda prompt_token_ids: SimpleNamespace(prompt_token_ids=prompt_token_ids)
-    modules["vllm.lora.request"].LoRARequest = lambda *args: args
-    modules["vllm.sampling_params"].RequestOutputKind = SimpleNamespace(FINAL_ONLY="final_only")
-    modules["vllm.v1.engine.async_llm"].AsyncLLM = _StandInAsyncLLM
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-
-
 async def _ask(policy: VLLMPolicy, first_ids: list[int]) -> list[str]:
     outputs = await asyncio.gather(*(policy.generate(prompt_ids=[i, 7]) for i in first_ids))
     return [output.content for output in outputs]
@@ -213,14 +167,15 @@ def test_engine_shuts_down_once_and_at_exit(standin_vllm, tiny_model_dir):
 
     policy = VLLMPolicy(str(tiny_model_dir))
     calls = []
-    original = _StandInAsyncLLM.shutdown
+    stand_in = type(policy.engine)
+    original = stand_in.shutdown
     try:
-        _StandInAsyncLLM.shutdown = lambda self: calls.append(self)
+        stand_in.shutdown = lambda self: calls.append(self)
         assert policy in vllm_module._RUNNING
         vllm_module._shutdown_running_policies()  # what interpreter exit runs for a policy still running
         assert not policy._thread.is_alive() and policy not in vllm_module._RUNNING
         policy.engine.shutdown()  # vLLM's __del__ calling again: no second shutdown of the engine
         assert calls == [policy.engine]
     finally:
-        _StandInAsyncLLM.shutdown = original
+        stand_in.shutdown = original
         policy.shutdown()

@@ -1,5 +1,6 @@
-"""Chat templates that rewrite history (Qwen3 drops the reasoning of earlier assistant turns): every turn is still
-trained, each from the prompt the model saw, and the mismatches are counted."""
+"""Chat templates that rewrite history (Qwen3 drops the reasoning of earlier assistant turns): by default (token in,
+token out) the model keeps seeing what it sampled and a trajectory is one row; with ``token_history="template"``
+every turn is still trained, each from the prompt the model saw, and the mismatches are counted."""
 
 from __future__ import annotations
 
@@ -57,10 +58,8 @@ class TwoTurnEnv(MultiTurnEnv):
 gym.register(id="test/TwoTurn-v0", entry_point=TwoTurnEnv)
 
 
-@pytest.mark.parametrize("mode", ["broadcast", "per_step"])
-def test_turns_of_a_template_that_drops_reasoning_are_each_trained_from_their_own_prompt(
-    tiny_model_dir, tmp_path, mode
-):
+def train_one_step(tiny_model_dir, tmp_path, mode, token_history):
+    """One training step on TwoTurn-v0 with the forgetful template: the batch, the rollout and the trainer."""
     folder = forgetful_model(tiny_model_dir, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -76,7 +75,7 @@ def test_turns_of_a_template_that_drops_reasoning_are_each_trained_from_their_ow
             return "<think>let me see</think>ok"
         return "ok" if first_turn else ["ok", "sure thing"][next(answers) % 2]  # mixed last-turn rewards
 
-    policy = ScriptedPolicy(reply, tokenizer=tokenizer)
+    policy = ScriptedPolicy(reply, tokenizer=tokenizer, token_history=token_history)
     rollout = EpisodeRollout(
         [EnvSetup("test/TwoTurn-v0", agent="rllm_gym.agents.math:MathAgent")],
         max_steps=2,
@@ -106,8 +105,39 @@ def test_turns_of_a_template_that_drops_reasoning_are_each_trained_from_their_ow
 
     with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
         trainer.train()
-
+    assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())  # one real step ran
     [(output, seen)] = batches
+    return output, seen, trainer, tokenizer
+
+
+def test_by_default_the_model_keeps_what_it_sampled_and_a_trajectory_is_one_row(tiny_model_dir, tmp_path):
+    output, seen, trainer, tokenizer = train_one_step(tiny_model_dir, tmp_path, "broadcast", "sampled")
+    sequences, episodes = seen.last_sequences, seen.last_episodes
+    assert len(sequences) == 8 == output["completion_ids"].size(0) and not any(s.prefix_mismatch for s in sequences)
+    thought = 0
+    for sequence in sequences:
+        first, second = episodes[sequence.source].trajectories[0].steps
+        # The second turn's prompt is the first prompt and reply, token for token, then the new message.
+        assert second.prompt_ids[: len(first.prompt_ids) + len(first.response_ids)] == [
+            *first.prompt_ids,
+            *first.response_ids,
+        ]
+        row_ids = sequence.prompt_ids + sequence.completion_ids
+        assert row_ids == second.prompt_ids + second.response_ids  # the row is the episode's tokens
+        assert sequence.spans == [
+            (0, len(first.response_ids)),
+            (len(second.prompt_ids) - len(first.prompt_ids), len(sequence.completion_ids)),
+        ]
+        thought += "<think>" in tokenizer.decode(second.prompt_ids)  # the reasoning the model wrote stays in view
+    assert thought == 3
+    logged = next(entry for entry in trainer.state.log_history if "rollout/prefix_mismatch" in entry)
+    assert logged["rollout/prefix_mismatch"] == 0 and logged["rollout/rows_per_trajectory"] == 1.0
+    assert logged["rollout/text_rendered"] == 0
+
+
+@pytest.mark.parametrize("mode", ["broadcast", "per_step"])
+def test_with_template_history_turns_are_each_trained_from_their_own_prompt(tiny_model_dir, tmp_path, mode):
+    output, seen, trainer, tokenizer = train_one_step(tiny_model_dir, tmp_path, mode, "template")
     sequences, episodes = seen.last_sequences, seen.last_episodes
     assert len(episodes) == 8 and len(sequences) == 12 == output["completion_ids"].size(0)
     assert [s.source for s in sequences].count(-1) == 1  # one padding row, nothing of it trained
@@ -154,4 +184,3 @@ def test_turns_of_a_template_that_drops_reasoning_are_each_trained_from_their_ow
     logged = next(entry for entry in trainer.state.log_history if "rollout/prefix_mismatch" in entry)
     assert logged["rollout/prefix_mismatch"] == 3 / 8
     assert logged["rollout/rows_per_trajectory"] == 11 / 8 and logged["rollout/padding_rows"] == 1 / 12
-    assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())  # one real step ran

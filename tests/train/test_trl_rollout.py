@@ -66,26 +66,16 @@ def test_a_template_that_rewrites_history_splits_the_trajectory_into_rows_and_dr
     )
 
 
-SPELLING = {1: "<s>", 2: "le", 3: "ft", 4: "left", 5: "\n", 6: "up", 7: "rewritten"}
-
-
-def spell(ids):
-    return "".join(SPELLING[i] for i in ids)
-
-
-def test_a_reply_spelled_with_other_tokens_of_the_same_text_keeps_one_row_with_the_sampled_tokens():
+def test_a_prompt_that_re_spells_an_earlier_reply_starts_a_row_of_its_own():
+    # Policies continue the sampled tokens, so this happens only where the chat was re-rendered (token_history=
+    # "template", a text-rendering server): the row then holds what the model saw at that turn, not a patched guess.
     steps = [
         Step(prompt_ids=[1], response_ids=[2, 3], logprobs=[-0.1, -0.2]),  # sampled "le" "ft"
         Step(prompt_ids=[1, 4, 5], response_ids=[6], logprobs=[-0.3]),  # the template re-encoded it as "left"
     ]
-    [row] = trajectory_to_sequences(Trajectory(steps=steps), decode=spell)
-    assert row.prompt_ids == [1] and row.completion_ids == [2, 3, 5, 6] and row.env_mask == [1, 1, 0, 1]
-    assert row.spans == [(0, 2), (3, 4)] and row.retokenized and not row.prefix_mismatch
-    # Without decode (or when the text itself changed) the step starts a row of its own.
-    assert len(trajectory_to_sequences(Trajectory(steps=steps))) == 2
-    rewritten = [steps[0], Step(prompt_ids=[1, 7, 5], response_ids=[6], logprobs=[-0.3])]
-    first, second = trajectory_to_sequences(Trajectory(steps=rewritten), decode=spell)
-    assert second.prefix_mismatch and not first.retokenized and second.prompt_ids == [1, 7, 5]
+    first, second = trajectory_to_sequences(Trajectory(steps=steps))
+    assert (first.completion_ids, second.prompt_ids, second.completion_ids) == ([2, 3], [1, 4, 5], [6])
+    assert second.prefix_mismatch and not first.prefix_mismatch
 
 
 def parity(task_info, action):
@@ -141,8 +131,8 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         gradient_checkpointing=False,
         logging_steps=1,
     )
-    # Scripted replies with real token ids: their text re-tokenizes as a prefix (random text from an untrained
-    # model mostly does not, which stops its sequences at the first turn by design), and parity gives mixed rewards.
+    # Scripted replies with real token ids (parity gives mixed rewards); the next test trains on the model's own
+    # random text, which would re-tokenize differently if the chat were re-rendered.
     replies = random.Random(0)
     policy = ScriptedPolicy(lambda messages: replies.choice(["yes", "no", "maybe", "ok"]), tokenizer=tokenizer)
     rollout = EpisodeRollout(
@@ -196,6 +186,39 @@ def grpo_args(tmp_path, **kwargs):
         shuffle_dataset=False,
     )
     return GRPOConfig(**{**defaults, **kwargs})
+
+
+def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_turn_trajectory(
+    tiny_model_dir, tmp_path
+):
+    # Generation by HFPolicy on the training weights: random replies, many cut by the length limit, whose text the
+    # tokenizer would spell with other tokens. Token in, token out keeps each trajectory one row all the same.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(2)]
+    dataset = Dataset.from_list([{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks])
+    rollout = EpisodeRollout(
+        [EnvSetup("test/Parity-v0", agent="rllm_gym.agents.math:MathAgent")], max_steps=2, stop_on_truncation=False
+    )
+    trainer = RLLMGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=grpo_args(
+            tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1, max_completion_length=6
+        ),
+        train_dataset=dataset,
+        rollout=rollout,
+        advantage_config=AdvantageConfig(estimator="drgrpo"),
+    )
+    [(_, seen)] = train_and_record(trainer)
+    trajectories = [e.trajectories[0] for e in seen.last_episodes]
+    assert sum(len(t.steps) for t in trajectories) > len(trajectories)  # a right answer ends an episode early
+    assert len(seen.last_sequences) == 8 and not any(s.prefix_mismatch for s in seen.last_sequences)
+    for sequence in seen.last_sequences:
+        last = trajectories[sequence.source].steps[-1]
+        assert sequence.prompt_ids + sequence.completion_ids == last.prompt_ids + last.response_ids
+    logged = next(entry for entry in trainer.state.log_history if "rollout/rows_per_trajectory" in entry)
+    assert logged["rollout/rows_per_trajectory"] == 1.0 and logged["rollout/prefix_mismatch"] == 0
 
 
 def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(tiny_model_dir, tmp_path):

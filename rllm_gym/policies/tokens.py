@@ -1,0 +1,113 @@
+"""Token in, token out: the prompt ids of an episode's next LLM call, continued from the tokens of its last one.
+
+Re-rendering the whole chat at every call and tokenizing it again conditions the model on tokens it never sampled:
+a BPE tokenizer re-spells sampled ``le`` ``ft`` as ``left``, a reply cut by the length limit gets an end-of-turn
+token it never produced, and Qwen3-style templates drop the ``<think>`` blocks of earlier turns. The trainer then
+either trains on a sequence the model never saw or splits the trajectory into rows. :func:`continuation_ids` builds
+the next prompt the other way round: the previous call's prompt ids, its sampled completion ids, then only the
+tokens the chat template writes after that reply (the end of the assistant turn, unless the reply already sampled
+it, the messages added since, and the generation prompt). Every backend (HFPolicy, VLLMPolicy, OpenAIPolicy on a
+server that takes token prompts) gets its prompt ids through :func:`prompt_ids_for`, so this is the one place that
+does it.
+
+The template's text after the reply is found by rendering the chat with a marker in place of the reply's content and
+taking what follows the marker: what the template writes before the reply (a default system prompt, a tool list,
+earlier turns it rewrites) never enters the continuation, and neither do its changes to the reply itself. That text
+is tokenized on its own, which assumes a tokenizer that adds nothing in front of a fragment (byte-level BPE as in
+Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix space would add one there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from rllm_gym.types import Step
+
+__all__ = ["TOKEN_HISTORY_MODES", "TokenHistory", "continuation_ids", "prompt_ids_for", "render_prompt_ids"]
+
+TokenHistory = Literal["sampled", "template"]
+TOKEN_HISTORY_MODES: tuple[str, ...] = ("sampled", "template")
+
+# Stands in for the previous reply's content: letters and digits only, so a template that escapes or trims content
+# (tojson, | trim) still writes it as is; a chat that happens to hold it too is rendered whole (see the count check).
+_MARK = "rllmgymPreviousReply7f3a9c"
+
+
+def render_prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> list[int]:
+    """Token ids of ``messages`` rendered by the tokenizer's chat template, with the assistant generation prompt."""
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
+    )
+    return list(ids)
+
+
+def check_token_history(value: Any, owner: str) -> TokenHistory:
+    if value not in TOKEN_HISTORY_MODES:
+        raise ValueError(
+            f"{owner}(token_history=...) must be 'sampled' (each call continues the tokens the model saw and sampled) "
+            f"or 'template' (the chat template re-renders the whole chat each call), got {value!r}"
+        )
+    return value
+
+
+def continuation_ids(
+    tokenizer: Any,
+    previous: Step,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> list[int] | None:
+    """The prompt ids of the call after ``previous``: its prompt ids + its completion ids + the template's tokens
+    after that reply, or ``None`` when ``messages`` does not continue ``previous``'s chat (the agent dropped or
+    changed earlier messages, e.g. ``max_history_turns``) or ``previous`` has no ids to continue.
+
+    ``previous.chat_completions`` is the chat that call was sent plus its reply (as agents record it); ``messages``
+    must start with exactly those messages. The end-of-turn text the template puts after a reply is left out when
+    the completion's last token is a special token that spells its start (the model sampled it, e.g.
+    ``<|im_end|>``), and kept otherwise (a reply cut by the length limit or a stop string, or an EOS token the
+    template does not use).
+    """
+    chat = previous.chat_completions
+    if not chat or not previous.prompt_ids or chat[-1].get("role") != "assistant":
+        return None
+    if len(messages) < len(chat) or list(messages[: len(chat)]) != chat:
+        return None
+    # The reply's content is the marker; the template's own spelling of it (tool-call markup, reasoning fields) is
+    # dropped with it, as the sampled ids already hold what the model wrote.
+    marked = [*messages[: len(chat) - 1], {"role": "assistant", "content": _MARK}, *messages[len(chat) :]]
+    text = tokenizer.apply_chat_template(
+        marked, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
+    )
+    if text.count(_MARK) != 1:
+        return None  # a template that drops or repeats the reply: nothing to continue from
+    after = text[text.index(_MARK) + len(_MARK) :]
+    completion = list(previous.response_ids)
+    if completion and completion[-1] in set(tokenizer.all_special_ids):
+        sampled_end = tokenizer.decode(completion[-1:], skip_special_tokens=False)
+        if sampled_end and after.startswith(sampled_end):
+            after = after[len(sampled_end) :]
+    suffix = tokenizer.encode(after, add_special_tokens=False) if after else []
+    return [*previous.prompt_ids, *completion, *suffix]
+
+
+def prompt_ids_for(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+    previous: Step | None,
+    token_history: TokenHistory = "sampled",
+) -> list[int]:
+    """The prompt ids of a call: continued from ``previous`` (see :func:`continuation_ids`) when ``token_history`` is
+    ``"sampled"`` and the chat continues it, else the whole chat rendered by the template."""
+    if previous is not None and token_history == "sampled":
+        ids = continuation_ids(tokenizer, previous, messages, tools, template_kwargs)
+        if ids is not None:
+            return ids
+    return render_prompt_ids(tokenizer, messages, tools, template_kwargs)

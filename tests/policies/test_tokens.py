@@ -1,0 +1,263 @@
+"""Token in, token out: each LLM call of an episode is conditioned on exactly the tokens of the previous call's prompt
+and sampled completion, with stand-in templates of the common families and random replies (hypothesis)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
+
+from rllm_gym.policies.base import BasePolicy, PolicyRequest, build_model_output
+from rllm_gym.policies.tokens import continuation_ids
+from rllm_gym.types import ModelOutput, Step
+
+# Stand-ins that behave like the common families' chat templates, on the embedded model's tokenizer.
+QWEN25 = (  # ChatML with a default system prompt injected when the chat has none
+    "{%- if messages[0].role != 'system' %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+QWEN3 = (  # earlier assistant turns lose their <think> block; enable_thinking=False prefills an empty one
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + message.content.split('</think>')[-1].lstrip('\\n') + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+LLAMA3 = (  # header tokens, <|eot_id|> ends a turn, contents trimmed, a date line in the default system message
+    "{{- '<|begin_of_text|>' }}"
+    "{%- if messages[0].role != 'system' %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December 2023<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+LLAMA_SPECIALS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+# name -> (template, end-of-turn token, whether the template re-spells earlier assistant text)
+FAMILIES = {
+    "embedded": (None, "<|im_end|>", False),
+    "qwen2.5": (QWEN25, "<|im_end|>", False),
+    "qwen3": (QWEN3, "<|im_end|>", True),
+    "llama3": (LLAMA3, "<|eot_id|>", True),
+}
+
+
+def family_tokenizer(tiny_model_dir, family: str):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    template, _, _ = FAMILIES[family]
+    if family == "llama3":
+        tokenizer.add_special_tokens({"additional_special_tokens": LLAMA_SPECIALS})
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tiny_model_dir):
+    return {family: family_tokenizer(tiny_model_dir, family) for family in FAMILIES}
+
+
+class ReplayPolicy(BasePolicy):
+    """A backend that samples nothing: it replies with the next given token ids (cut at ``max_tokens``, as a length
+    limit cuts), through the same prompt bookkeeping as HFPolicy, VLLMPolicy and OpenAIPolicy."""
+
+    def __init__(self, tokenizer, replies, **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        self.replies = iter(replies)
+
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        prompt = self.prompt_token_ids(request)
+        ids = list(next(self.replies))[: request.params.max_tokens]
+        ends = ids and ids[-1] in self.tokenizer.all_special_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return build_model_output(
+            text, prompt_ids=prompt, completion_ids=ids, finish_reason="stop" if ends else "length"
+        )
+
+
+def play(policy, observations, tool_turns=(), max_tokens=256, **template_kwargs):
+    """An agent's chat by hand: observation, reply, observation ...; returns the Steps (as agents record them)."""
+    from rllm_gym.agents.base import BaseAgent
+    from rllm_gym.policies import SamplingParams
+
+    agent = BaseAgent(system_prompt=None if template_kwargs.pop("no_system", False) else "Play well.")
+
+    async def run():
+        for turn, observation in enumerate(observations):
+            if turn in tool_turns:  # tool results, as a tool agent with native tools adds them
+                agent.messages += [{"role": "tool", "content": observation}, {"role": "tool", "content": "2"}]
+            else:
+                agent.update_from_env(observation, 0.0, False, {})
+            params = SamplingParams(max_tokens=max_tokens)
+            output = await policy.generate(agent.chat_completions, params, previous=agent.get_current_state())
+            agent.update_from_model(output)
+        return agent.trajectory.steps
+
+    return asyncio.run(run())
+
+
+def assert_token_in_token_out(steps):
+    for before, after in itertools.pairwise(steps):
+        context = before.prompt_ids + before.response_ids
+        assert after.prompt_ids[: len(context)] == context, "the prompt does not continue the sampled tokens"
+
+
+def assert_same_text_as_the_template(tokenizer, steps, eot):
+    """For a template that does not re-spell earlier turns: each prompt decodes to the chat rendered by the template
+    with the replies as sampled (the end-of-turn token once, whether the model sampled it or the length cut it)."""
+    for turn, step in enumerate(steps[1:], 1):
+        chat = [dict(m) for m in step.chat_completions[:-1]]
+        replies = iter(steps[:turn])  # the chat's assistant messages are the earlier steps' replies, in order
+        for message in chat:
+            if message["role"] == "assistant":
+                ids = next(replies).response_ids
+                ids = ids[:-1] if ids and tokenizer.convert_ids_to_tokens(ids[-1]) == eot else ids
+                message["content"] = tokenizer.decode(ids, skip_special_tokens=False)
+        expected = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        assert tokenizer.decode(step.prompt_ids, skip_special_tokens=False) == expected
+
+
+def text_ids(tokenizer) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(min(len(tokenizer), 1024)) if i not in special]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_prompt_continues_the_sampled_tokens_for_random_replies(tokenizers, family, data):
+    tokenizer = tokenizers[family]
+    _, eot, rewrites = FAMILIES[family]
+    eot_id = tokenizer.convert_tokens_to_ids(eot)
+    pieces = st.lists(st.sampled_from(text_ids(tokenizer)), min_size=0, max_size=12)
+    # A reply ends with the end-of-turn token (sampled), or without it (cut by the length limit or a stop string).
+    replies = data.draw(st.lists(st.tuples(pieces, st.booleans()), min_size=2, max_size=5), label="replies")
+    observations = data.draw(st.lists(st.text("abc xyz\n?:", max_size=12), min_size=len(replies)), label="obs")
+    tool_turns = set(data.draw(st.lists(st.integers(1, len(replies) - 1), max_size=2), label="tool turns"))
+    ids = [[*piece, eot_id] if ends else piece for piece, ends in replies]
+    policy = ReplayPolicy(tokenizer, ids)
+    steps = play(policy, observations[: len(ids)], tool_turns=tool_turns, no_system=data.draw(st.booleans()))
+    assert [s.response_ids for s in steps] == [i for i in ids]
+    assert_token_in_token_out(steps)
+    if not rewrites:
+        assert_same_text_as_the_template(tokenizer, steps, eot)
+
+
+def test_a_reply_whose_text_re_tokenizes_differently_is_kept_as_sampled(tokenizers):
+    tokenizer = tokenizers["embedded"]
+    # Two tokens whose text the tokenizer spells as one other token (BPE's "le" "ft" -> "left").
+    by_text = {tokenizer.decode([i]): i for i in text_ids(tokenizer)}
+    pair = next(
+        [a, b]
+        for a, b in itertools.product(text_ids(tokenizer)[200:400], repeat=2)
+        if tokenizer.decode([a, b]) in by_text and len(tokenizer.decode([a])) > 1
+    )
+    assert tokenizer.encode(tokenizer.decode(pair), add_special_tokens=False) != pair
+    steps = play(ReplayPolicy(tokenizer, [pair, [7]]), ["go", "again"])
+    assert_token_in_token_out(steps)
+    # Re-rendering the chat would have re-spelled it: what token_history="template" gives.
+    rendered = play(ReplayPolicy(tokenizer, [pair, [7]], token_history="template"), ["go", "again"])
+    start = len(rendered[0].prompt_ids)
+    assert rendered[1].prompt_ids[start : start + 2] != pair
+
+
+def test_a_cut_reply_gets_the_end_of_turn_token_once(tokenizers):
+    tokenizer = tokenizers["embedded"]
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cut = play(ReplayPolicy(tokenizer, [[300, 301, 302], [5]]), ["a", "b"], max_tokens=2)
+    sampled = play(ReplayPolicy(tokenizer, [[300, im_end], [5]]), ["a", "b"])
+    for steps, reply in ((cut, [300, 301]), (sampled, [300, im_end])):
+        assert steps[0].response_ids == reply
+        added = steps[1].prompt_ids[len(steps[0].prompt_ids) + len(reply) :]
+        assert tokenizer.decode(added).startswith("<|im_end|>" if reply[-1] != im_end else "\n<|im_start|>user")
+        assert (reply + added).count(im_end) == 2  # the reply's end, and the new user message's
+
+
+def test_qwen3_style_history_keeps_the_thinking_the_model_saw_unless_asked_for_the_template(tokenizers):
+    tokenizer = tokenizers["qwen3"]
+    thought = tokenizer.encode("<think>hmm</think>left", add_special_tokens=False)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for history, kept in (("sampled", True), ("template", False)):
+        replies = [[*thought, im_end], [5, im_end]]
+        steps = play(ReplayPolicy(tokenizer, replies, token_history=history), ["a", "b"])
+        assert ("<think>hmm</think>" in tokenizer.decode(steps[1].prompt_ids)) is kept
+        prefix_holds = steps[1].prompt_ids[: len(steps[0].prompt_ids) + len(thought) + 1] == [
+            *steps[0].prompt_ids,
+            *thought,
+            im_end,
+        ]
+        assert prefix_holds is kept
+    # enable_thinking=False: the generation prompt's empty think block is part of every continued prompt.
+    policy = ReplayPolicy(tokenizer, [[5, im_end], [6, im_end]], chat_template_kwargs={"enable_thinking": False})
+    steps = play(policy, ["a", "b"])
+    assert_token_in_token_out(steps)
+    assert tokenizer.decode(steps[1].prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_a_chat_that_dropped_messages_is_rendered_whole(tokenizers):
+    # max_history_turns drops earlier turns by design: that call's prompt cannot continue the previous one.
+    from rllm_gym.agents.base import BaseAgent
+    from rllm_gym.policies import SamplingParams
+
+    tokenizer = tokenizers["embedded"]
+    agent = BaseAgent(system_prompt="s", max_history_turns=1)
+    policy = ReplayPolicy(tokenizer, [[300], [301]])
+
+    async def run():
+        for observation in ("a", "b"):
+            agent.update_from_env(observation, 0.0, False, {})
+            previous = agent.get_current_state()
+            agent.update_from_model(await policy.generate(agent.chat_completions, SamplingParams(), previous=previous))
+
+    asyncio.run(run())
+    first, second = agent.trajectory.steps
+    expected = tokenizer.apply_chat_template(
+        second.chat_completions[:-1], add_generation_prompt=True, return_dict=False
+    )
+    assert second.prompt_ids == expected and second.prompt_ids[: len(first.prompt_ids) + 1] != [
+        *first.prompt_ids,
+        300,
+    ]
+
+
+def test_continuation_needs_the_previous_chat_and_ids(tokenizers):
+    tokenizer = tokenizers["embedded"]
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    step = Step(prompt_ids=[1, 2], response_ids=[3], chat_completions=chat)
+    later = [*chat, {"role": "user", "content": "c"}]
+    assert continuation_ids(tokenizer, step, later, None, {})[:3] == [1, 2, 3]
+    assert continuation_ids(tokenizer, step, [{"role": "user", "content": "other"}, *later[1:]], None, {}) is None
+    assert continuation_ids(tokenizer, step.model_copy(update={"prompt_ids": []}), later, None, {}) is None
+    # A chat that holds the marker text itself cannot be cut at it: rendered whole rather than guessed.
+    from rllm_gym.policies.tokens import _MARK
+
+    assert continuation_ids(tokenizer, step, [*chat, {"role": "user", "content": _MARK}], None, {}) is None
+    # A template that escapes contents (tojson) still writes the marker as is; its closing quote is template text.
+    escaping = family_tokenizer(tokenizer.name_or_path, "embedded")
+    escaping.chat_template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + (m.content | tojson) + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    added = continuation_ids(escaping, step, later, None, {})[3:]
+    assert escaping.decode(added) == '"<|im_end|>\n<|im_start|>user\n"c"<|im_end|>\n<|im_start|>assistant\n'
+    with pytest.raises(TypeError, match=re.escape("previous must be the agent's last Step")):
+        asyncio.run(ReplayPolicy(tokenizer, [[1]]).generate(later, previous=chat))
+    with pytest.raises(ValueError, match=r"token_history=\.\.\.\) must be 'sampled'"):
+        ReplayPolicy(tokenizer, [], token_history="full")
