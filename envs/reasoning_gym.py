@@ -210,12 +210,14 @@ class ReasoningGymScorer:
         why = unsafe_answer_reason(dataset, answer)
         if why is not None:
             return Verdict("unsafe_answer", error=why)
+        return wrapper_check(dataset, answer, entry, self.dataset_verdict(dataset, answer, entry))
+
+    def dataset_verdict(self, dataset: str, answer: str, entry: dict[str, Any]) -> Verdict:
+        """What the dataset's own scorer says (checked to be a number in [0, 1]), wherever it must run."""
         score_fn = self.score_fns.get(dataset)
         if runs_in_process(dataset, score_fn):
-            verdict = score_in_process(score_fn, answer, entry)  # type: ignore[arg-type]
-        else:
-            verdict = sandbox_score(dataset, self.configs.get(dataset, {}), answer, entry)
-        return wrapper_check(dataset, answer, entry, verdict)
+            return score_in_process(score_fn, answer, entry)  # type: ignore[arg-type]
+        return sandbox_score(dataset, self.configs.get(dataset, {}), answer, entry)
 
     def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
         answer, error = extract_reply_answer(action, self.answer_format)

@@ -123,7 +123,12 @@ def score_in_process(score_fn: Callable[..., Any], answer: str, entry: dict[str,
 # Answers that reach eval
 
 
-_LITERAL_NODES = (ast.Expression, ast.Constant, ast.List, ast.Tuple, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load)
+# What ``eval`` may see: data and operators on it. A bare name (``DCAABED``, ``True``) is looked up, never called;
+# code runs only through calls, attributes, subscripts, lambdas, comprehensions and f-strings, all refused.
+_LITERAL_NODES = (
+    *(ast.Expression, ast.Constant, ast.Name, ast.Load, ast.List, ast.Tuple, ast.Set, ast.Dict),
+    *(ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare, ast.operator, ast.unaryop, ast.boolop, ast.cmpop),
+)
 # Names sympy's parse_expr may see: one-letter symbols and sympy's elementary functions and constants. Calls to
 # anything else (``eval``, ``chr``, ``getattr``, ``__import__``...) could build and run code from plain tokens.
 _SYMPY_NAMES = frozenset(
@@ -147,7 +152,7 @@ def unsafe_answer_reason(dataset: str, answer: str) -> str | None:
             return f"the answer cannot be checked ({type(failure).__name__})"
         for node in ast.walk(tree):
             if not isinstance(node, _LITERAL_NODES):
-                return f"the answer is Python code ({type(node).__name__}), not a literal"
+                return f"the answer is Python code ({type(node).__name__}), not data"
         return None
     if dataset in EVAL_SYMPY_DATASETS:
         try:
