@@ -251,7 +251,7 @@ def test_multi_turn_returns_never_exceed_answering_correctly_at_once():
     gold = info["task"]["ground_truth"]
     rewards = []
     for reply in ["\\boxed{1 + 1}", "\\boxed{2 + 2}", "\\boxed{3 + 3}", "\\boxed{4 + 4}"]:
-        observation, reward, terminated, _, step = env.step(reply)
+        observation, reward, terminated, _, _ = env.step(reply)
         rewards.append(reward)
         assert "score" not in observation and "0.05" not in observation
     assert terminated and sum(rewards) == pytest.approx(0.05)  # the best partial score, once
