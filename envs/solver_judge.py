@@ -154,6 +154,9 @@ class _SolverJudgeRules:
             raise ValueError(
                 f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
             )
+        low, high = min(0.0, float(invalid_verdict_reward)), max(1.0, float(invalid_verdict_reward))
+        # Per agent: each acts once, so its step reward is its episode return (a grader in [0, 1], as the math one).
+        self.metadata = {**type(self).metadata, "step_reward_range": (low, high), "episode_return_range": (low, high)}
         self.tasks: Sequence[dict[str, Any]] = MathTaskGenerator() if tasks is None else load_dataset(tasks)
         if len(self.tasks) == 0:
             raise ValueError("tasks is empty: pass at least one task dict, or None for the built-in math tasks")
@@ -361,7 +364,9 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     answers. Judge: the reward of the solution it names (the same number its solver earned), so picking a correct
     solution earns 1.0 and a wrong one 0.0 under the math grader. A malformed verdict (no tag, a number out of range,
     conflicting tags, no number) earns ``invalid_verdict_reward`` (default 0.0), never the grade of a guessed
-    solution.
+    solution. Each agent acts once, so its step reward is its episode return: with a grader in [0, 1] (the math
+    grader's range) both lie in ``[min(0, invalid_verdict_reward), max(1, invalid_verdict_reward)]``, given as
+    ``metadata["step_reward_range"]`` and ``metadata["episode_return_range"]`` (per agent).
 
     ## Episode End
     Each solver is terminated right after it answers; the judge right after its verdict, which ends the episode.
