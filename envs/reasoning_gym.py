@@ -1,7 +1,8 @@
 """Procedurally generated reasoning tasks from the ``reasoning-gym`` package: ``rllm/ReasoningGym-v0``.
 
 Any of reasoning-gym's datasets (``chain_sum``, ``basic_arithmetic``, ``countdown``, ``sudoku``, ...) or a weighted
-mix of them, seeded, split into disjoint train and eval sets, and scored by each dataset's own ``score_answer``.
+mix of them, seeded, split into disjoint train and eval sets, and scored by each dataset's own ``score_answer``, run
+as untrusted code: in the sandbox unless it is a plain string comparison (:mod:`rllm_gym.rewards.reasoning_gym`).
 reasoning-gym is an optional extra (``pip install -e ".[reasoning-gym]"``) imported only when the env is made.
 """
 
@@ -253,8 +254,14 @@ class ReasoningGymEnv(MultiTurnEnv):
     Each episode poses one procedurally generated task of `reasoning-gym <https://github.com/open-thought/
     reasoning-gym>`_: ``gym.make("rllm/ReasoningGym-v0", dataset="chain_sum", size=500, seed=0,
     config={"min_terms": 2})``, or a mix ``dataset={"chain_sum": 2, "basic_arithmetic": 1}`` (reasoning-gym's
-    ``CompositeDataset``). By default one reply is allowed; with ``max_turns=N`` a reply that does not score 1.0
-    gets feedback and another try, as in ``rllm/Math-v0``. Needs ``pip install -e ".[reasoning-gym]"``; without it
+    ``CompositeDataset``). By default one reply is allowed; with ``max_turns=N`` a reply that is not fully correct
+    gets feedback and another try, as in ``rllm/Math-v0``. The model's answer is untrusted: a scorer that may
+    evaluate it (``eval``, sympy's ``parse_expr``) runs in :mod:`rllm_gym.sandbox` with a time and memory limit,
+    and only a number in [0, 1] comes back; only the datasets of
+    :data:`~rllm_gym.rewards.reasoning_gym.IN_PROCESS_DATASETS` (string comparison) are scored in this process.
+    Datasets whose scorer pays answers that solve nothing
+    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``) are refused unless
+    ``allow_unsound=True``. Needs ``pip install -e ".[reasoning-gym]"``; without it
     ``gym.make`` raises ``DependencyNotInstalled`` naming that command.
 
     ## Action Space
@@ -263,8 +270,8 @@ class ReasoningGymEnv(MultiTurnEnv):
     ## Observation Space
     ``TextSpace(max_length=1_000_000)``: the task's question as reasoning-gym writes it (with its own instructions
     on the answer's form, e.g. "a comma-separated list"); in the multi-turn variant, after a reply that is not fully
-    correct, a line that says so (quoting the extracted answer and its score) and how many attempts are left; ``""``
-    once the episode has ended.
+    correct, a line that says so (quoting the extracted answer, never its score: a partial score would let a policy
+    search for the answer over turns) and how many attempts are left; ``""`` once the episode has ended.
 
     ## Prompt Format
     The observation is only the question; the agent adds how to mark the answer. The default agent
@@ -287,32 +294,44 @@ class ReasoningGymEnv(MultiTurnEnv):
     (``{"question", "answer", "metadata": {"source_dataset", ...}}``).
 
     ## Rewards
-    The dataset's own ``score_answer(answer, entry)`` on the extracted answer: 1.0 for a correct answer, 0.0 for a
-    wrong one, and for some datasets partial credit in between. A format error earns what the dataset gives a missing
-    answer (``score_answer(None, entry)``: 0.0 for most, 0.01 for ``countdown``) unless ``reward_config`` sets
-    ``format_error_reward``; a scorer that raises on an odd answer earns 0.0. Every reply of a multi-turn episode is
-    rewarded.
+    ``reward="binary"`` (the default, for training): 1.0 when the dataset's scorer says fully correct (a score of
+    1.0, confirmed by the wrapper's own check where the scorer is known to be loose: ``puzzle24`` and ``countdown``
+    must use exactly the puzzle's numbers and reach the target exactly, ``coin_flip`` must be the probability within
+    1e-4, ``complex_arithmetic`` must not be ``nan``), else 0.0. ``reward="partial"``: the dataset's own score in
+    [0, 1] (some datasets pay substring or distance credit; such scores can be farmed by hedging). Every verdict
+    without a score pays 0.0 in both modes, with ``info["grading_path"]`` saying which: ``unsafe_answer`` (an answer
+    that the dataset's scorer would run as code), ``timeout`` (past 5 s), ``memory_limit`` (past 1 GB),
+    ``scorer_error``, ``invalid_score`` (not a finite number in [0, 1]), ``rejected_by_check`` and ``sandbox_error``
+    (the sandbox itself failed: drop such samples). A format error pays ``format_error_reward`` (0.0; at most
+    [-1, 1]). In a multi-turn episode a step pays only what it improves on the best reward so far (a negative
+    ``format_error_reward`` is paid in full), so an episode never returns more than answering correctly at once.
+    Bounds, also in ``metadata["step_reward_range"]`` and ``["episode_return_range"]``: a step earns within
+    ``[min(0, format_error_reward), 1]`` and an episode within ``[max_turns * min(0, format_error_reward), 1]``.
 
     ## Episode End
-    Terminated after a reply scoring 1.0 or after ``max_turns`` replies (default 1). Truncated only by a
+    Terminated after a fully correct reply or after ``max_turns`` replies (default 1). Truncated only by a
     ``max_episode_steps`` wrapper.
 
     ## Information
     ``reset``: ``task`` (the task dict: ``id``, ``question``, ``ground_truth``, ``dataset``, ``metadata``),
     ``task_id``. ``step``: ``is_correct`` (score 1.0), ``score``, ``extracted_answer`` (None on a format error),
     ``ground_truth``, ``source_dataset``, ``format_error`` (bool), ``grading_path`` (``score_answer``,
-    ``format_error``, ``error``), ``turn`` (1-based), ``turns_left``.
+    ``format_error`` or one of the verdicts without a score listed under Rewards), ``grading_error`` (why, or None),
+    ``turn`` (1-based), ``turns_left``.
 
     ## Arguments
     ``dataset`` (str or dict, ``"chain_sum"``): a reasoning-gym dataset name, or ``{name: weight}`` for a mix.
     ``size`` (int, 500): tasks in the split. ``seed`` (int, 0): the dataset's seed. ``config`` (dict or None): the
     dataset's settings (its config dataclass fields), or for a mix ``{name: settings}``. ``split`` (``"train"`` or
     ``"eval"``). ``answer_format`` (``"boxed"`` or ``"answer_tag"``). ``reward_config`` (dict):
-    ``format_error_reward`` (None: the dataset's score of no answer) and ``max_answer_chars`` (10000).
-    ``max_turns`` (int, 1). ``render_mode`` (``"ansi"`` or None).
+    ``format_error_reward`` (a number in [-1, 1]; None or absent: 0.0) and ``max_answer_chars`` (10000).
+    ``max_turns`` (int, 1). ``render_mode`` (``"ansi"`` or None). ``reward`` (``"binary"`` or ``"partial"``).
+    ``allow_unsound`` (bool, False): accept the datasets of ``UNSOUND_DATASETS``.
 
     ## Version History
-    * v0: initial version (reasoning-gym 0.1.x).
+    * v0: initial version (reasoning-gym 0.1.x); scorers since run as untrusted code (sandboxed unless plain string
+      comparisons), ``reward="binary"`` made the default, multi-turn steps paid as improvements, feedback without
+      the score, loose scorers checked and unsound ones refused.
     """
 
     def __init__(
