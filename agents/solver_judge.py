@@ -1,7 +1,8 @@
 """The solver and judge agents of the solver-judge setup: solvers answer a problem, a judge picks the answer it trusts.
 
-The judge's observation lists the problem and the numbered solutions (:func:`judge_observation`); its reply ends with
-a verdict ``<verdict>k</verdict>`` naming solution ``k`` (1-based). The multi-agent env parses that verdict and
+The judge's observation lists the problem and the numbered solutions (:func:`judge_observation`), each quoted line by
+line so that solver text reaches the judge as data; its reply ends with a verdict ``<verdict>k</verdict>`` naming
+solution ``k`` (1-based). The multi-agent env parses that verdict and
 grades the judge by the solution it picked. The protocol (the judge's view, its system prompt, the verdict format)
 belongs to the env, :mod:`rllm_gym.envs.solver_judge`; it is re-exported here for the agents' users.
 """

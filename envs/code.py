@@ -252,7 +252,9 @@ class CodeEnv(gym.Env[str, str]):
     ## Rewards
     On the step that ends the episode: 1.0 when every test passes, else 0.0 (or the fraction of tests passed with
     ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox itself fails the episode ends with
-    reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them.
+    reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them. So a step earns within
+    [0.0, 1.0] and, as only the last step is graded, so does an episode (``metadata["step_reward_range"]`` and
+    ``["episode_return_range"]``).
 
     ## Episode End
     Terminated when all tests pass, when no revision is left, or on a sandbox failure. Truncated only by a
@@ -288,7 +290,12 @@ class CodeEnv(gym.Env[str, str]):
       HumanEval prompt's helpers stay the task's, and exceptions such as ``StopIteration`` fail the test.
     """
 
-    metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
+    metadata = {
+        "render_modes": ["human", "ansi"],
+        "render_fps": 1,
+        "step_reward_range": (0.0, 1.0),
+        "episode_return_range": (0.0, 1.0),
+    }
 
     def __init__(
         self,

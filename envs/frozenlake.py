@@ -195,7 +195,9 @@ class FrozenLakeEnv(gym.Env[str, str]):
 
     ## Rewards
     1.0 on reaching the goal, 0.0 for every other move, ``invalid_action_reward`` (default 0.0) for an action that
-    names no single direction.
+    names no single direction. Reaching the goal ends the episode, so with the default arguments a step earns 0.0 or
+    1.0 and an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``, both
+    ``(0.0, 1.0)``); a negative ``invalid_action_reward`` r lowers them to r and ``max_episode_steps * r``.
 
     ## Episode End
     Terminated when the player reaches the goal or falls into a hole. Truncated by Gymnasium's ``TimeLimit``
@@ -217,7 +219,13 @@ class FrozenLakeEnv(gym.Env[str, str]):
       added.
     """
 
-    metadata = {"render_modes": ["human", "ansi"], "render_fps": 4, "rllm_gym.inline_step": True}
+    metadata = {
+        "render_modes": ["human", "ansi"],
+        "render_fps": 4,
+        "rllm_gym.inline_step": True,
+        "step_reward_range": (0.0, 1.0),  # with the default invalid_action_reward (see ## Rewards)
+        "episode_return_range": (0.0, 1.0),
+    }
 
     def __init__(
         self,

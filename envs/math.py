@@ -50,7 +50,10 @@ class MathEnv(MultiTurnEnv):
     ## Rewards
     From the grader (:class:`rllm_gym.rewards.math.MathGrader`): ``correct_reward`` (1.0), ``incorrect_reward``
     (0.0) or ``format_error_reward`` (0.0), set with ``reward_config``. Every reply of a multi-turn episode is
-    rewarded.
+    rewarded. With the default ``reward_config`` a step earns 0.0 or 1.0 and, since a correct reply ends the
+    episode, an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``);
+    other values move the bounds to ``[min(rewards), max(rewards)]`` per step and to ``max_turns`` times the lowest
+    wrong-answer reward below 0 per episode.
 
     ## Episode End
     Terminated after a correct reply or after ``max_turns`` replies (default 1). Truncated only by a
@@ -78,6 +81,12 @@ class MathEnv(MultiTurnEnv):
     * v0: initial version; a non-string action (e.g. the int ``4``) became a format error instead of being graded
       as its ``str()``, and ``render_mode="human"`` was added.
     """
+
+    metadata = {
+        **MultiTurnEnv.metadata,
+        "step_reward_range": (0.0, 1.0),  # with the default reward_config (see ## Rewards)
+        "episode_return_range": (0.0, 1.0),
+    }
 
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """Procedurally generated reasoning tasks from the ``reasoning-gym`` package: ``rllm/ReasoningGym-v0``.
 
 Any of reasoning-gym's datasets (``chain_sum``, ``basic_arithmetic``, ``countdown``, ``sudoku``, ...) or a weighted
-mix of them, seeded, split into disjoint train and eval sets, and scored by each dataset's own ``score_answer``.
+mix of them, seeded, split into disjoint train and eval sets, and scored by each dataset's own ``score_answer``, run
+as untrusted code: in the sandbox unless it is a plain string comparison (:mod:`rllm_gym.rewards.reasoning_gym`).
 reasoning-gym is an optional extra (``pip install -e ".[reasoning-gym]"``) imported only when the env is made.
 """
 
@@ -20,6 +21,15 @@ from gymnasium.error import DependencyNotInstalled
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.rewards.math import last_boxed
+from rllm_gym.rewards.reasoning_gym import (
+    Verdict,
+    runs_in_process,
+    sandbox_score,
+    score_in_process,
+    scoring_sandbox,
+    unsafe_answer_reason,
+)
+from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, wrapper_check
 from rllm_gym.types import RewardOutput
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymScorer", "extract_reply_answer", "split_of"]
@@ -151,13 +161,21 @@ def _tasks(spec_json: str, size: int, seed: int, split: str) -> tuple[dict[str, 
 # Scoring
 
 
-class ReasoningGymScorer:
-    """A :class:`~rllm_gym.rewards.RewardFunction` that extracts the answer and calls the dataset's ``score_answer``.
+REWARD_MODES = ("binary", "partial")
 
-    ``scorer(task, reply).reward`` is ``score_answer(answer, entry)`` (0.0 to 1.0; some datasets give partial
-    credit). A reply with no answer in ``answer_format`` is a format error: it earns ``format_error_reward``, or by
-    default (None) what the dataset gives a missing answer, ``score_answer(None, entry)``. ``is_correct`` is a score
-    of 1.0. ``score_fns`` maps dataset names to their ``score_answer``; other datasets are looked up in reasoning-gym.
+
+class ReasoningGymScorer:
+    """A :class:`~rllm_gym.rewards.RewardFunction` that extracts the answer and has the dataset's scorer grade it.
+
+    The scorer runs in this process only for the string-comparison datasets of
+    :data:`~rllm_gym.rewards.reasoning_gym.IN_PROCESS_DATASETS`; every other one runs in the sandbox
+    (:func:`~rllm_gym.rewards.reasoning_gym.sandbox_score`), and an answer that such a scorer would run as code is
+    refused before scoring. ``reward="binary"`` pays 1.0 when the dataset's score is 1.0 (and the wrapper's own
+    checks agree, :func:`~rllm_gym.rewards.reasoning_gym_checks.wrapper_check`), else 0.0; ``"partial"`` pays the
+    dataset's score. A verdict without a score (timeout, memory limit, scorer error, unsafe answer, sandbox
+    error) pays 0.0. A reply with no answer in ``answer_format`` pays ``format_error_reward`` (default 0.0).
+    ``score_fns`` maps dataset names to their host ``score_answer`` (used only when allow-listed) and ``configs``
+    to their settings (the sandbox rebuilds the dataset from them).
     """
 
     def __init__(
@@ -166,24 +184,41 @@ class ReasoningGymScorer:
         answer_format: str = "boxed",
         format_error_reward: float | None = None,
         max_answer_chars: int = 10_000,
+        reward: str = "binary",
+        configs: Mapping[str, Mapping[str, Any]] | None = None,
     ):
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+        if reward not in REWARD_MODES:
+            raise ValueError(f"reward must be one of {REWARD_MODES}, got {reward!r}")
         if format_error_reward is not None and (
-            isinstance(format_error_reward, bool) or not isinstance(format_error_reward, (int, float))
+            isinstance(format_error_reward, bool)
+            or not isinstance(format_error_reward, (int, float))
+            or not -1.0 <= format_error_reward <= 1.0
         ):
-            raise ValueError(f"format_error_reward must be a number or None, got {format_error_reward!r}")
+            raise ValueError(f"format_error_reward must be a number in [-1, 1] or None, got {format_error_reward!r}")
         if isinstance(max_answer_chars, bool) or not isinstance(max_answer_chars, int) or max_answer_chars < 1:
             raise ValueError(f"max_answer_chars must be a positive int, got {max_answer_chars!r}")
         self.score_fns = dict(score_fns)
+        self.configs = {name: dict(config) for name, config in (configs or {}).items()}
         self.answer_format = answer_format
-        self.format_error_reward = None if format_error_reward is None else float(format_error_reward)
+        self.format_error_reward = 0.0 if format_error_reward is None else float(format_error_reward)
         self.max_answer_chars = max_answer_chars
+        self.reward = reward
 
-    def score_fn(self, dataset: str) -> Callable[[str | None, dict[str, Any]], float]:
-        if dataset not in self.score_fns:
-            self.score_fns[dataset] = _reasoning_gym().get_score_answer_fn(dataset)
-        return self.score_fns[dataset]
+    def verdict(self, dataset: str, answer: str, entry: dict[str, Any]) -> Verdict:
+        """The dataset's verdict on ``answer``: in this process for an allow-listed string scorer, else sandboxed."""
+        why = unsafe_answer_reason(dataset, answer)
+        if why is not None:
+            return Verdict("unsafe_answer", error=why)
+        return wrapper_check(dataset, answer, entry, self.dataset_verdict(dataset, answer, entry))
+
+    def dataset_verdict(self, dataset: str, answer: str, entry: dict[str, Any]) -> Verdict:
+        """What the dataset's own scorer says (checked to be a number in [0, 1]), wherever it must run."""
+        score_fn = self.score_fns.get(dataset)
+        if runs_in_process(dataset, score_fn):
+            return score_in_process(score_fn, answer, entry)  # type: ignore[arg-type]
+        return sandbox_score(dataset, self.configs.get(dataset, {}), answer, entry)
 
     def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
         answer, error = extract_reply_answer(action, self.answer_format)
@@ -197,20 +232,16 @@ class ReasoningGymScorer:
             "source_dataset": task_info["dataset"],
             "score": 0.0,
         }
-        entry = {"question": task_info["question"], "answer": ground_truth, "metadata": task_info["metadata"]}
-        if answer is None and self.format_error_reward is not None:
+        if answer is None:
             metadata.update(path="format_error", error=error)
             return RewardOutput(reward=self.format_error_reward, is_correct=False, metadata=metadata)
-        try:
-            score = float(self.score_fn(task_info["dataset"])(answer, entry))
-        except Exception as failure:  # a dataset's scorer failing on odd model output is a wrong answer, not a crash
-            metadata.update(path="error", error=f"{type(failure).__name__}: {failure}"[:300])
-            return RewardOutput(reward=0.0, is_correct=False, metadata=metadata)
-        if answer is None:
-            metadata.update(path="format_error", error=error, score=score)
-            return RewardOutput(reward=score, is_correct=False, metadata=metadata)
-        metadata.update(path="score_answer", score=score)
-        return RewardOutput(reward=score, is_correct=score >= 1.0, metadata=metadata)
+        entry = {"question": task_info["question"], "answer": ground_truth, "metadata": task_info["metadata"]}
+        verdict = self.verdict(task_info["dataset"], answer, entry)
+        score = verdict.score if verdict.score is not None else 0.0
+        metadata.update(path=verdict.path, score=score, error=verdict.error)
+        correct = verdict.path == "score_answer" and score == 1.0
+        reward = score if self.reward == "partial" else float(correct)
+        return RewardOutput(reward=reward, is_correct=correct, metadata=metadata)
 
 
 # The env
@@ -223,8 +254,14 @@ class ReasoningGymEnv(MultiTurnEnv):
     Each episode poses one procedurally generated task of `reasoning-gym <https://github.com/open-thought/
     reasoning-gym>`_: ``gym.make("rllm/ReasoningGym-v0", dataset="chain_sum", size=500, seed=0,
     config={"min_terms": 2})``, or a mix ``dataset={"chain_sum": 2, "basic_arithmetic": 1}`` (reasoning-gym's
-    ``CompositeDataset``). By default one reply is allowed; with ``max_turns=N`` a reply that does not score 1.0
-    gets feedback and another try, as in ``rllm/Math-v0``. Needs ``pip install -e ".[reasoning-gym]"``; without it
+    ``CompositeDataset``). By default one reply is allowed; with ``max_turns=N`` a reply that is not fully correct
+    gets feedback and another try, as in ``rllm/Math-v0``. The model's answer is untrusted: a scorer that may
+    evaluate it (``eval``, sympy's ``parse_expr``) runs in :mod:`rllm_gym.sandbox` with a time and memory limit,
+    and only a number in [0, 1] comes back; only the datasets of
+    :data:`~rllm_gym.rewards.reasoning_gym.IN_PROCESS_DATASETS` (string comparison) are scored in this process.
+    Datasets whose scorer pays answers that solve nothing
+    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``) are refused unless
+    ``allow_unsound=True``. Needs ``pip install -e ".[reasoning-gym]"``; without it
     ``gym.make`` raises ``DependencyNotInstalled`` naming that command.
 
     ## Action Space
@@ -233,8 +270,8 @@ class ReasoningGymEnv(MultiTurnEnv):
     ## Observation Space
     ``TextSpace(max_length=1_000_000)``: the task's question as reasoning-gym writes it (with its own instructions
     on the answer's form, e.g. "a comma-separated list"); in the multi-turn variant, after a reply that is not fully
-    correct, a line that says so (quoting the extracted answer and its score) and how many attempts are left; ``""``
-    once the episode has ended.
+    correct, a line that says so (quoting the extracted answer, never its score: a partial score would let a policy
+    search for the answer over turns) and how many attempts are left; ``""`` once the episode has ended.
 
     ## Prompt Format
     The observation is only the question; the agent adds how to mark the answer. The default agent
@@ -257,32 +294,44 @@ class ReasoningGymEnv(MultiTurnEnv):
     (``{"question", "answer", "metadata": {"source_dataset", ...}}``).
 
     ## Rewards
-    The dataset's own ``score_answer(answer, entry)`` on the extracted answer: 1.0 for a correct answer, 0.0 for a
-    wrong one, and for some datasets partial credit in between. A format error earns what the dataset gives a missing
-    answer (``score_answer(None, entry)``: 0.0 for most, 0.01 for ``countdown``) unless ``reward_config`` sets
-    ``format_error_reward``; a scorer that raises on an odd answer earns 0.0. Every reply of a multi-turn episode is
-    rewarded.
+    ``reward="binary"`` (the default, for training): 1.0 when the dataset's scorer says fully correct (a score of
+    1.0, confirmed by the wrapper's own check where the scorer is known to be loose: ``puzzle24`` and ``countdown``
+    must use exactly the puzzle's numbers and reach the target exactly, ``coin_flip`` must be the probability within
+    1e-4, ``complex_arithmetic`` must not be ``nan``), else 0.0. ``reward="partial"``: the dataset's own score in
+    [0, 1] (some datasets pay substring or distance credit; such scores can be farmed by hedging). Every verdict
+    without a score pays 0.0 in both modes, with ``info["grading_path"]`` saying which: ``unsafe_answer`` (an answer
+    that the dataset's scorer would run as code), ``timeout`` (past 5 s), ``memory_limit`` (past 1 GB),
+    ``scorer_error``, ``invalid_score`` (not a finite number in [0, 1]), ``rejected_by_check`` and ``sandbox_error``
+    (the sandbox itself failed: drop such samples). A format error pays ``format_error_reward`` (0.0; at most
+    [-1, 1]). In a multi-turn episode a step pays only what it improves on the best reward so far (a negative
+    ``format_error_reward`` is paid in full), so an episode never returns more than answering correctly at once.
+    Bounds, also in ``metadata["step_reward_range"]`` and ``["episode_return_range"]``: a step earns within
+    ``[min(0, format_error_reward), 1]`` and an episode within ``[max_turns * min(0, format_error_reward), 1]``.
 
     ## Episode End
-    Terminated after a reply scoring 1.0 or after ``max_turns`` replies (default 1). Truncated only by a
+    Terminated after a fully correct reply or after ``max_turns`` replies (default 1). Truncated only by a
     ``max_episode_steps`` wrapper.
 
     ## Information
     ``reset``: ``task`` (the task dict: ``id``, ``question``, ``ground_truth``, ``dataset``, ``metadata``),
     ``task_id``. ``step``: ``is_correct`` (score 1.0), ``score``, ``extracted_answer`` (None on a format error),
     ``ground_truth``, ``source_dataset``, ``format_error`` (bool), ``grading_path`` (``score_answer``,
-    ``format_error``, ``error``), ``turn`` (1-based), ``turns_left``.
+    ``format_error`` or one of the verdicts without a score listed under Rewards), ``grading_error`` (why, or None),
+    ``turn`` (1-based), ``turns_left``.
 
     ## Arguments
     ``dataset`` (str or dict, ``"chain_sum"``): a reasoning-gym dataset name, or ``{name: weight}`` for a mix.
     ``size`` (int, 500): tasks in the split. ``seed`` (int, 0): the dataset's seed. ``config`` (dict or None): the
     dataset's settings (its config dataclass fields), or for a mix ``{name: settings}``. ``split`` (``"train"`` or
     ``"eval"``). ``answer_format`` (``"boxed"`` or ``"answer_tag"``). ``reward_config`` (dict):
-    ``format_error_reward`` (None: the dataset's score of no answer) and ``max_answer_chars`` (10000).
-    ``max_turns`` (int, 1). ``render_mode`` (``"ansi"`` or None).
+    ``format_error_reward`` (a number in [-1, 1]; None or absent: 0.0) and ``max_answer_chars`` (10000).
+    ``max_turns`` (int, 1). ``render_mode`` (``"ansi"`` or None). ``reward`` (``"binary"`` or ``"partial"``).
+    ``allow_unsound`` (bool, False): accept the datasets of ``UNSOUND_DATASETS``.
 
     ## Version History
-    * v0: initial version (reasoning-gym 0.1.x).
+    * v0: initial version (reasoning-gym 0.1.x); scorers since run as untrusted code (sandboxed unless plain string
+      comparisons), ``reward="binary"`` made the default, multi-turn steps paid as improvements, feedback without
+      the score, loose scorers checked and unsound ones refused.
     """
 
     def __init__(
@@ -296,6 +345,8 @@ class ReasoningGymEnv(MultiTurnEnv):
         reward_config: Mapping[str, Any] | None = None,
         max_turns: int = 1,
         render_mode: str | None = None,
+        reward: str = "binary",
+        allow_unsound: bool = False,
     ):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int (tasks in the split), got {size!r}")
@@ -305,18 +356,56 @@ class ReasoningGymEnv(MultiTurnEnv):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if reward_config is not None and not isinstance(reward_config, Mapping):
             raise TypeError(f"reward_config must be a dict, got {type(reward_config).__name__}")
-        spec_json = json.dumps(_dataset_spec(dataset, config), sort_keys=True)
+        if not isinstance(allow_unsound, bool):
+            raise ValueError(f"allow_unsound must be True or False, got {allow_unsound!r}")
+        spec = _dataset_spec(dataset, config)
+        refused = {name: UNSOUND_DATASETS[name] for name in spec["mix"] if name in UNSOUND_DATASETS}
+        if refused and not allow_unsound:
+            reasons = "; ".join(f"{name}: {why}" for name, why in refused.items())
+            raise ValueError(
+                f"reasoning-gym dataset(s) {sorted(refused)} have a scorer that pays answers which solve nothing "
+                f"({reasons}). Pass allow_unsound=True to use them anyway."
+            )
+        spec_json = json.dumps(spec, sort_keys=True)
         tasks = _tasks(spec_json, size, seed, split)
-        generator, mix = _generator(spec_json, seed, 4 * size + 64), json.loads(spec_json)["mix"]
+        generator, mix = _generator(spec_json, seed, 4 * size + 64), spec["mix"]
         # A mix scores each task with its own sub-dataset (configured as the env's), as CompositeDataset does.
         score_fns = {name: generator.datasets[name].score_answer for name in mix} if len(mix) > 1 else {}
         score_fns = score_fns or {next(iter(mix)): generator.score_answer}
         try:
-            scorer = ReasoningGymScorer(score_fns, answer_format=answer_format, **dict(reward_config or {}))
+            scorer = ReasoningGymScorer(
+                score_fns,
+                answer_format=answer_format,
+                reward=reward,
+                configs=spec["configs"],
+                **dict(reward_config or {}),
+            )
         except TypeError as error:
             raise ValueError(f"invalid reward_config {dict(reward_config or {})}: {error}") from None
-        self.split, self.answer_format = split, answer_format
+        self.split, self.answer_format, self.reward_mode = split, answer_format, reward
         super().__init__(scorer, list(tasks), max_turns=max_turns, render_mode=render_mode)
+        if any(not runs_in_process(name, fn) for name, fn in score_fns.items()):
+            scoring_sandbox()  # a machine that cannot isolate the scorers says so here, not at the first step
+        penalty = min(0.0, scorer.format_error_reward)
+        self.metadata = {
+            **type(self).metadata,
+            "step_reward_range": (penalty, 1.0),
+            "episode_return_range": (max_turns * penalty, 1.0),
+        }
+        self._best = 0.0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        self._best = 0.0
+        return super().reset(seed=seed, options=options)
+
+    def _grade(self, action: Any) -> tuple[RewardOutput, bool]:
+        """The reply's grade, paid as an improvement: over a multi-turn episode the rewards add up to the best
+        reward reached (a negative ``format_error_reward`` is paid in full), never more than answering at once."""
+        output, invalid = super()._grade(action)
+        value = float(output.reward)
+        paid = value if value < 0 else max(value, self._best) - self._best
+        self._best = max(self._best, value)
+        return RewardOutput(reward=paid, is_correct=output.is_correct, metadata=output.metadata), invalid
 
     def validate_task(self, task: Any) -> dict[str, Any]:
         task = copy.deepcopy(task)  # the cached tasks and every info["task"] must not share the nested metadata
@@ -342,6 +431,7 @@ class ReasoningGymEnv(MultiTurnEnv):
             "source_dataset": metadata.get("source_dataset"),
             "format_error": bool(metadata.get("format_error", False)),
             "grading_path": metadata.get("path"),
+            "grading_error": metadata.get("error"),
         }
 
     def feedback(self, reward_output: RewardOutput, turns_left: int) -> str:
@@ -351,6 +441,7 @@ class ReasoningGymEnv(MultiTurnEnv):
             where = "\\boxed{}" if self.answer_format == "boxed" else "<answer></answer> tags"
             head = f"No final answer found: put your final answer in {where}."
         else:
+            # Right or wrong only: a quoted partial score would let a policy search for the answer over turns.
             quoted = answer if len(answer) <= 60 else answer[:60] + "..."
-            head = f"Your answer {quoted} is not correct (score {reward_output.metadata.get('score', 0.0):.2f})."
+            head = f"Your answer {quoted} is not correct."
         return f"{head} You have {turns_left} attempt{plural} left. Please try again."

@@ -103,8 +103,14 @@ class ToolEnv(gym.Env[str, str]):
     drawn (seeded) from ``tasks`` (default: :func:`builtin_tasks`). The tool-call budget is reset.
 
     ## Rewards
-    Each step: ``-malformed_call_penalty`` per malformed call in the reply. The final step adds the reward
-    function's reward (math grader: 1.0 correct, 0.0 otherwise). Tool calls themselves are free.
+    Each step: ``-malformed_call_penalty`` per malformed call in the reply, at most ``max_reply_penalty`` (0.2) for
+    one reply and ``max_episode_penalty`` (0.5) over the episode. The final step adds the reward function's reward
+    (math grader: 1.0 correct, 0.0 otherwise), kept within ``reward_bounds`` (default ``(0.0, 1.0)``; a reward
+    outside them is clipped and ``info["reward_clipped_from"]`` holds it). Tool calls themselves are free. So with
+    ``(low, high) = reward_bounds``: a step earns within ``[min(0, low) - min(max_reply_penalty,
+    max_episode_penalty), max(0, high)]`` and an episode within ``[min(0, low) - max_episode_penalty, max(0,
+    high)]`` (defaults: steps in [-0.2, 1.0], episodes in [-0.5, 1.0]); both ranges are in
+    ``env.metadata["step_reward_range"]`` and ``env.metadata["episode_return_range"]``.
 
     ## Episode End
     Terminated on ``finish`` or on a reply without tool calls (the answer is graded). Truncated when a reply asks for
@@ -126,7 +132,9 @@ class ToolEnv(gym.Env[str, str]):
     ``"hermes"``). ``reward_fn`` (a :class:`~rllm_gym.rewards.RewardFunction`, default the math grader).
     ``tasks`` (the pool ``reset`` draws from). ``max_tool_calls`` (int, 8). ``tool_timeout`` (seconds per call,
     10.0). ``tool_timeouts`` (dict tool name -> seconds, overriding ``tool_timeout``). ``malformed_call_penalty``
-    (float >= 0, 0.05). ``render_mode`` (``"human"``: the observation printed after every reset and step;
+    (float >= 0, 0.05). ``max_reply_penalty`` (float >= 0, 0.2) and ``max_episode_penalty`` (float >= 0, 0.5): the
+    caps of that penalty. ``reward_bounds`` (``(low, high)``, ``(0.0, 1.0)``): the range of the graded reward.
+    ``render_mode`` (``"human"``: the observation printed after every reset and step;
     ``"ansi"``: ``render()`` returns it; or None).
 
     Tool calls run on worker threads of the env's own, started on first use in the process that steps the env (a
@@ -134,7 +142,8 @@ class ToolEnv(gym.Env[str, str]):
 
     ## Version History
     * v0: initial version; text over ``max_length`` became a malformed call instead of a graded answer, and
-      ``render_mode="human"`` was added.
+      ``render_mode="human"`` was added; the malformed-call penalty was capped per reply and per episode and the
+      graded reward kept within ``reward_bounds``.
     """
 
     metadata = {"render_modes": ["human", "ansi"], "render_fps": 1}
@@ -151,6 +160,9 @@ class ToolEnv(gym.Env[str, str]):
         tool_timeouts: Mapping[str, float] | None = None,
         malformed_call_penalty: float = 0.05,
         render_mode: str | None = None,
+        max_reply_penalty: float = 0.2,
+        max_episode_penalty: float = 0.5,
+        reward_bounds: tuple[float, float] = (0.0, 1.0),
     ):
         if isinstance(tools, MultiTool):
             if tool_map:
@@ -192,6 +204,20 @@ class ToolEnv(gym.Env[str, str]):
             or not 0 <= malformed_call_penalty < math.inf
         ):
             raise ValueError(f"ToolEnv malformed_call_penalty must be a number >= 0, got {malformed_call_penalty!r}")
+        for name, cap in (("max_reply_penalty", max_reply_penalty), ("max_episode_penalty", max_episode_penalty)):
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 <= cap < math.inf:
+                raise ValueError(f"ToolEnv {name} must be a finite number >= 0, got {cap!r}")
+        if (
+            not isinstance(reward_bounds, (tuple, list))
+            or len(reward_bounds) != 2
+            or not all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) and math.isfinite(b) for b in reward_bounds
+            )
+            or reward_bounds[0] > reward_bounds[1]
+        ):
+            raise ValueError(
+                f"ToolEnv reward_bounds must be (low, high), finite numbers with low <= high, got {reward_bounds!r}"
+            )
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
                 f"ToolEnv render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
@@ -200,6 +226,16 @@ class ToolEnv(gym.Env[str, str]):
         self.tool_timeout = tool_timeout
         self.tool_timeouts = dict(tool_timeouts or {})
         self.malformed_call_penalty = float(malformed_call_penalty)
+        self.max_reply_penalty, self.max_episode_penalty = float(max_reply_penalty), float(max_episode_penalty)
+        self.reward_bounds = (float(reward_bounds[0]), float(reward_bounds[1]))
+        low, high = self.reward_bounds
+        worst_step = min(self.max_reply_penalty, self.max_episode_penalty)
+        self.metadata = {
+            **type(self).metadata,
+            "step_reward_range": (min(0.0, low) - worst_step, max(0.0, high)),
+            "episode_return_range": (min(0.0, low) - self.max_episode_penalty, max(0.0, high)),
+        }
+        self._penalty_paid = 0.0
         self.render_mode = render_mode
         self.observation_space = TextSpace(max_length=_OBSERVATION_MAX)
         self.action_space = TextSpace(max_length=100_000)
@@ -233,6 +269,7 @@ class ToolEnv(gym.Env[str, str]):
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
         self._task = _validate_task(task)
         self._n_tool_calls = 0
+        self._penalty_paid = 0.0
         self._done = False
         self._last_observation = self._task["question"]
         info = {
@@ -282,7 +319,11 @@ class ToolEnv(gym.Env[str, str]):
             text = json.dumps(call.arguments, ensure_ascii=False, default=str)[:120]
             malformed.append({"index": index, "kind": kind, "message": message, "text": text})
         malformed.sort(key=lambda item: item["index"])
-        penalty = -self.malformed_call_penalty * len(problems)
+        # Capped per reply and per episode: one reply of 4,000 empty calls must not outweigh any answer.
+        penalty = min(self.malformed_call_penalty * len(problems), self.max_reply_penalty)
+        penalty = min(penalty, self.max_episode_penalty - self._penalty_paid)
+        self._penalty_paid += penalty
+        penalty = -penalty
 
         finish = next((call for _, call in valid if call.name == "finish"), None)
         if finish is not None:
@@ -334,7 +375,12 @@ class ToolEnv(gym.Env[str, str]):
         self._last_observation = "Answer submitted: correct." if is_correct else "Answer submitted: incorrect."
         info = self._info(calls, [], malformed, final_answer=answer, is_correct=is_correct)
         info["reward_metadata"] = dict(graded.metadata)
-        return self._last_observation, float(graded.reward) + penalty, True, False, info
+        low, high = self.reward_bounds
+        reward = float(graded.reward)
+        if not math.isfinite(reward) or not low <= reward <= high:
+            info["reward_clipped_from"] = reward  # a reward function outside the declared bounds: kept in them
+            reward = min(max(reward, low), high) if not math.isnan(reward) else low
+        return self._last_observation, reward + penalty, True, False, info
 
     def _info(
         self,

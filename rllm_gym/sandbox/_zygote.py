@@ -615,10 +615,35 @@ def _temp_fd() -> int:
     return os.dup(handle.fileno())
 
 
+def _preload(modules: list) -> None:
+    """Import trusted modules once, before the view is built (the view is read-only and a namespace can only be
+    entered by a single-threaded process), so that runs fork with them loaded (``Sandbox(preload=...)``).
+
+    Numerical libraries are kept single-threaded (no thread pool, which would neither survive the fork nor let the
+    zygote enter its namespaces); matplotlib writes its font cache into a temporary folder removed afterwards.
+    """
+    if not modules:
+        return
+    import importlib
+    import shutil
+
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    scratch = tempfile.mkdtemp(prefix="rllm-sandbox-preload-")
+    os.environ.setdefault("MPLCONFIGDIR", scratch)
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = json.loads(sys.argv[2])
     try:
+        _preload(config.get("preload") or [])
         zygote = Zygote(sock, config)
     except Exception as exc:
         data = json.dumps({"hello": False, "error": f"{type(exc).__name__}: {exc}"}).encode()

@@ -1,4 +1,5 @@
-"""rllm/ReasoningGym-v0: reasoning-gym's datasets and mixes, scored by each dataset's own score_answer."""
+"""rllm/ReasoningGym-v0: reasoning-gym's datasets and mixes, scored by each dataset's own score_answer (binary by
+default, the dataset's own score with reward="partial")."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def own_score(name: str, config: dict, answer: str | None, task: dict) -> float:
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_correct_wrong_and_malformed_replies_earn_the_datasets_own_score(name):
-    env = gym.make(ENV_ID, dataset=name, size=8, seed=3)
+    env = gym.make(ENV_ID, dataset=name, size=8, seed=3, reward="partial")
     for seed in range(3):
         observation, info = env.reset(seed=seed)
         task = info["task"]
@@ -60,18 +61,32 @@ def test_correct_wrong_and_malformed_replies_earn_the_datasets_own_score(name):
             False,
         )
         assert step["grading_path"] == "format_error"
-        # reasoning-gym's own score of no answer: 0.0, but countdown gives 0.01 for any attempt
-        assert reward == own_score(name, {"seed": 3, "size": 8}, None, task) == (0.01 if name == "countdown" else 0.0)
+        assert reward == 0.0  # not what countdown's scorer gives no answer (0.01): no reward for no answer
     env.close()
     env = gym.make(ENV_ID, dataset=name, size=8, seed=3, reward_config={"format_error_reward": -0.5})
     env.reset(seed=0)
     assert env.step("no box")[1] == -0.5
 
 
+@pytest.mark.parametrize("name", DATASETS)
+def test_the_binary_reward_pays_only_a_fully_correct_answer(name):
+    env = gym.make(ENV_ID, dataset=name, size=8, seed=3)  # reward="binary" is the default
+    for seed in range(2):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
+        env.reset(seed=seed)
+        wrong = "1 + 1" if name == "countdown" else "zzz"
+        _, reward, _, _, step = env.step(f"\\boxed{{{wrong}}}")
+        assert (reward, step["score"]) == (0.0, own_score(name, {"seed": 3, "size": 8}, wrong, task))
+        env.reset(seed=seed)
+        assert env.step("no box")[1] == 0.0
+
+
 def test_a_weighted_mix_scores_each_task_with_its_own_dataset_and_config():
     config = {"chain_sum": {"min_digits": 2, "max_digits": 2}, "countdown": {"min_numbers": 3, "max_numbers": 3}}
     mix = {"chain_sum": 3, "countdown": 1, "spell_backward": 1}
-    env = gym.make(ENV_ID, dataset=mix, config=config, size=40, seed=1)
+    env = gym.make(ENV_ID, dataset=mix, config=config, size=40, seed=1, reward="partial")
     tasks = env.unwrapped.tasks
     counts = {name: sum(task["dataset"] == name for task in tasks) for name in mix}
     assert counts["chain_sum"] > counts["countdown"] > 0 and counts["spell_backward"] > 0
@@ -123,7 +138,7 @@ def test_multi_turn_feedback_then_a_correct_retry():
     )
     assert (reward, terminated, step["turns_left"]) == (0.0, False, 2)
     observation, _, terminated, _, _ = env.step("\\boxed{123456789}")
-    assert observation.startswith("Your answer 123456789 is not correct (score 0.00). You have 1 attempt left.")
+    assert observation.startswith("Your answer 123456789 is not correct. You have 1 attempt left.")
     _, reward, terminated, _, step = env.step(f"\\boxed{{{gold}}}")
     assert (reward, terminated, step["turn"], step["is_correct"]) == (1.0, True, 3, True)
 
@@ -158,6 +173,10 @@ def test_the_env_passes_gymnasiums_checker_for_a_mix():
         ({"size": 0}, "size must be a positive int (tasks in the split), got 0"),
         ({"answer_format": "json"}, "answer_format must be one of ('boxed', 'answer_tag'), got 'json'"),
         ({"reward_config": {"correct_reward": 2}}, "invalid reward_config {'correct_reward': 2}"),
+        ({"reward": "dense"}, "reward must be one of ('binary', 'partial'), got 'dense'"),
+        ({"reward_config": {"format_error_reward": 5}}, "format_error_reward must be a number in [-1, 1] or None"),
+        ({"dataset": "game_of_life_halting"}, "Pass allow_unsound=True to use them anyway"),
+        ({"dataset": {"chain_sum": 1, "game_of_life_halting": 1}}, "['game_of_life_halting'] have a scorer that pays"),
     ],
 )
 def test_bad_arguments_say_what_to_fix(kwargs, message):

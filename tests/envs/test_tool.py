@@ -123,7 +123,7 @@ def test_several_calls_run_concurrently_and_results_keep_call_order():
 
 
 def test_malformed_calls_become_observations_with_a_penalty():
-    env = ToolEnv(reward_fn=exact, malformed_call_penalty=0.1)
+    env = ToolEnv(reward_fn=exact, malformed_call_penalty=0.1, max_reply_penalty=1.0)
     env.reset(options={"task": {"id": "t", "question": "q", "ground_truth": "4"}})
     reply = (
         call("calculator", expression="2+2")
@@ -151,6 +151,34 @@ def test_malformed_calls_become_observations_with_a_penalty():
     assert info["n_tool_calls"] == 1
     _, reward, terminated, _, info = env.step(call("finish", response="4"))
     assert (reward, terminated, info["is_correct"], info["final_answer"]) == (1.0, True, True, "4")
+
+
+def test_the_malformed_call_penalty_is_capped_per_reply_and_per_episode():
+    env = ToolEnv(reward_fn=exact)  # 0.05 a call, at most 0.2 a reply and 0.5 an episode
+    assert env.metadata["step_reward_range"] == (-0.2, 1.0)
+    assert env.metadata["episode_return_range"] == (-0.5, 1.0)
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    spam = "<tool_call></tool_call>" * 4000  # used to cost 4,000 x 0.05 = -200
+    rewards = [env.step(spam)[1] for _ in range(3)]
+    assert rewards == pytest.approx([-0.2, -0.2, -0.1])
+    _, reward, terminated, _, _ = env.step(spam + call("finish", response="4"))
+    assert (reward, terminated) == (1.0, True)  # the episode's penalty budget is spent: the answer keeps its 1.0
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})  # a new episode, a new budget
+    assert env.step(spam)[1] == pytest.approx(-0.2)
+
+
+def test_a_reward_function_outside_the_bounds_is_clipped_into_them():
+    def generous(task, answer):
+        return RewardOutput(reward=50.0, is_correct=True)
+
+    env = ToolEnv(reward_fn=generous)
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    _, reward, _, _, info = env.step("4")
+    assert (reward, info["reward_clipped_from"]) == (1.0, 50.0)
+    with pytest.raises(ValueError, match=re.escape("ToolEnv reward_bounds must be (low, high)")):
+        ToolEnv(reward_bounds=(1.0, 0.0))
+    with pytest.raises(ValueError, match=re.escape("ToolEnv max_reply_penalty must be a finite number >= 0")):
+        ToolEnv(max_reply_penalty=-1)
 
 
 def test_reply_without_tool_call_is_the_final_answer():

@@ -55,12 +55,15 @@ def test_step_never_raises_and_rewards_are_the_documented_ones(actions):
         tools=["calculator", "search", "finish"], reward_fn=_exact, max_tool_calls=2, malformed_call_penalty=0.25
     )
     env.reset(options={"task": _TASK})
+    paid = 0.0
     for action in actions:
         observation, reward, terminated, truncated, info = env.step(action)
         assert env.observation_space.contains(observation)
         assert not (terminated and truncated)
         n_malformed = len(info["malformed_calls"])
-        penalty = -0.25 * n_malformed
+        # 0.25 a malformed call, at most 0.2 a reply (max_reply_penalty) and 0.5 an episode (max_episode_penalty)
+        penalty = -min(0.25 * n_malformed, 0.2, 0.5 - paid)
+        paid -= penalty
         assert all(call["kind"] and call["message"] for call in info["malformed_calls"])
         assert 0 <= info["n_tool_calls"] <= 2 and info["tool_calls_left"] == 2 - info["n_tool_calls"]
         if terminated:
