@@ -167,7 +167,7 @@ def test_engine_shuts_down_once_and_at_exit(standin_vllm, tiny_model_dir):
 
     policy = VLLMPolicy(str(tiny_model_dir))
     calls = []
-    stand_in = type(policy.engine)
+    stand_in = type(policy.engine).__mro__[1]  # the stand-in AsyncLLM under the policy's once-only subclass
     original = stand_in.shutdown
     try:
         stand_in.shutdown = lambda self: calls.append(self)
