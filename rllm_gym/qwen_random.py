@@ -72,7 +72,7 @@ def qwen_config(arch: str = "Qwen2.5-0.5B", **overrides: Any):
     return config
 
 
-def _padded_tokenizer(vocab_size: int, seed: int):
+def _padded_tokenizer(vocab_size: int):
     """The tiny model's tokenizer with filler tokens ``" Zz<n>"`` added up to ``vocab_size`` ids.
 
     The fillers are plain vocabulary entries that no merge produces: encoding text never yields them (so prompts
@@ -81,9 +81,9 @@ def _padded_tokenizer(vocab_size: int, seed: int):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from rllm_gym.tiny_model import _build_tokenizer
+    from rllm_gym.tiny_model import tiny_tokenizer
 
-    base = _build_tokenizer(seed)
+    base = tiny_tokenizer()
     state = json.loads(base.backend_tokenizer.to_str())
     vocab: dict[str, int] = state["model"]["vocab"]
     # The markup tokens added after training (<think>, <tool_call>, ...) keep the last ids, as in the tiny model:
@@ -133,7 +133,7 @@ def build_random_qwen(
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
     config = qwen_config(arch, **overrides)
-    tokenizer = _padded_tokenizer(config.vocab_size, seed)
+    tokenizer = _padded_tokenizer(config.vocab_size)
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config.eos_token_id, config.pad_token_id, config.bos_token_id = eos_id, pad_id, None

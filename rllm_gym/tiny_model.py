@@ -1,22 +1,31 @@
 """The embedded default model: a tiny Qwen2-style causal LM and its byte-level BPE tokenizer, built offline.
 
-No machine that runs the tests reaches a model hub, so rllm-gym builds its own default model from code: a BPE
-tokenizer trained (with the ``tokenizers`` library) on a small corpus that this module generates, a Qwen-style chat
-template with thinking on/off and Hermes tool calls, and a randomly initialised ``Qwen2ForCausalLM`` (hidden size 64,
-2 layers). The same seed gives byte-identical weights and tokenizer, and the result is a normal Hugging Face folder
-that ``AutoModelForCausalLM.from_pretrained``, ``AutoTokenizer.from_pretrained`` and ``transformers serve`` load.
-:func:`default_model_path` builds it once into the cache (``$RLLM_GYM_CACHE`` or ``~/.cache/rllm_gym``), safely
+No machine that runs the tests reaches a model hub, so rllm-gym builds its own default model: a byte-level BPE
+tokenizer shipped as package data (``rllm_gym/tiny_tokenizer.json``, trained once with the ``tokenizers`` library on a
+small corpus that this module generates), a Qwen-style chat template with thinking on/off and Hermes tool calls, and
+a ``Qwen2ForCausalLM`` (hidden size 64, 2 layers) whose weights this module draws itself, from integers, instead of
+relying on transformers' init. So the same seed and shape give the same weights and tokenizer on every machine and
+supported library version (tests/test_tiny_model.py checks digests of both), and the result is a normal Hugging Face
+folder that ``AutoModelForCausalLM.from_pretrained``, ``AutoTokenizer.from_pretrained`` and ``transformers serve``
+load. :func:`default_model_path` builds it once into the cache (``$RLLM_GYM_CACHE`` or ``~/.cache/rllm_gym``), safely
 under concurrent callers; ``python -m rllm_gym.tiny_model PATH`` builds it into ``PATH``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib.resources
+import json
+import math
 import os
 import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -26,11 +35,19 @@ __all__ = [
     "TEXT_TOKENS",
     "build_tiny_model",
     "default_model_path",
+    "model_digests",
     "tiny_corpus",
+    "tiny_tokenizer",
+    "tokenizer_digest",
+    "train_tokenizer",
+    "weights_digest",
 ]
 
-# Bump when the corpus, template, config or initialisation changes: cached folders are keyed by it.
-TINY_MODEL_VERSION = 2  # 2: the tiny shape has 2 query heads and 1 KV head of 32, which vLLM's CPU attention accepts
+# Bump when the build's code changes (fixed config fields, initialisation): cached folders are keyed by it, and by the
+# seed, shape sizes, tokenizer and chat template themselves (see _recipe_key). 2: own init, shipped tokenizer, and the
+# tiny shape's 2 query heads and 1 KV head of 32, which vLLM's CPU attention accepts.
+TINY_MODEL_VERSION = 2
+TOKENIZER_FILE = "tiny_tokenizer.json"  # in the rllm_gym package; written by train_tokenizer
 DEFAULT_SEED = 0
 VOCAB_SIZE = 1024
 # The model's sizes by name: "tiny" is the default (0.14M parameters, fast enough for every test); "small" (0.55M) has
@@ -146,9 +163,15 @@ def tiny_corpus(seed: int = DEFAULT_SEED, n_lines: int = 3000) -> list[str]:
     return lines
 
 
-def _build_tokenizer(seed: int):
+def train_tokenizer(seed: int = DEFAULT_SEED):
+    """Train the byte-level BPE tokenizer that ``rllm_gym/tiny_tokenizer.json`` ships (a ``tokenizers.Tokenizer``).
+
+    Models are built from the shipped file, not from this: the trainer's result may change with the ``tokenizers``
+    version. Maintainers regenerate the file with ``python -m rllm_gym.tiny_model --write-tokenizer
+    rllm_gym/tiny_tokenizer.json`` after changing the corpus or the token lists (and update the digests in
+    tests/test_tiny_model.py).
+    """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -162,8 +185,29 @@ def _build_tokenizer(seed: int):
     )
     tokenizer.train_from_iterator(tiny_corpus(seed), trainer=trainer)
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in TEXT_TOKENS])
+    return tokenizer
+
+
+def _shipped_tokenizer_text() -> str:
+    return importlib.resources.files("rllm_gym").joinpath(TOKENIZER_FILE).read_text(encoding="utf-8")
+
+
+def tiny_tokenizer():
+    """The embedded model's tokenizer (a ``PreTrainedTokenizerFast``), loaded from the shipped vocabulary and merges
+    with the chat template and special tokens of this module."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_str(_shipped_tokenizer_text())
+    added = [token.content for _, token in sorted(backend.get_added_tokens_decoder().items())]
+    if added != [*SPECIAL_TOKENS, *TEXT_TOKENS]:
+        raise RuntimeError(
+            f"rllm_gym/{TOKENIZER_FILE} adds the tokens {added}, this module declares "
+            f"{[*SPECIAL_TOKENS, *TEXT_TOKENS]}: regenerate the file with `python -m rllm_gym.tiny_model "
+            f"--write-tokenizer rllm_gym/{TOKENIZER_FILE}`"
+        )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
+        tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
@@ -174,20 +218,76 @@ def _build_tokenizer(seed: int):
     )
 
 
+def _standard_normal(seed: int, name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Draws of mean 0 and std 1 for the parameter ``name``, the same bits on every platform and library version.
+
+    Each draw is the sum of 12 uniforms minus 6 (the Irwin-Hall approximation of a normal: bell-shaped, bounded by
+    +-6) and each uniform is ``(k + 0.5) / 2**24`` for the top 24 bits ``k`` of a raw PCG64 word. Only integer sums
+    and power-of-two scaling are involved: torch's ``normal_`` (Box-Muller through log and cos) gives other last bits
+    under another CPU's vector kernels, and its generator or transformers' init order may change between versions.
+    The stream is keyed by the parameter's name, so parameters do not depend on each other's sizes or order.
+    """
+    n = math.prod(shape)
+    name_key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    words = np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(name_key,))).random_raw(12 * n)
+    sums = (words >> np.uint64(40)).reshape(n, 12).sum(axis=1)  # 12 x 24 bits: exact in uint64
+    # sum((k_i + 0.5) / 2**24) - 6 = (sum(k_i) + 6 - 6 * 2**24) / 2**24: integers below 2**53, exact in float64.
+    return ((sums.astype(np.float64) + (6 - 6 * 2**24)) / 2**24).reshape(shape)
+
+
+def _init_weights(model: Any, seed: int) -> None:
+    """Set every parameter of the Qwen2 ``model`` by this module's rules, whatever transformers' init drew before:
+    linear and embedding weights ``initializer_range * _standard_normal`` (the padding token's embedding row zero, as
+    ``nn.Embedding(padding_idx=...)`` has it), biases zero, RMSNorm weights one. A tied output layer shares the
+    embedding (it is initialised once, under the embedding's name); a parameter no rule knows is an error."""
+    import torch
+    from torch import nn
+
+    std = model.config.initializer_range
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):  # tied parameters are listed once, under their first name
+            owner_name, _, kind = name.rpartition(".")
+            owner = modules[owner_name]
+            shape = tuple(param.shape)
+            if kind == "weight" and isinstance(owner, nn.Linear | nn.Embedding):
+                values = _standard_normal(seed, name, shape) * std
+                if isinstance(owner, nn.Embedding) and owner.padding_idx is not None:
+                    values[owner.padding_idx] = 0.0
+            elif kind == "bias" and isinstance(owner, nn.Linear):
+                values = np.zeros(shape)
+            elif kind == "weight" and type(owner).__name__.endswith("RMSNorm"):
+                values = np.ones(shape)
+            else:
+                raise RuntimeError(
+                    f"no initialisation rule for {name} ({type(owner).__name__}): add one to "
+                    "rllm_gym/tiny_model.py's _init_weights and bump TINY_MODEL_VERSION"
+                )
+            param.copy_(torch.from_numpy(values.astype(np.float32)))
+
+
+def _check_request(seed: int, shape: str) -> None:
+    if shape not in SHAPES:
+        raise ValueError(f"tiny model shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"tiny model seed must be a non-negative integer, got {seed!r}")
+
+
 def build_tiny_model(path: str | os.PathLike[str], seed: int = DEFAULT_SEED, shape: str = "tiny") -> Path:
     """Build the tiny model (of the :data:`SHAPES` entry ``shape``) and tokenizer into the folder ``path`` (created if
     missing) and return it.
 
-    Same ``seed`` and ``shape``, same weights and tokenizer files. Takes about a second on a CPU, needs no network.
+    Same ``seed`` and ``shape``, same weights and tokenizer on every machine and supported library version (see
+    :func:`weights_digest`); the tokenizer is the shipped one whatever the seed. Takes about a second on a CPU, needs
+    no network.
     """
-    if shape not in SHAPES:
-        raise ValueError(f"tiny model shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    _check_request(seed, shape)
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(seed)
+    tokenizer = tiny_tokenizer()
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen2Config(
@@ -200,10 +300,11 @@ def build_tiny_model(path: str | os.PathLike[str], seed: int = DEFAULT_SEED, sha
         pad_token_id=pad_id,
         dtype="float32",
     )
-    # A private RNG stream: building the model must not disturb the caller's torch seed, nor depend on it.
+    # transformers' own init draws from the global RNG (then _init_weights replaces all of it): fork it, so that
+    # building the model leaves the caller's torch seed as it was.
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+    _init_weights(model, seed)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos_id, pad_id], pad_token_id=pad_id, do_sample=False, max_new_tokens=256
     )
@@ -212,25 +313,77 @@ def build_tiny_model(path: str | os.PathLike[str], seed: int = DEFAULT_SEED, sha
     return path
 
 
+def weights_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of the weights in the folder ``path``: each tensor's name, dtype, shape and bytes, by name.
+
+    Independent of how the file was written (safetensors' header and metadata may differ between versions).
+    """
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(Path(path) / "model.safetensors"), framework="numpy") as weights:
+        for name in sorted(weights.keys()):
+            array = np.ascontiguousarray(weights.get_tensor(name))
+            digest.update(f"{name} {array.dtype.str} {list(array.shape)}\n".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def tokenizer_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 of the tokenizer in the folder ``path``: its vocabulary, merges and added tokens (id, text, special).
+
+    Independent of how tokenizer.json was written (older versions write a merge as ``"a b"``, newer as a pair).
+    """
+    state = json.loads((Path(path) / "tokenizer.json").read_text(encoding="utf-8"))
+    merges = [merge.split(" ", 1) if isinstance(merge, str) else list(merge) for merge in state["model"]["merges"]]
+    added = sorted((token["id"], token["content"], token["special"]) for token in state["added_tokens"])
+    canonical = json.dumps([sorted(state["model"]["vocab"].items()), merges, added], ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def model_digests(seed: int = DEFAULT_SEED) -> dict[str, dict[str, str]]:
+    """``{shape: {"weights": ..., "tokenizer": ...}}`` for every :data:`SHAPES` entry, each built in a temporary
+    folder: the values tests/test_tiny_model.py records (``python -m rllm_gym.tiny_model --print-digests``)."""
+    digests = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for shape in SHAPES:
+            path = build_tiny_model(Path(folder) / shape, seed=seed, shape=shape)
+            digests[shape] = {"weights": weights_digest(path), "tokenizer": tokenizer_digest(path)}
+    return digests
+
+
 def _cache_root() -> Path:
     root = os.environ.get("RLLM_GYM_CACHE")
     return Path(root) if root else Path.home() / ".cache" / "rllm_gym"
+
+
+def _recipe_key(seed: int, shape: str) -> str:
+    """A short hash of what the build is made of, for the cache folder's name: a cached folder is reused only for the
+    same shape sizes, tokenizer and chat template (TINY_MODEL_VERSION stands for the build's code)."""
+    recipe = {
+        "version": TINY_MODEL_VERSION,
+        "seed": seed,
+        "shape": SHAPES[shape],
+        "chat_template": CHAT_TEMPLATE,
+        "tokenizer": hashlib.sha256(_shipped_tokenizer_text().encode()).hexdigest(),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def default_model_path(seed: int = DEFAULT_SEED, shape: str = "tiny") -> Path:
     """The folder of the embedded default model (of :data:`SHAPES` entry ``shape``), built into the cache on first
     use.
 
-    Concurrent callers (threads or processes) are safe: one builds under a file lock into a temporary folder that is
-    renamed into place atomically, the others wait for the lock and then find the finished folder.
+    The folder's name holds a hash of the build's recipe (:data:`TINY_MODEL_VERSION`, seed, the shape's sizes,
+    tokenizer, chat template), so a folder cached by other code is never reused. Concurrent callers (threads or
+    processes) are safe: one builds under a file lock into a temporary folder that is renamed into place atomically,
+    the others wait for the lock and then find the finished folder.
     """
     from filelock import FileLock
 
+    _check_request(seed, shape)
     root = _cache_root()
-    if shape not in SHAPES:
-        raise ValueError(f"tiny model shape must be one of {sorted(SHAPES)}, got {shape!r}")
-    suffix = "" if shape == "tiny" else f"-{shape}"  # the default keeps its folder name (caches stay valid)
-    target = root / f"tiny-qwen2-v{TINY_MODEL_VERSION}-seed{seed}{suffix}"
+    target = root / f"tiny-qwen2-v{TINY_MODEL_VERSION}-{shape}-seed{seed}-{_recipe_key(seed, shape)}"
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -248,11 +401,30 @@ def default_model_path(seed: int = DEFAULT_SEED, shape: str = "tiny") -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build rllm-gym's tiny default model into a folder.")
-    parser.add_argument("path", help="output folder")
+    parser.add_argument("path", nargs="?", help="output folder")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="model size (default: tiny)")
+    parser.add_argument(
+        "--print-digests",
+        action="store_true",
+        help="print the weights and tokenizer digests of every shape (for tests/test_tiny_model.py) instead",
+    )
+    parser.add_argument(
+        "--write-tokenizer",
+        metavar="FILE",
+        help=f"train the tokenizer with the installed `tokenizers` and write it to FILE (rllm_gym/{TOKENIZER_FILE} "
+        "is the shipped one) instead",
+    )
     args = parser.parse_args(argv)
-    print(build_tiny_model(args.path, seed=args.seed, shape=args.shape))
+    if args.print_digests:
+        print(json.dumps(model_digests(args.seed), indent=4))
+    elif args.write_tokenizer:
+        Path(args.write_tokenizer).write_text(train_tokenizer(args.seed).to_str(pretty=True) + "\n", encoding="utf-8")
+        print(args.write_tokenizer)
+    elif args.path:
+        print(build_tiny_model(args.path, seed=args.seed, shape=args.shape))
+    else:
+        parser.error("give the folder to build into, or --print-digests, or --write-tokenizer FILE")
 
 
 if __name__ == "__main__":
