@@ -25,8 +25,8 @@ README = REPO / "README.md"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 TRAIN_BOUNDS = ["--max_steps", "1", "--warm_start_steps", "2", "--eval_limit", "2", "--eval_n", "0"]
 EVAL_BOUNDS = ["--tasks", "4", "--n", "2", "--max-steps", "2"]
-SERVERS = ("vllm serve", "trl vllm-serve", "transformers serve")
-INSTALLS = ("pip install", "python3 -m venv", ". .venv/bin/activate")
+SERVERS = ("vllm serve", "trl vllm-serve", "transformers serve", "python -m vllm.entrypoints.openai.api_server")
+INSTALLS = ("pip install", "pip uninstall", "python3 -m venv", ". .venv/bin/activate", ". .venv-vllm/bin/activate")
 
 
 def joined(lines: list[str]) -> list[str]:
@@ -77,7 +77,7 @@ def header_commands() -> list[tuple[str, str]]:
 
 
 def kind(command: str) -> str:
-    """How the test covers a command: run, accelerate, openai, server, install, pytest or benchmark."""
+    """How the test covers a command: run, accelerate, openai, vllm, server, install, pytest or benchmark."""
     words = shlex.split(command)
     while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # CUDA_VISIBLE_DEVICES=1,2,3 accelerate ...
         words = words[1:]
@@ -94,6 +94,8 @@ def kind(command: str) -> str:
         return "benchmark"
     if text.startswith("rllm-gym eval") and "--policy openai" in text:
         return "openai"
+    if text.startswith("rllm-gym eval") and "--policy vllm" in text:
+        return "vllm"  # run by the vLLM suite in its own venv (tests/vllm/test_exit.py), as the README says
     if text.startswith(("python -m rllm_gym.train.grpo", "rllm-gym train", "rllm-gym eval", "rllm-gym list")):
         return "run"
     if text.startswith("rllm-gym view"):
@@ -172,7 +174,7 @@ def test_launched_and_served_commands_name_files_that_exist_and_parse():
             if config != "my_run.yaml":  # the README's placeholder for the reader's own config
                 read_config_file(REPO / config, hints)  # keys and value types
             checked += 1
-        elif found == "openai":
+        elif found in ("openai", "vllm"):  # parsed here; vLLM's eval runs in the vLLM suite
             build_parser().parse_args(words[1:])
             checked += 1
         elif found == "benchmark":

@@ -115,7 +115,7 @@ def test_dtype_and_chat_template_kwargs_reach_the_run_its_checkpoints_and_its_re
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dtype": "half"}, "dtype must be one of ['auto', 'bf16', 'bfloat16', 'fp16', 'float16', 'fp32', 'float32']"),
+        ({"dtype": "half"}, "dtype must be one of auto, bf16, bfloat16, fp16, float16, fp32, float32"),
         ({"chat_template_kwargs": "{oops"}, 'chat_template_kwargs must be a JSON object, e.g. \'{"enable_thinking"'),
         ({"chat_template_kwargs": "[1]"}, "chat_template_kwargs must be a JSON object, e.g. "),
         ({"dtype": "fp16", "trl_args": '{"fp16": true}'}, "dtype: fp16 with fp16: true cannot train"),
