@@ -122,11 +122,17 @@ async def test_episodes_through_the_engine(policy, vllm_model_dir):
     steps = 0
     for episode in episodes:
         assert episode.termination_reason is not TerminationReason.ERROR, episode.metadata.get("error")
+        previous = None
         for step in episode.trajectories[0].steps:
             steps += 1
-            expected = tokenizer.apply_chat_template(
-                step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            assert step.prompt_ids == list(expected)
+            if previous is None:  # an episode's first prompt is the chat template's rendering
+                expected = tokenizer.apply_chat_template(
+                    step.chat_completions[:-1], add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+                assert step.prompt_ids == list(expected)
+            else:  # token in, token out: later prompts continue exactly what vLLM saw and sampled
+                seen = previous.prompt_ids + previous.response_ids
+                assert step.prompt_ids[: len(seen)] == seen and len(step.prompt_ids) > len(seen)
             assert step.response_ids and len(step.logprobs) == len(step.response_ids)
+            previous = step
     assert steps >= 8
