@@ -1,7 +1,8 @@
 """A short GRPO run on rllm/ReasoningGym-v0 through the real trainer, as a user launches it.
 
-train/configs/reasoning_gym_cpu.yaml, cut to 3 steps of 2 tasks x 4 rollouts after a short format warm start, runs
-the command line in a subprocess on the embedded tiny model (about 10 seconds) and checks what the run leaves.
+train/configs/reasoning_gym_cpu.yaml (aiw siblings questions), cut to 3 steps of 2 tasks x 4 rollouts after a short
+format warm start, runs the command line in a subprocess on the embedded model's tiny shape instead of the config's
+small one (about 10 seconds) and checks what the run leaves.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ CONFIG = REPO / "train" / "configs" / "reasoning_gym_cpu.yaml"
 ENV_ID = "rllm/ReasoningGym-v0"
 
 
-def test_a_short_grpo_run_on_chain_sum_trains_the_model(tmp_path, tiny_model_dir):
+def test_a_short_grpo_run_on_reasoning_gym_trains_the_model(tmp_path, tiny_model_dir):
     output_dir = tmp_path / "run"
     command = [
         sys.executable, "-m", "rllm_gym.train.grpo", "--config", str(CONFIG), "--output_dir", str(output_dir),
-        "--model", str(tiny_model_dir), "--max_steps", "3", "--warm_start_steps", "20", "--num_generations", "4",
-        "--prompts_per_step", "2", "--tasks", "seeds:16", "--eval_greedy", "false", "--save_steps", "1000",
-        "--logging_steps", "1",
+        "--model", str(tiny_model_dir), "--model_shape", "tiny", "--max_steps", "3", "--warm_start_steps", "20",
+        "--num_generations", "4", "--prompts_per_step", "2", "--tasks", "seeds:16", "--eval_greedy", "false",
+        "--save_steps", "1000", "--logging_steps", "1",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
