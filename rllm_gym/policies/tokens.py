@@ -88,7 +88,7 @@ def continuation_ids(
         return None  # a template that drops or repeats the reply: nothing to continue from
     after = text[text.index(_MARK) + len(_MARK) :]
     completion = list(previous.response_ids)
-    if completion and completion[-1] in set(tokenizer.all_special_ids):
+    if completion and completion[-1] in tokenizer.all_special_ids:  # a short list: no set built per call
         sampled_end = tokenizer.decode(completion[-1:], skip_special_tokens=False)
         if sampled_end and after.startswith(sampled_end):
             after = after[len(sampled_end) :]
