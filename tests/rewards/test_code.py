@@ -65,6 +65,24 @@ def test_stop_on_first_failure_skips_the_rest():
     assert result.reward == 0.0 and len(result.metadata["tests"]) == 2 and result.metadata["total"] == 5
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_one_stop_on_first_failure_default_for_the_reward_and_the_env(sync):
+    """Default: stop where the reward is all-or-nothing, run every test for ``fraction``; CodeEnv the same."""
+    import asyncio
+
+    from envs.code import CodeEnv
+
+    stdio = {"tests": [{"input": str(i), "output": str(i)} for i in range(5)]}
+    calls = {"fn_name": "f", "tests": {"inputs": [[i] for i in range(5)], "outputs": list(range(5))}}
+    for task, reply in ((stdio, "```python\nprint(0)\n```"), (calls, "```python\ndef f(x):\n    return 0\n```")):
+        for options, graded in (({}, 2), ({"fraction": True}, 5)):
+            grader = CodeReward(**options)
+            result = grader(task, reply) if sync else asyncio.run(grader.acall(task, reply))
+            assert len(result.metadata["tests"]) == graded and result.metadata["total"] == 5, (task, options)
+            assert result.reward == (0.2 if options else 0.0)
+            assert CodeEnv(**options).grader.stop == grader.stop == (not options)
+
+
 def test_function_call_tests_taco_style_and_solution_class():
     task = {"fn_name": "add", "tests": {"inputs": [[1, 2], [0.1, 0.2]], "outputs": [[3], 0.3]}}
     assert code_reward_fn(task, "```python\ndef add(a, b):\n    return a + b\n```").reward == 1.0
