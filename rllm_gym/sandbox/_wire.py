@@ -38,6 +38,8 @@ def build_request(
         raise TypeError(f"sandbox code must be a str, got {type(code).__name__}")
     if not isinstance(stdin, str):
         raise TypeError(f"sandbox stdin must be a str, got {type(stdin).__name__}")
+    if "owner" in limits:  # SandboxLimits' label for messages, not a limit of the run
+        raise TypeError("sandbox runs take no 'owner' argument")
     checked = SandboxLimits(**limits)
     for label, mapping in (("files", files), ("env", env)):
         if mapping is not None and (

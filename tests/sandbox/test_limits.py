@@ -76,6 +76,8 @@ def test_the_rule_itself():
 def test_an_unknown_limit_is_refused_by_name():
     with pytest.raises(TypeError, match="memory_gb"):
         run_python("pass", sandbox=Sandbox(max_parallel=1), memory_gb=1)
+    with pytest.raises(TypeError, match="no 'owner' argument"):
+        run_python("pass", sandbox=Sandbox(max_parallel=1), owner="me")
 
 
 async def test_the_async_entry_point_checks_in_the_callers_frame():
