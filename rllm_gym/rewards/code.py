@@ -262,7 +262,7 @@ class CodeReward:
     def _score_pairs(self, plan: Plan, pairs: list[tuple[range, PairResult]]) -> RewardOutput:
         runs = [run for _, pair in pairs for run in (pair.harness, pair.solution)]
         records = [record for indices, pair in pairs for record in plan.judge_pair(pair, indices)]
-        if self.stop:  # the hidden slice may have run at once with a failing public one: keep to the first failure
+        if self.stop:  # a call harness runs every test of its slice: keep the records to the first failure
             first = next((i for i, record in enumerate(records) if not record["passed"]), len(records))
             records = records[: first + 1]
         return self._score(plan, runs, records)
@@ -278,13 +278,11 @@ class CodeReward:
         their results in order, and returns the reward. :meth:`__call__` and :meth:`acall` only differ in how they
         wait for a batch (:func:`_drive`, :func:`_adrive`)."""
         if plan.paired:
-            segments = plan.segments()
-            # Separate processes, so slices may run at once, unless a failing one must stop the rest.
-            batches = [[indices] for indices in segments] if self.stop else [segments]
+            # One slice after the other: the public tests' run ends before the solution sees a hidden input.
             pairs: list[tuple[range, PairResult]] = []
-            for batch in batches:
-                jobs = [_Job(plan.solution(), self._kwargs(plan, len(i)), plan.harness(i)) for i in batch]
-                pairs += zip(batch, (yield jobs), strict=True)
+            for indices in plan.segments():
+                job = _Job(plan.solution(), self._kwargs(plan, len(indices)), plan.harness(indices))
+                pairs += zip([indices], (yield [job]), strict=True)
                 if self._stopped(plan, *pairs[-1]):
                     break
             return self._score_pairs(plan, pairs)
