@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import pytest
 
@@ -68,9 +69,8 @@ def test_the_rule_itself():
         (dict(cpu_time_s=0), "sandbox cpu_time_s must be a positive number of seconds, finite"),
         (dict(max_processes=True), "sandbox max_processes must be an int > 0 (processes per run), got True"),
     ]:
-        with pytest.raises(ValueError) as raised:
+        with pytest.raises(ValueError, match="^" + re.escape(text)):
             SandboxLimits(**bad)
-        assert str(raised.value).startswith(text)
 
 
 def test_an_unknown_limit_is_refused_by_name():
