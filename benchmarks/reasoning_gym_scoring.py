@@ -69,7 +69,7 @@ def main() -> None:
         "entry": entry,
     }
     payload = base64.b64encode(pickle.dumps(request)).decode()
-    run = lambda: cold.run(scoring._HARNESS, stdin=payload, timeout=30, memory_mb=scoring.SCORE_MEMORY_MB)  # noqa: E731
+    run = lambda: cold.run(scoring.SCORING_HARNESS, stdin=payload, timeout=30, memory_mb=scoring.SCORE_MEMORY_MB)  # noqa: E731
     results["chain_sum/sandbox_cold_import"] = _time(run, max(3, args.answers // 4))
     cold.close()
     print(json.dumps(results, indent=2))

@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 
 from rllm_gym.rewards.code import CodeReward, parse_tests
-from rllm_gym.sandbox import Sandbox
+from rllm_gym.sandbox import DEFAULT_LIMITS, Sandbox
 from rllm_gym.spaces import TextSpace
 
 __all__ = [
@@ -276,9 +276,11 @@ class CodeEnv(gym.Env[str, str]):
     ``max_revisions`` (int, 0): revisions after feedback. ``feedback`` (``"public"``, the default, or ``"full"``:
     quote every failing test, hidden ones included; a policy trained with it can copy expected outputs from the
     feedback into its next attempt, so keep it for evaluation and debugging). ``fraction`` (bool, False).
-    ``timeout`` (float, 5.0) and ``memory_mb`` (int, 512) per test run. ``stop_on_first_failure`` (bool, True):
-    stop grading at the first failing test. ``sandbox`` (a :class:`rllm_gym.sandbox.Sandbox`, default: the
-    process's own, started on first use and stopped at exit; after a fork the child starts its own). ``render_mode``
+    ``timeout`` (float, 5.0) and ``memory_mb`` (int, 512) per test run (:class:`rllm_gym.sandbox.SandboxLimits`).
+    ``stop_on_first_failure`` (bool or None, None: stop exactly when ``fraction`` is False, as
+    :class:`~rllm_gym.rewards.code.CodeReward` does): stop grading at the first failing test. ``sandbox`` (a
+    :class:`rllm_gym.sandbox.Sandbox`, default: the process's own, started on first use and stopped at exit; after
+    a fork the child starts its own). ``render_mode``
     (``"human"``: the observation printed after every reset and step; ``"ansi"``: ``render()`` returns it; or None).
 
     ## Version History
@@ -302,9 +304,9 @@ class CodeEnv(gym.Env[str, str]):
         tasks: list[dict[str, Any]] | str | Path | None = None,
         max_revisions: int = 0,
         fraction: bool = False,
-        timeout: float = 5.0,
-        memory_mb: int = 512,
-        stop_on_first_failure: bool = True,
+        timeout: float = DEFAULT_LIMITS.timeout,
+        memory_mb: int = DEFAULT_LIMITS.memory_mb,
+        stop_on_first_failure: bool | None = None,
         sandbox: Sandbox | None = None,
         render_mode: str | None = None,
         feedback: str = "public",

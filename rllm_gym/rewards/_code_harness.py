@@ -1,7 +1,7 @@
 """The trusted test programs of code grading and the reading of their reports (:mod:`rllm_gym.rewards.code`).
 
 A paired run (:meth:`rllm_gym.sandbox.Sandbox.run_pair`) runs one of the harness programs below in a sandboxed
-process of its own; it calls the solution through ``_rllm_channel`` (:mod:`rllm_gym.sandbox._channel`) and prints one
+process of its own; it calls the solution through ``_rllm_channel`` (:mod:`rllm_gym.sandbox.channel`) and prints one
 report line per test after a random marker. :class:`Plan` builds the programs for a slice of the task's tests and
 turns reports (or their absence) into per-test records.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm_gym.rewards._code_compare import clean_text, outputs_match, quote, show, values_match
-from rllm_gym.sandbox import ExecutionStatus, PairResult, SandboxResult, _channel
+from rllm_gym.sandbox import ExecutionStatus, PairResult, SandboxResult, channel
 
 __all__ = ["Plan", "task_code"]
 
@@ -244,8 +244,8 @@ class Plan:
 
     def _compare(self, record: dict[str, Any], test: Any, report: dict[str, Any]) -> None:
         try:
-            got = _channel.decode(report.get("got"))
-        except (_channel.RemoteError, RecursionError) as exc:
+            got = channel.decode(report.get("got"))
+        except (channel.RemoteError, RecursionError) as exc:
             record.update(passed=False, status="not_plain_data", error=clean_text(str(exc)[:300]))
             return
         expected = test.expected

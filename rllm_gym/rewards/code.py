@@ -22,7 +22,7 @@ code, MBPP setup) resolve to the task's definitions; only the entry point and na
 solution, whose program gets the prompt's helpers it does not define itself. **Exceptions cannot steer the tests:** a
 builtin ``Exception`` raised by the solution reaches the test as that builtin, while ``StopIteration``, the
 ``BaseException`` family, other names and calls without a plain-data answer fail the test even if its code catches
-them (see :mod:`rllm_gym.sandbox._channel`). **Public tests run apart:** with ``public_tests`` (the first tests, the
+them (see :mod:`rllm_gym.sandbox.channel`). **Public tests run apart:** with ``public_tests`` (the first tests, the
 ones feedback may quote), function and assert tests run them in a paired run of their own, before the hidden ones, so
 what is reported of them never depends on a hidden input; a test without a report says so. **Any value gets a
 verdict:** comparison and quoting (:mod:`rllm_gym.rewards._code_compare`) never raise, whatever the solution returns.
@@ -46,14 +46,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from rllm_gym.rewards._code_compare import DEFAULT_FLOAT_TOLERANCE, clean_text, outputs_match, values_match
 from rllm_gym.rewards._code_harness import Plan, task_code
-from rllm_gym.sandbox import ExecutionStatus, PairResult, Sandbox, SandboxResult, default_sandbox
+from rllm_gym.sandbox import (
+    DEFAULT_LIMITS,
+    ExecutionStatus,
+    PairResult,
+    Sandbox,
+    SandboxLimits,
+    SandboxResult,
+    default_sandbox,
+)
 from rllm_gym.types import RewardOutput
 
 __all__ = [
@@ -165,32 +173,33 @@ class CodeReward:
     Args:
         fraction: reward = fraction of tests passed instead of all-or-nothing.
         stop_on_first_failure: skip the remaining tests after the first failing one (faster; the skipped tests are
-            absent from ``metadata["tests"]`` and count as failed for ``fraction``).
+            absent from ``metadata["tests"]`` and count as failed for ``fraction``). Default None: stop exactly
+            when the reward is all-or-nothing (``not fraction``), where the rest cannot change it; with
+            ``fraction`` every test runs. :class:`~rllm_gym.envs.code.CodeEnv` has the same default.
         timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests,
-            at most 60 s). memory_mb: memory limit per process. sandbox: a :class:`Sandbox` (default: the shared
-            one, strict). float_tolerance: relative and absolute tolerance where an expected value is a float
-            (default 1e-6; a task's own ``float_tolerance`` wins).
+            at most 60 s). memory_mb: memory limit per process. Both follow
+            :class:`~rllm_gym.sandbox.SandboxLimits` (its defaults and its rules). sandbox: a :class:`Sandbox`
+            (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
+            value is a float (default 1e-6; a task's own ``float_tolerance`` wins).
     """
 
     def __init__(
         self,
         fraction: bool = False,
-        stop_on_first_failure: bool = False,
-        timeout: float = 5.0,
-        memory_mb: int = 512,
+        stop_on_first_failure: bool | None = None,
+        timeout: float = DEFAULT_LIMITS.timeout,
+        memory_mb: int = DEFAULT_LIMITS.memory_mb,
         sandbox: Sandbox | None = None,
         float_tolerance: float = DEFAULT_FLOAT_TOLERANCE,
     ):
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout < math.inf:
-            raise ValueError(f"CodeReward timeout must be a positive number of seconds, got {timeout!r}")
-        if not isinstance(memory_mb, int) or isinstance(memory_mb, bool) or memory_mb <= 16:
-            raise ValueError(f"CodeReward memory_mb must be an int > 16 (megabytes per run), got {memory_mb!r}")
+        SandboxLimits(timeout=timeout, memory_mb=memory_mb, owner="CodeReward")
         if sandbox is not None and not isinstance(sandbox, Sandbox):
             raise ValueError(
                 f"CodeReward sandbox must be a rllm_gym.sandbox.Sandbox or None (shared), got {sandbox!r}"
             )
         _check_tolerance("CodeReward float_tolerance", float_tolerance)
-        self.fraction, self.stop = bool(fraction), bool(stop_on_first_failure)
+        self.fraction = bool(fraction)
+        self.stop = not self.fraction if stop_on_first_failure is None else bool(stop_on_first_failure)
         self.timeout, self.memory_mb, self.sandbox = float(timeout), memory_mb, sandbox
         self.float_tolerance = float(float_tolerance)
 
@@ -253,7 +262,7 @@ class CodeReward:
     def _score_pairs(self, plan: Plan, pairs: list[tuple[range, PairResult]]) -> RewardOutput:
         runs = [run for _, pair in pairs for run in (pair.harness, pair.solution)]
         records = [record for indices, pair in pairs for record in plan.judge_pair(pair, indices)]
-        if self.stop:  # the hidden slice may have run at once with a failing public one: keep to the first failure
+        if self.stop:  # a call harness runs every test of its slice: keep the records to the first failure
             first = next((i for i, record in enumerate(records) if not record["passed"]), len(records))
             records = records[: first + 1]
         return self._score(plan, runs, records)
@@ -264,6 +273,30 @@ class CodeReward:
             return True
         return self.stop and not all(record["passed"] for record in plan.judge_pair(pair, indices))
 
+    def _grading(self, plan: Plan) -> Generator[list[_Job], list[Any], RewardOutput]:
+        """The grading of ``plan`` as batches of sandbox runs: it yields a batch (runs that may go at once), is sent
+        their results in order, and returns the reward. :meth:`__call__` and :meth:`acall` only differ in how they
+        wait for a batch (:func:`_drive`, :func:`_adrive`)."""
+        if plan.paired:
+            # One slice after the other: the public tests' run ends before the solution sees a hidden input.
+            pairs: list[tuple[range, PairResult]] = []
+            for indices in plan.segments():
+                job = _Job(plan.solution(), self._kwargs(plan, len(indices)), plan.harness(indices))
+                pairs += zip([indices], (yield [job]), strict=True)
+                if self._stopped(plan, *pairs[-1]):
+                    break
+            return self._score_pairs(plan, pairs)
+        kwargs = self._kwargs(plan, 1)
+        results: list[SandboxResult] = []
+        if self.stop:
+            for test in plan.tests:
+                results += yield [_Job(plan.code, {**kwargs, "stdin": test.input})]
+                if not self._passed(plan, results):
+                    break
+        else:
+            results = yield [_Job(plan.code, {**kwargs, "stdin": test.input}) for test in plan.tests]
+        return self._score(plan, results, plan.judge_stdio(results))
+
     def __call__(self, task_info: dict[str, Any], action: str, *, public_tests: int | None = None) -> RewardOutput:
         """Grade ``action``. ``public_tests``: how many of the first tests feedback may quote (default: the task's
         ``public_tests``, else 0); function and assert tests run them in a paired run of their own, before and
@@ -271,59 +304,14 @@ class CodeReward:
         plan = self._plan(task_info, action, public_tests)
         if isinstance(plan, RewardOutput):
             return plan
-        sandbox = self.sandbox or default_sandbox()
-        if plan.paired:
-            pairs = []
-            for indices in plan.segments():
-                kwargs = self._kwargs(plan, len(indices))
-                pairs.append((indices, sandbox.run_pair(plan.solution(), plan.harness(indices), **kwargs)))
-                if self._stopped(plan, indices, pairs[-1][1]):
-                    break
-            return self._score_pairs(plan, pairs)
-        kwargs = self._kwargs(plan, 1)
-        if self.stop:
-            results = []
-            for test in plan.tests:
-                results.append(sandbox.run(plan.code, stdin=test.input, **kwargs))
-                if not self._passed(plan, results):
-                    break
-        else:
-            futures = [sandbox.submit(plan.code, stdin=t.input, **kwargs) for t in plan.tests]
-            results = [f.result() for f in futures]
-        return self._score(plan, results, plan.judge_stdio(results))
+        return _drive(self._grading(plan), self.sandbox or default_sandbox())
 
     async def acall(self, task_info: dict[str, Any], action: str, *, public_tests: int | None = None) -> RewardOutput:
         """The same grading, awaited without blocking the event loop."""
         plan = self._plan(task_info, action, public_tests)
         if isinstance(plan, RewardOutput):
             return plan
-        sandbox = self.sandbox or default_sandbox()
-        if plan.paired:
-            segments = plan.segments()
-            if self.stop:
-                pairs = []
-                for indices in segments:
-                    kwargs = self._kwargs(plan, len(indices))
-                    pairs.append((indices, await sandbox.arun_pair(plan.solution(), plan.harness(indices), **kwargs)))
-                    if self._stopped(plan, indices, pairs[-1][1]):
-                        break
-            else:  # separate processes: the slices may run at once
-                runs = (
-                    sandbox.arun_pair(plan.solution(), plan.harness(i), **self._kwargs(plan, len(i))) for i in segments
-                )
-                pairs = list(zip(segments, await asyncio.gather(*runs), strict=True))
-            return self._score_pairs(plan, pairs)
-        kwargs = self._kwargs(plan, 1)
-        if self.stop:
-            results = []
-            for test in plan.tests:
-                results.append(await sandbox.arun(plan.code, stdin=test.input, **kwargs))
-                if not self._passed(plan, results):
-                    break
-        else:
-            runs = (sandbox.arun(plan.code, stdin=t.input, **kwargs) for t in plan.tests)
-            results = list(await asyncio.gather(*runs))
-        return self._score(plan, results, plan.judge_stdio(results))
+        return await _adrive(self._grading(plan), self.sandbox or default_sandbox())
 
     @staticmethod
     def _passed(plan: Plan, results: list[SandboxResult]) -> bool:
@@ -331,6 +319,50 @@ class CodeReward:
         if last.status is not ExecutionStatus.OK:
             return False
         return outputs_match(last.stdout, plan.tests[len(results) - 1].expected, plan.tol)
+
+
+class _Job(NamedTuple):
+    """One sandbox run of a grading: a program and its run's arguments; with a harness, a paired run."""
+
+    code: str
+    kwargs: dict[str, Any]
+    harness: str | None = None
+
+
+def _drive(grading: Generator[list[_Job], list[Any], RewardOutput], sandbox: Sandbox) -> RewardOutput:
+    """Run a grading's batches on ``sandbox``, each batch's runs submitted at once, and return its reward."""
+    try:
+        jobs = next(grading)
+        while True:
+            futures = [
+                sandbox.submit(job.code, **job.kwargs)
+                if job.harness is None
+                else sandbox.submit_pair(job.code, job.harness, **job.kwargs)
+                for job in jobs
+            ]
+            results = [
+                sandbox.wait(future, job.kwargs["timeout"], pair=job.harness is not None)
+                for job, future in zip(jobs, futures, strict=True)
+            ]
+            jobs = grading.send(results)
+    except StopIteration as done:
+        return done.value
+
+
+async def _adrive(grading: Generator[list[_Job], list[Any], RewardOutput], sandbox: Sandbox) -> RewardOutput:
+    """:func:`_drive` without blocking the event loop."""
+    try:
+        jobs = next(grading)
+        while True:
+            runs = (
+                sandbox.arun(job.code, **job.kwargs)
+                if job.harness is None
+                else sandbox.arun_pair(job.code, job.harness, **job.kwargs)
+                for job in jobs
+            )
+            jobs = grading.send(list(await asyncio.gather(*runs)))
+    except StopIteration as done:
+        return done.value
 
 
 def _check_tolerance(name: str, value: Any) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "IN_PROCESS_DATASETS",
     "SCORE_MEMORY_MB",
     "SCORE_TIMEOUT_S",
+    "SCORING_HARNESS",
     "VERDICT_PATHS",
     "Verdict",
     "runs_in_process",
@@ -178,7 +179,9 @@ def unsafe_answer_reason(dataset: str, answer: str) -> str | None:
 # The sandbox
 
 
-_HARNESS = """
+# The trusted program a scoring run executes (benchmarks/reasoning_gym_scoring.py times it): reads the request on
+# stdin, writes only {"score": x} to stdout.
+SCORING_HARNESS = """
 import base64, json, os, pickle, sys
 request = pickle.loads(base64.b64decode(sys.stdin.read()))
 verdict = os.dup(1)
@@ -224,7 +227,7 @@ def sandbox_score(dataset: str, config: Mapping[str, Any], answer: str | None, e
     except RuntimeError as failure:  # SandboxUnavailableError included: report it, never raise out of env.step
         return Verdict("sandbox_error", error=str(failure)[:300])
     result = box.run(
-        _HARNESS, stdin=payload, timeout=SCORE_TIMEOUT_S, memory_mb=SCORE_MEMORY_MB, max_output_bytes=1 << 16
+        SCORING_HARNESS, stdin=payload, timeout=SCORE_TIMEOUT_S, memory_mb=SCORE_MEMORY_MB, max_output_bytes=1 << 16
     )
     return verdict_of(result)
 

@@ -9,8 +9,8 @@ forks the solution's process, which joins the run's memory cgroup and drops to a
 rlimits and a seccomp filter. The wall-clock timeout and the output cap are enforced here. A paired run (a function
 test) is two such runs joined by two pipes: a harness running trusted test code, whose program arrives as a memfd
 passed over the socket so that it never sits in this process's memory (the solution's process is a fork of it), and
-the solution, which answers the harness's calls (``_channel.py``). Requests and results are length-prefixed JSON
-frames on a socket the host passes as ``argv[1]``.
+the solution, which answers the harness's calls (``channel.py``). A run's own processes are in ``_zygote_run.py``.
+Requests and results are length-prefixed JSON frames on a socket the host passes as ``argv[1]``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import atexit  # noqa: F401
 import bisect  # noqa: F401
 import collections
 import contextlib
-import fcntl
 import functools  # noqa: F401
 import heapq  # noqa: F401
 import itertools  # noqa: F401
@@ -37,15 +36,14 @@ import sys
 import tempfile
 import threading  # noqa: F401  (joined at the end of each run)
 import time
-import traceback
 import types
 
 _FRAME = struct.Struct("!I")
-_ZYGOTE_PID = os.getpid()
 
 
-def _load_sibling(name: str) -> types.ModuleType:
-    """A sibling module (``_isolation.py``, ``_channel.py``), loaded by path and kept out of ``sys.modules``.
+def _load_sibling(name: str, **shared: types.ModuleType) -> types.ModuleType:
+    """A sibling module (``_isolation.py``, ``channel.py``, ``_zygote_run.py``), loaded by path and kept out of
+    ``sys.modules``; ``shared``: siblings already loaded, set as its globals once it has run (one copy of each).
 
     ``python -I`` leaves this script's folder off ``sys.path``, and putting it there would reach every run's
     ``sys.path``; out of ``sys.modules``, a run's own module of the same name still imports as itself.
@@ -56,213 +54,14 @@ def _load_sibling(name: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.__dict__.update(shared)
     return module
 
 
 _isolation = _load_sibling("_isolation")
-_channel = _load_sibling("_channel")
+_run = _load_sibling("_zygote_run", _isolation=_isolation, channel=_load_sibling("channel"))
 _libc = _isolation.libc
 _OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are checked against their cap
-
-
-# One run: the supervisor and the solution's process
-
-
-def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int) -> None:
-    """In the solution's process: drop privileges, apply limits and the environment (inherited by the code)."""
-    # Dispositions a fresh ``python`` would have.
-    for sig, handler in (
-        (signal.SIGCHLD, signal.SIG_DFL),
-        (signal.SIGTERM, signal.SIG_DFL),
-        (signal.SIGHUP, signal.SIG_DFL),
-        (signal.SIGINT, signal.default_int_handler),
-        (signal.SIGPIPE, signal.SIG_IGN),
-    ):
-        signal.signal(sig, handler)
-    _isolation.drop_privileges(ctx["uid"], ctx["seccomp"], supervisor)
-    _isolation.apply_rlimits(req, ctx["uid"])
-    os.chdir(workdir)
-    os.environ.clear()
-    os.environ.update(req["env"])
-    os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
-
-
-def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
-    """Execute the program as ``__main__`` in this (forked) interpreter and return its exit code.
-
-    ``role``: ``"harness"`` gets the ``_rllm_channel`` module; ``"solution"`` serves the harness's calls once its
-    code has run.
-    """
-    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 (they live as long as the run)
-    sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 (they live as long as the run)
-    sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115 (they live as long as the run)
-    path = os.path.join(workdir, req["filename"])
-    sys.argv = [path, *req["argv"]]
-    sys.path[0:0] = [workdir]
-    main = types.ModuleType("__main__")
-    main.__file__ = path
-    sys.modules["__main__"] = main
-    if role == "harness":
-        _channel.harness_module()
-    exit_code = 0
-    try:
-        exec(compile(code, path, "exec"), main.__dict__)
-        if role == "solution":
-            _channel.serve(main.__dict__)
-    except SystemExit as stop:
-        exit_code = _exit_code(stop.code)
-    except BaseException as exc:
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
-        exit_code = 1
-    try:
-        import atexit
-        import threading
-
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except SystemExit as stop:
-        exit_code = _exit_code(stop.code)
-    except BaseException:
-        os.write(2, traceback.format_exc().encode(errors="replace"))
-        exit_code = exit_code or 120  # what CPython exits with when flushing stdout fails
-    return exit_code
-
-
-def _exit_code(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, int):
-        return value & 0xFF
-    print(value, file=sys.stderr)
-    return 1
-
-
-def _read_all(fd: int) -> str:
-    chunks, offset = [], 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks).decode("utf-8")
-
-
-def _supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
-    """Body of the run's first process (pid 1 of its PID namespace when available, root when the zygote is): it sets
-    up the run's namespaces and files, forks the solution's process and reports how it ended on the status pipe."""
-    status_w = fds["status"]
-    try:
-        os.setsid()
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        workdir = run.workdir
-        if ctx["view"]:
-            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"])
-        # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
-        # every run is a fork, never holds one run's code, input or output where another run could find it.
-        payload = json.loads(_read_all(fds["payload"]))
-        code = payload["code"]
-        stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
-        os.write(stdin_fd, payload["stdin"].encode("utf-8", "surrogatepass"))  # a lone surrogate: text, no fault
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-        fds["stdin"] = stdin_fd
-        for name, text in {**payload["files"], req["filename"]: code}.items():
-            path = os.path.join(workdir, name)
-            with open(path, "w", encoding="utf-8", errors="surrogatepass") as handle:
-                handle.write(text)
-            if ctx["uid"] is not None:
-                os.chown(path, ctx["uid"], ctx["uid"])
-        keep = [fcntl.fcntl(status_w, fcntl.F_DUPFD_CLOEXEC, 10)]
-        cgroup = None
-        if ctx["cgroups"] is not None:
-            cgroup = ctx["cgroups"].join(run.slot)
-            keep.append(fcntl.fcntl(cgroup, fcntl.F_DUPFD_CLOEXEC, 10))
-            cgroup = keep[-1]
-        status_w = keep[0]
-        targets = [(fds["stdin"], 0), (fds["stdout"], 1), (fds["stderr"], 2)]
-        if "chan_r" in fds:
-            targets += [(fds["chan_r"], 3), (fds["chan_w"], 4)]
-        staged = [(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 20), target) for fd, target in targets]
-        for fd, target in staged:
-            os.dup2(fd, target)  # dup2 clears close-on-exec on the target
-        _close_fds_from(len(targets), keep=set(keep))
-        supervisor = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                if cgroup is not None:
-                    os.write(cgroup, b"0")
-                    os.close(cgroup)
-                _enter_solution(req, workdir, ctx, supervisor)
-            except BaseException as exc:  # an infrastructure fault: say so, never pass for the code's exit
-                message = f"the solution's process could not start: {type(exc).__name__}: {exc}"
-                os.write(status_w, (json.dumps({"error": message}) + "\n").encode())
-                os._exit(126)
-            os.close(status_w)
-            os._exit(_run_code(req, workdir, code, run.role))
-        for fd in range(len(targets)):
-            os.close(fd)
-        if cgroup is not None:
-            os.close(cgroup)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(sig, signal.SIG_IGN)  # the supervisor outlives whatever the code sends it
-        # As the namespace's init we also reap orphans; report the solution's own status.
-        while True:
-            reaped, status = os.waitpid(-1, 0)
-            if reaped == pid:
-                break
-        os.write(status_w, (json.dumps({"wait_status": status}) + "\n").encode())
-        os._exit(0)
-    except BaseException as exc:
-        try:
-            os.write(status_w, (json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n").encode())
-        finally:
-            os._exit(0)
-
-
-def _close_fds_from(first: int, keep: set[int]) -> None:
-    """Close every fd >= first but those in ``keep``: the zygote's socket and other runs' pipes must not leak in."""
-    bounds, start = [], first
-    for fd in sorted(k for k in keep if k >= first):
-        if fd > start:
-            bounds.append((start, fd - 1))
-        start = fd + 1
-    bounds.append((start, ~0))
-    # os.closerange loops over close() up to the limit when Python was built without close_range(): ~20 ms.
-    if _libc is not None and all(_libc.syscall(436, low, high, 0) == 0 for low, high in bounds):
-        return
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = range(first, 4096)
-    for fd in fds:
-        if fd >= first and fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-class Run:
-    def __init__(self, req: dict, slot: int, role: str | None = None):
-        self.req, self.slot, self.role = req, slot, role
-        self.id = req["id"]
-        self.pid: int | None = None
-        self.workdir = ""
-        self.status = bytearray()
-        self.outputs: list[int] = []  # the stdout and stderr memfds, never read here: they go to the host
-        self.open: dict[int, str] = {}
-        self.verdict: str | None = None  # "timeout", "output_limit" or "stopped" when the zygote killed the run
-        self.truncated = False
-        self.start = time.monotonic()
-        self.deadline = self.start + req["timeout"]
-        self.reaped_status: int | None = None
-        self.rusage = None
-        self.reaped_at = 0.0
-        self.oom_before = 0
-        self.group: list[Run] = [self]  # both runs of a pair
-        self.result: dict | None = None
-        self.stop_quietly = False  # a pair's solution, stopped because its harness is done
 
 
 class Zygote:
@@ -301,7 +100,7 @@ class Zygote:
         self.units = self.max_parallel  # a single run takes one unit, a pair one unit and two slots
         self.free_slots = list(range(2 * self.max_parallel))
         self.pending: collections.deque[dict] = collections.deque()
-        self.runs: dict[int, Run] = {}  # by pid
+        self.runs: dict[int, _run.Run] = {}  # by pid
         self.selector = selectors.DefaultSelector()
         self.inbox = bytearray()
         self.inbox_fds: collections.deque[int] = collections.deque()
@@ -349,10 +148,10 @@ class Zygote:
     def start(self, req: dict) -> None:
         """Launch a run, or a pair's two; ``req["fds"]``: the payload memfd (and the harness's, for a pair)."""
         self.units -= 1
-        first = Run(req, self.free_slots.pop(), "harness" if req.get("pair") else None)
+        first = _run.Run(req, self.free_slots.pop(), "harness" if req.get("pair") else None)
         group = [first]
         if req.get("pair"):
-            group.append(Run(req, self.free_slots.pop(), "solution"))
+            group.append(_run.Run(req, self.free_slots.pop(), "solution"))
         for member in group:
             member.group = group
         pipes = [os.pipe(), os.pipe()] if req.get("pair") else []
@@ -373,7 +172,7 @@ class Zygote:
             for fd in (*[fd for pipe in pipes for fd in pipe], *req["fds"]):
                 os.close(fd)
 
-    def launch(self, run: Run, extra_fds: dict[str, int]) -> None:
+    def launch(self, run: _run.Run, extra_fds: dict[str, int]) -> None:
         req = run.req
         ctx = self.context(run.slot)
         try:
@@ -385,12 +184,12 @@ class Zygote:
                     os.chown(run.workdir, ctx["uid"], ctx["uid"])
             if self.cgroups is not None:
                 run.oom_before = self.cgroups.prepare(run.slot, req["memory_mb"] << 20)
-            run.outputs = [_memfd("stdout"), _memfd("stderr")]
+            run.outputs = [_run.memfd("stdout"), _run.memfd("stderr")]
             st_r, st_w = os.pipe()
             fds = {"stdout": run.outputs[0], "stderr": run.outputs[1], "status": st_w, **extra_fds}
             pid = _isolation.fork_run(self.pidns_fd)
             if pid == 0:
-                _supervise(req, run, ctx, fds)
+                _run.supervise(req, run, ctx, fds)
             run.pid = pid
             run.start = time.monotonic()
             run.deadline = run.start + req["timeout"]
@@ -402,7 +201,7 @@ class Zygote:
         except Exception as exc:
             self.finish(run, error=f"could not start the run: {type(exc).__name__}: {exc}")
 
-    def on_status(self, fd: int, run: Run) -> None:
+    def on_status(self, fd: int, run: _run.Run) -> None:
         try:
             chunk = os.read(fd, 1 << 16)
         except BlockingIOError:
@@ -420,12 +219,12 @@ class Zygote:
             ):
                 self.kill(run, "output_limit")
 
-    def close_fd(self, run: Run, fd: int) -> None:
+    def close_fd(self, run: _run.Run, fd: int) -> None:
         self.selector.unregister(fd)
         os.close(fd)
         del run.open[fd]
 
-    def kill(self, run: Run, verdict: str) -> None:
+    def kill(self, run: _run.Run, verdict: str) -> None:
         if run.pid is None:
             return
         if run.verdict is None and run.reaped_status is None:
@@ -434,7 +233,7 @@ class Zygote:
             os.kill(run.pid, signal.SIGKILL)  # pid 1 of the run's PID namespace: the kernel kills the rest
         self.sweep(run)
 
-    def sweep(self, run: Run) -> None:
+    def sweep(self, run: _run.Run) -> None:
         """Kill whatever of this run is still alive: its session (process group) and, with a uid per run, that uid."""
         with contextlib.suppress(OSError):
             os.killpg(run.pid, signal.SIGKILL)
@@ -467,7 +266,7 @@ class Zygote:
                     solution.deadline = min(solution.deadline, run.reaped_at + 0.2)
                     solution.stop_quietly = True
 
-    def check_done(self, run: Run, now: float) -> None:
+    def check_done(self, run: _run.Run, now: float) -> None:
         if run.reaped_status is None:
             return
         if run.open and now - run.reaped_at < 0.2:
@@ -479,7 +278,7 @@ class Zygote:
                 self.close_fd(run, fd)
         self.finish(run)
 
-    def finish(self, run: Run, error: str | None = None) -> None:
+    def finish(self, run: _run.Run, error: str | None = None) -> None:
         for fd in list(run.open):
             self.close_fd(run, fd)
         if run.pid is not None:
@@ -509,7 +308,7 @@ class Zygote:
         for fd in outputs:
             os.close(fd)
 
-    def outcome(self, run: Run, error: str | None) -> dict:
+    def outcome(self, run: _run.Run, error: str | None) -> dict:
         result = {
             "id": run.id,
             "duration_s": time.monotonic() - run.start,
@@ -543,7 +342,7 @@ class Zygote:
         if run.rusage is not None:
             result["max_rss_kb"] = run.rusage.ru_maxrss
         if len(run.outputs) < 2:  # it never started: empty outputs keep the reply's shape
-            run.outputs = [_memfd("stdout"), _memfd("stderr")]
+            run.outputs = [_run.memfd("stdout"), _run.memfd("stderr")]
         sizes = [os.fstat(fd).st_size for fd in run.outputs]
         result["truncated"] = run.truncated or any(size > run.req["max_output_bytes"] for size in sizes)
         if result["truncated"] and result["verdict"] is None and result["error"] is None:
@@ -604,15 +403,6 @@ class Zygote:
                 if run.reaped_status is None and now >= run.deadline:
                     self.kill(run, "timeout")
                 self.check_done(run, now)
-
-
-def _memfd(name: str) -> int:
-    return os.memfd_create(name) if hasattr(os, "memfd_create") else _temp_fd()
-
-
-def _temp_fd() -> int:
-    handle = tempfile.TemporaryFile()  # noqa: SIM115 (its fd is dup'ed and kept)
-    return os.dup(handle.fileno())
 
 
 def _preload(modules: list) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rllm_gym.sandbox.limits import DEFAULT_LIMITS, SandboxLimits
 from rllm_gym.tools.base import Tool, ToolOutput
 
 if TYPE_CHECKING:
@@ -21,11 +22,10 @@ class PythonTool(Tool):
     notebook cell.
     """
 
-    def __init__(self, *, timeout: float = 5.0, memory_mb: int = 512, **kwargs: Any):
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"PythonTool timeout must be a positive number of seconds, got {timeout!r}")
-        if not isinstance(memory_mb, int) or memory_mb < 16:
-            raise ValueError(f"PythonTool memory_mb must be an int >= 16, got {memory_mb!r}")
+    def __init__(
+        self, *, timeout: float = DEFAULT_LIMITS.timeout, memory_mb: int = DEFAULT_LIMITS.memory_mb, **kwargs: Any
+    ):
+        SandboxLimits(timeout=timeout, memory_mb=memory_mb, owner="PythonTool")  # the sandbox's own rule
         super().__init__(
             "python",
             "Run a Python 3 program in an isolated sandbox and return its printed output. Use print() to see "

@@ -65,6 +65,60 @@ def test_stop_on_first_failure_skips_the_rest():
     assert result.reward == 0.0 and len(result.metadata["tests"]) == 2 and result.metadata["total"] == 5
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_one_stop_on_first_failure_default_for_the_reward_and_the_env(sync):
+    """Default: stop where the reward is all-or-nothing, run every test for ``fraction``; CodeEnv the same."""
+    import asyncio
+
+    from envs.code import CodeEnv
+
+    stdio = {"tests": [{"input": str(i), "output": str(i)} for i in range(5)]}
+    calls = {"fn_name": "f", "tests": {"inputs": [[i] for i in range(5)], "outputs": list(range(5))}}
+    for task, reply in ((stdio, "```python\nprint(0)\n```"), (calls, "```python\ndef f(x):\n    return 0\n```")):
+        for options, graded in (({}, 2), ({"fraction": True}, 5)):
+            grader = CodeReward(**options)
+            result = grader(task, reply) if sync else asyncio.run(grader.acall(task, reply))
+            assert len(result.metadata["tests"]) == graded and result.metadata["total"] == 5, (task, options)
+            assert result.reward == (0.2 if options else 0.0)
+            assert CodeEnv(**options).grader.stop == grader.stop == (not options)
+
+
+class _PeakPairs(Sandbox):
+    """Counts paired runs in flight at once, sync (futures) and async."""
+
+    active = peak = 0
+
+    def _enter(self) -> None:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+
+    def submit_pair(self, *args, **kwargs):
+        self._enter()
+        future = super().submit_pair(*args, **kwargs)
+        future.add_done_callback(lambda _: setattr(self, "active", self.active - 1))
+        return future
+
+    async def arun_pair(self, *args, **kwargs):
+        self._enter()
+        try:
+            return await super().arun_pair(*args, **kwargs)
+        finally:
+            self.active -= 1
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_public_tests_run_before_the_hidden_ones_even_when_all_tests_run(sync):
+    import asyncio
+
+    task = {"fn_name": "f", "tests": {"inputs": [[1], [2], [3]], "outputs": [1, 2, 3]}, "public_tests": 1}
+    reply = "```python\nimport time\ndef f(x):\n    time.sleep(0.2)\n    return x\n```"
+    with _PeakPairs(max_parallel=4) as box:
+        grader = CodeReward(fraction=True, sandbox=box)  # every test runs: nothing to stop the hidden slice
+        result = grader(task, reply) if sync else asyncio.run(grader.acall(task, reply))
+        assert result.reward == 1.0 and result.metadata["passed"] == 3
+        assert box.peak == 1  # the public slice's paired run ended before the hidden one started
+
+
 def test_function_call_tests_taco_style_and_solution_class():
     task = {"fn_name": "add", "tests": {"inputs": [[1, 2], [0.1, 0.2]], "outputs": [[3], 0.3]}}
     assert code_reward_fn(task, "```python\ndef add(a, b):\n    return a + b\n```").reward == 1.0

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from rllm_gym.rewards._code_compare import QUOTE, outputs_match, quote, show, values_match
 from rllm_gym.rewards.code import CodeReward, extract_code
-from rllm_gym.sandbox import _channel
+from rllm_gym.sandbox import channel
 
 _fragments = st.sampled_from(
     [
@@ -99,10 +99,10 @@ def _nested(depth: int, leaf: object) -> object:
 @given(value=_values | st.builds(_nested, st.integers(0, 80), _huge))
 def test_the_channel_carries_any_plain_value_or_refuses_it(value):
     try:
-        wire = json.dumps(_channel.encode(value))
-    except _channel.NotPlainData:  # nested past MAX_DEPTH: the solution's reply says so
+        wire = json.dumps(channel.encode(value))
+    except channel.NotPlainData:  # nested past MAX_DEPTH: the solution's reply says so
         return
-    assert values_match(_channel.loads(wire), value, 0.0)
+    assert values_match(channel.loads(wire), value, 0.0)
 
 
 @settings(max_examples=300, deadline=None)

@@ -40,7 +40,9 @@ def test_python_tool_validates_its_arguments():
     )
     with pytest.raises(ValueError, match=re.escape("PythonTool timeout must be a positive number of seconds")):
         PythonTool(timeout=0)
-    with pytest.raises(ValueError, match=re.escape("PythonTool memory_mb must be an int >= 16")):
+    with pytest.raises(
+        ValueError, match=re.escape("PythonTool memory_mb must be an int > 16 (megabytes per run), got 1")
+    ):
         PythonTool(memory_mb=1)
 
 

@@ -1,0 +1,379 @@
+"""The :class:`Sandbox`: the host's handle on one warm zygote process (``_zygote.py``, started as a script) and the
+runs it serves; requests go out on a writer thread, replies come back on a reader thread that resolves futures."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import json
+import os
+import queue
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from rllm_gym.sandbox._result import PairResult, SandboxResult, SandboxUnavailableError, failure, result_of
+from rllm_gym.sandbox._wire import BASE_ENV, FRAME, FrameReader, build_request, memfd, read_frame
+
+_ZYGOTE = Path(__file__).with_name("_zygote.py")
+_STARTUP_TIMEOUT_S = 30.0
+_GUARD_S = 30.0  # how long past its own timeout we wait for the zygote before calling the run a sandbox error
+REQUIRED_LAYERS = (
+    "rlimits",
+    "tmpdir",
+    "scrubbed_env",
+    "session_kill",
+    "minimal_fs",
+    "readonly_fs",
+    "netns",
+    "ipcns",
+    "pidns",
+    "private_proc",
+    "unprivileged_uid",
+    "seccomp",
+    "memory_cgroup|memory_rules",
+)
+
+
+class Sandbox:
+    """A warm zygote process and the runs it serves. Thread- and fork-safe; cheap to keep for the whole program.
+
+    Args:
+        max_parallel: runs executing at once (more are queued, and their timeout starts when they start); a
+            :meth:`run_pair` counts as one.
+        isolate: False skips the namespace, view, uid, cgroup and seccomp layers (rlimits, workdir, env scrubbing
+            stay): for debugging and for measuring what isolation costs; needs ``strict=False``.
+        strict: refuse to run code (:class:`SandboxUnavailableError`) unless every layer of
+            :data:`REQUIRED_LAYERS` is in effect.
+        packages: the third-party packages the code may import: None (default) for every package installed in the
+            interpreter's environment, or a list of top-level import names (``[]``: the standard library only).
+            The project's own packages are never visible.
+        preload: modules the zygote imports once (inside its view, before any run) so that every run forks with
+            them loaded: for trusted scoring code with a slow import (``["reasoning_gym"]``: ~1 s a run -> a fork).
+            A run cannot change what the next one gets (each is a fork of the zygote). Runs inherit their address
+            space, so ``memory_mb`` must leave room for it.
+    """
+
+    def __init__(
+        self,
+        max_parallel: int | None = None,
+        isolate: bool = True,
+        strict: bool = True,
+        packages: list[str] | None = None,
+        preload: list[str] | None = None,
+    ):
+        max_parallel = max_parallel if max_parallel is not None else max(4, 2 * (os.cpu_count() or 1))
+        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 1 <= max_parallel <= 256:
+            raise ValueError(f"Sandbox max_parallel must be an int in [1, 256], got {max_parallel!r}")
+        if strict and not isolate:
+            raise ValueError("Sandbox(isolate=False) runs code without isolation: pass strict=False as well")
+        if packages is not None and (
+            isinstance(packages, str) or not all(isinstance(p, str) and p.isidentifier() for p in packages)
+        ):
+            raise ValueError(
+                f"Sandbox packages must be None or a list of import names such as ['numpy'], got {packages!r}"
+            )
+        self.max_parallel, self.isolate, self.strict = max_parallel, bool(isolate), bool(strict)
+        self.packages = None if packages is None else list(packages)
+        if preload is not None and (
+            isinstance(preload, str)
+            or not all(isinstance(m, str) and m.replace(".", "_").isidentifier() for m in preload)
+        ):
+            raise ValueError(
+                f"Sandbox preload must be None or a list of module names such as ['sympy'], got {preload!r}"
+            )
+        self.preload = list(preload or [])
+        self.isolation: list[str] = []
+        self._lock = threading.Lock()
+        self._owner = os.getpid()
+        self._ids = itertools.count()
+        self._proc: subprocess.Popen | None = None
+        self._view_base: str | None = None
+        self._sock: socket.socket | None = None
+        self._cgroup: str | None = None
+        self._outbox: queue.Queue[tuple[bytes, list[int]] | None] = queue.Queue()
+        self._futures: dict[int, tuple[concurrent.futures.Future, dict[str, Any]]] = {}
+        self._log: Any = None
+
+    @property
+    def in_flight(self) -> int:
+        """Runs submitted and not answered yet (queued in the zygote or running): what a caller's backpressure
+        keeps bounded."""
+        return len(self._futures)
+
+    # Zygote life cycle
+
+    def start(self) -> None:
+        """Start the zygote now (otherwise the first run does); raises RuntimeError when it cannot start and
+        :class:`SandboxUnavailableError` when it is strict and a required layer is missing."""
+        with self._lock:
+            if self._owner != os.getpid():  # a forked copy must not share the parent's zygote socket
+                self.__init__(self.max_parallel, self.isolate, self.strict, self.packages, self.preload)
+            if self._proc is not None and self._proc.poll() is None and self._sock is not None:
+                return
+            self._spawn()
+
+    def _spawn(self) -> None:
+        self._remove_view_base()  # a zygote that died before
+        host, child = socket.socketpair()
+        # An empty folder of the host's where the zygote, in its own mount namespace, assembles its view's root.
+        self._view_base = tempfile.mkdtemp(prefix="rllm-sandbox-view-")
+        # A random uid range per zygote: runs of two zygotes never share a uid (RLIMIT_NPROC counts per uid).
+        config = {
+            "max_parallel": self.max_parallel,
+            "uid_base": 1_000_000 + secrets.randbelow(8_000_000) * 512,
+            "isolate": self.isolate,
+            "hidden": _project_folders(),
+            "packages": self.packages,
+            "view_base": self._view_base,
+            "preload": self.preload,
+        }
+        argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                pass_fds=(child.fileno(),),
+                env=dict(BASE_ENV),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+                start_new_session=True,
+                cwd="/",
+            )
+        finally:
+            child.close()
+        host.settimeout(_STARTUP_TIMEOUT_S)
+        try:
+            hello = read_frame(host)
+        except (OSError, ValueError) as exc:
+            hello = {"hello": False, "error": f"{type(exc).__name__}: {exc}"}
+        if not hello or not hello.get("hello"):
+            self._proc.kill()
+            self._proc.wait()
+            self._remove_view_base()
+            raise RuntimeError(
+                f"the sandbox zygote failed to start: {hello and hello.get('error')} {self._log_tail()}"
+            )
+        host.settimeout(None)
+        self.isolation = list(hello["isolation"])
+        self._cgroup = hello.get("cgroup")
+        missing = [layer for layer in REQUIRED_LAYERS if not set(layer.split("|")) & set(self.isolation)]
+        if self.strict and missing:
+            host.close()
+            self._proc.wait()
+            self._remove_view_base()
+            raise SandboxUnavailableError(
+                f"the sandbox cannot isolate model code here: missing layers {missing} (in effect: {self.isolation})."
+                " It needs Linux, root (or a container with CAP_SYS_ADMIN) and x86-64 for seccomp; pass "
+                "Sandbox(strict=False) or set RLLM_GYM_SANDBOX_STRICT=0 to run with weaker isolation at your own risk"
+            )
+        self._sock = host
+        self._outbox = queue.Queue()
+        threading.Thread(target=self._reader, args=(host, self._proc), name="sandbox-reader", daemon=True).start()
+        threading.Thread(target=self._writer, args=(host, self._outbox), name="sandbox-writer", daemon=True).start()
+
+    def _log_tail(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read()[-2000:].decode(errors="replace")
+
+    def close(self) -> None:
+        """Stop the zygote; runs in flight end as sandbox errors."""
+        with self._lock:
+            if self._sock is not None:
+                self._outbox.put(None)
+                self._sock.shutdown(socket.SHUT_RDWR)
+                self._sock = None
+            if self._proc is not None:
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+                self._proc = None
+            if self._cgroup is not None:  # the zygote empties it; only the host still sees it by path
+                _remove_cgroup(self._cgroup)
+                self._cgroup = None
+            self._remove_view_base()
+
+    def _remove_view_base(self) -> None:
+        """The view's mounts lived in the zygote's mount namespace: on the host the folder is empty."""
+        if self._view_base is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._view_base)
+            self._view_base = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _writer(self, sock: socket.socket, outbox: queue.Queue) -> None:
+        while (item := outbox.get()) is not None:
+            data, fds = item
+            try:
+                if fds:  # the fds travel with the frame's first bytes
+                    sent = socket.send_fds(sock, [data], fds)
+                    sock.sendall(data[sent:])
+                else:
+                    sock.sendall(data)
+            except OSError:
+                return
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def _reader(self, sock: socket.socket, proc: subprocess.Popen) -> None:
+        frames = FrameReader(sock)
+        while True:
+            try:
+                reply, fds = frames.read()
+            except (OSError, ValueError):
+                reply, fds = None, []
+            if reply is None:
+                break
+            with self._lock:
+                entry = self._futures.pop(reply["id"], None)
+            if entry is None or len(fds) != 2 * (1 + ("solution" in reply)):
+                for fd in fds:
+                    os.close(fd)
+                continue
+            future, request = entry
+            result = result_of(reply, request, self.isolation, fds[:2])
+            if "solution" in reply:
+                result = PairResult(result, result_of(reply["solution"], request, self.isolation, fds[2:]))
+            future.set_result(result)
+        # The zygote is gone: every run still waiting is an infrastructure failure, and the next run restarts it.
+        with self._lock:
+            if self._sock is sock:
+                self._sock = None
+            waiting = [entry for key, entry in self._futures.items() if entry[1]["zygote"] is proc]
+            for key in [key for key, entry in self._futures.items() if entry[1]["zygote"] is proc]:
+                del self._futures[key]
+        message = f"the sandbox zygote exited (code {proc.poll()}) during the run {self._log_tail()}".strip()
+        for future, request in waiting:
+            future.set_result(failure(message, self.isolation, bool(request.get("pair"))))
+
+    # Runs
+
+    def _submit(self, request: dict[str, Any], harness: str | None = None) -> concurrent.futures.Future:
+        # The run's data travels as memfds the zygote passes on unread (see _zygote.py): the solution's payload,
+        # then, for a pair, the harness's (the tests), so that no run's data sits in the memory runs are forked from.
+        payload = {key: request.pop(key) for key in ("code", "stdin", "files")}
+        fds = [memfd("rllm-run", json.dumps(payload))]
+        if harness is not None:
+            fds.append(memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
+            request["pair"] = True
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            self.start()
+        except SandboxUnavailableError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        except (RuntimeError, OSError) as exc:
+            for fd in fds:
+                os.close(fd)
+            future.set_result(failure(str(exc), None, bool(request.get("pair"))))
+            return future
+        with self._lock:
+            request["id"] = next(self._ids)
+            request["nfds"] = len(fds)
+            payload = json.dumps(request).encode()
+            request["zygote"] = self._proc
+            self._futures[request["id"]] = (future, request)
+            self._outbox.put((FRAME.pack(len(payload)) + payload, fds))
+        return future
+
+    def _queue(self, code: str, kwargs: dict[str, Any], harness: str | None = None, pair: bool = False) -> Any:
+        """Check the arguments (in the caller's frame) and queue the run; returns its future and its timeout."""
+        if pair and not isinstance(harness, str):
+            raise TypeError(f"sandbox harness must be a str, got {type(harness).__name__}")
+        request = build_request(code, **kwargs)
+        return self._submit(request, harness), request["timeout"]
+
+    def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future:
+        """Queue a run (same arguments as :func:`run_python`); the future's result is a :class:`SandboxResult`."""
+        return self._queue(code, kwargs)[0]
+
+    def submit_pair(self, solution: str, harness: str, **kwargs: Any) -> concurrent.futures.Future:
+        """Queue a paired run (see :meth:`run_pair`); the future's result is a :class:`PairResult`."""
+        return self._queue(solution, kwargs, harness, pair=True)[0]
+
+    def run(self, code: str, **kwargs: Any) -> SandboxResult:
+        """Run one program and wait for it; see :func:`run_python`."""
+        return self.wait(*self._queue(code, kwargs), pair=False)
+
+    def run_pair(self, solution: str, harness: str, **kwargs: Any) -> PairResult:
+        """Run model code (``solution``) and trusted test code (``harness``) as two sandboxed processes.
+
+        The solution's program runs as ``__main__``, then serves calls; the harness imports ``_rllm_channel`` and
+        calls ``_rllm_channel.remote("name")(*args)``, which returns the solution's plain-data result or raises
+        ``_rllm_channel.RemoteError`` (the builtin exception of the same name when the solution's function raised
+        an ordinary one; see :mod:`rllm_gym.sandbox.channel`). Both runs get the keyword arguments of
+        :func:`run_python` (``stdin`` goes to the solution); the solution is stopped when the harness ends.
+        """
+        return self.wait(*self._queue(solution, kwargs, harness, pair=True), pair=True)
+
+    def wait(self, future: concurrent.futures.Future, timeout: float, pair: bool = False) -> Any:
+        """The result of a :meth:`submit` (or, with ``pair``, :meth:`submit_pair`) future whose ``timeout`` was
+        this; a ``sandbox_error`` result when the zygote has not answered well past it."""
+        try:
+            return future.result(timeout=timeout + _GUARD_S)
+        except concurrent.futures.TimeoutError:
+            return failure("the sandbox zygote did not answer in time", self.isolation, pair)
+
+    async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
+        """Run one program without blocking the event loop; see :func:`run_python`."""
+        await self._astart()
+        return await self._await(*self._queue(code, kwargs), pair=False)
+
+    async def arun_pair(self, solution: str, harness: str, **kwargs: Any) -> PairResult:
+        """:meth:`run_pair` without blocking the event loop."""
+        await self._astart()
+        return await self._await(*self._queue(solution, kwargs, harness, pair=True), pair=True)
+
+    async def _astart(self) -> None:
+        if self._sock is None or self._owner != os.getpid():
+            await asyncio.to_thread(self._start_quietly)
+
+    async def _await(self, future: concurrent.futures.Future, timeout: float, pair: bool) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GUARD_S)
+        except TimeoutError:
+            return failure("the sandbox zygote did not answer in time", self.isolation, pair)
+
+    def _start_quietly(self) -> None:
+        with contextlib.suppress(RuntimeError, OSError):  # submit() reports the failure (or raises, when strict)
+            self.start()
+
+
+def _project_folders() -> list[str]:
+    """The folders of this project's packages: the sandbox's view covers them wherever they are installed."""
+    import importlib.util
+
+    folders = []
+    for name in ("rllm_gym", "rllm_gym.envs", "rllm_gym.agents", "rllm_gym.train"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            folders.append(os.path.realpath(location))
+    return sorted(set(folders))
+
+
+def _remove_cgroup(path: str) -> None:
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(path):
+            if entry.startswith("slot-"):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.join(path, entry))
+        os.rmdir(path)
