@@ -321,7 +321,7 @@ def test_engine_episodes_run_inside_the_driver(tiny_model_dir):
     assert len(client.reply_ids) == 2
     generation = worker.fake_generation(client)
     policy = ServerVLLMPolicy(generation, ONE_PROCESS, tokenizer, [tokenizer.eos_token_id])
-    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_steps=2)
+    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_turns=2)
 
     episodes = asyncio.run(policy.run(engine.run(list(range(8)))))
     assert len(client.calls[0]["prompts"]) == 8  # every episode's first turn in one round
