@@ -181,14 +181,12 @@ def make_policy(args: argparse.Namespace) -> Any:
 def load_tasks(args: argparse.Namespace) -> list[Any]:
     if args.data is None:
         return list(range(args.seed, args.seed + args.tasks))
-    tasks = []
-    with open(args.data) as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    tasks.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise SystemExit(f"--data {args.data}:{number} is not JSON: {error}") from error
+    from rllm_gym.data import JsonlError, read_jsonl
+
+    try:
+        tasks = read_jsonl(args.data)
+    except JsonlError as error:
+        raise SystemExit(f"--data {error.path}:{error.line} is not JSON: {error.msg}") from None
     return tasks[: args.tasks]
 
 
