@@ -23,7 +23,8 @@ __all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turn
 
 
 def default_env_workers() -> int:
-    """Twice the CPUs this process may run on, at least 4: the default ``max_parallel`` of the sandbox."""
+    """Twice the CPUs this process may run on, at least 4: as the sandbox's default ``max_parallel`` counts them, but
+    from the affinity mask (``os.cpu_count()``, which the sandbox uses, counts CPUs the process may not run on)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux

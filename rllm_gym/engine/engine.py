@@ -48,10 +48,11 @@ class AgentWorkflowEngine:
 
     ``out``: an episode JSONL file; finished episodes are appended as they complete and skipped when the run is
     repeated (resume). ``env_workers``: threads for env calls that must not block the loop (sandboxed code, grading);
-    at most this many env calls run at once and the rest wait on the loop (backpressure). The default, twice the CPUs
-    (at least 4), is the sandbox's own ``max_parallel``: more threads only queue in the sandbox, and each busy one
-    competes with the event loop for the GIL (32 on 2 cores made the loop's 99th-percentile lag 10x worse). Raise it
-    for envs that wait on the network.
+    at most this many env calls run at once and the rest wait on the loop (backpressure). The default
+    (:func:`~rllm_gym.engine.common.default_env_workers`) is twice the CPUs this process may run on, at least 4: the
+    sandbox's default ``max_parallel`` is the same count of ``os.cpu_count()`` (more under a CPU-affinity mask), so
+    more threads would only queue in the sandbox, and each busy one competes with the event loop for the GIL (32 on 2
+    cores made the loop's 99th-percentile lag 10x worse). Raise it for envs that wait on the network.
     ``seed``: the run's seed; episode ``k`` of a task dict resets its env with
     ``episode_seed(seed, task_id, k)`` (an int task is the reset seed itself); ``None``: unseeded resets.
     ``tune_interpreter``: off by default, as it changes process-wide state. On, while episodes run the garbage
