@@ -339,7 +339,7 @@ def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
     trainer = SimpleNamespace(
         use_vllm=True,
         vllm_generation=generation,
-        args=SimpleNamespace(vllm_mode="server", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4),
+        args=SimpleNamespace(vllm_mode="server", seed=0, temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4),
         accelerator=SimpleNamespace(
             num_processes=1, process_index=0, is_main_process=True, device=torch.device("cpu")
         ),
