@@ -121,6 +121,8 @@ def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     # Checked here, before a model loads, so a typo costs a usage line rather than a traceback minutes later.
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0 (it seeds sampling and every env reset), got {args.seed}")
     if args.temperature < 0:
         parser.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:

@@ -101,6 +101,7 @@ def test_killed_eval_resumes_to_the_same_episodes_none_twice(tiny_model_dir, tmp
     [
         (["eval", "--tasks", "0"], "--tasks must be >= 1, got 0"),
         (["eval", "--max-turns", "0"], "--max-turns must be >= 1, got 0"),
+        (["eval", "--seed", "-1"], "--seed must be >= 0 (it seeds sampling and every env reset), got -1"),
         (["eval", "--policy", "openai"], "--policy openai needs --model"),
         (["eval", "--resume"], "--resume needs --out"),
     ],
