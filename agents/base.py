@@ -1,7 +1,7 @@
 """The agent interface: conversation state between an env's text observations and a policy's model outputs.
 
-An agent owns the chat (system prompt, history, thinking on or off) and the :class:`~rllm_gym.types.Trajectory` it
-records; it knows nothing about how the model is served or how the env grades. The engines drive it::
+An agent owns the chat (system prompt, history) and the :class:`~rllm_gym.types.Trajectory` it records; it knows
+nothing about how the model is served or how the env grades. The engines drive it::
 
     agent.reset()
     agent.update_from_env(observation, reward=0.0, done=False, info=info)
@@ -26,6 +26,10 @@ class BaseAgent:
     Subclasses set ``system_prompt`` and override :meth:`format_observation` (observation -> user message text) and
     :meth:`parse_action` (model output -> action text) where the default (the observation as is, the reply's
     content) does not fit. ``name`` is the trajectory's role; training groups trajectories by it.
+    ``enable_thinking`` is recorded on the agent and changes nothing in its chat: the chat template applies thinking,
+    so it is the policy's setting (``HFPolicy(enable_thinking=...)``, ``rllm-gym eval --thinking``, the trainer's
+    ``chat_template_kwargs``); the trainer's model record copies an ``enable_thinking`` given in ``agent_args`` into
+    the template options it records.
 
     Example::
 

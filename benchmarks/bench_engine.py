@@ -120,7 +120,12 @@ class GcPauses:
 async def frozenlake_run(n: int, latency_s: float, steps: int) -> dict:
     policy = FixedLatencyPolicy(latency_s, ["Action: left", "Action: up"])
     engine = AgentExecutionEngine(
-        env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, n_parallel=n, max_steps=steps
+        env_id="rllm/FrozenLake-v0",
+        agent_cls=FrozenLakeAgent,
+        policy=policy,
+        n_parallel=n,
+        max_turns=steps,
+        tune_interpreter=True,
     )
     tasks = [{"id": f"lake{i}", "map": MAP} for i in range(n)]
     pauses = GcPauses()
@@ -182,7 +187,9 @@ async def loaded_run(env: str, n: int) -> dict:
         policy = FixedLatencyPolicy(
             0.0, [python, finish], pick=lambda messages: int(any(m["role"] == "assistant" for m in messages))
         )
-    engine = AgentExecutionEngine(env_id=env_id, agent_cls=agent_cls, policy=policy, n_parallel=n, max_steps=max_steps)
+    engine = AgentExecutionEngine(
+        env_id=env_id, agent_cls=agent_cls, policy=policy, n_parallel=n, max_turns=max_steps, tune_interpreter=True
+    )
     wall = time.perf_counter()
     with LoopLag(probe=_sandbox_in_flight) as lag:
         episodes = await engine.run(list(range(n)))

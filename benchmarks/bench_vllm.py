@@ -54,7 +54,7 @@ def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> 
                 env_id="rllm/FrozenLake-v0",
                 agent_cls=FrozenLakeAgent,
                 policy=policy,
-                max_steps=max_steps,
+                max_turns=max_steps,
                 n_parallel=episodes,
                 # A reply ends at its first space: the untrained model's replies then end in "stop", not in the
                 # length cap that would end the episode, so episodes take several turns.

@@ -18,13 +18,64 @@ from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
-__all__ = ["MultiTurnEnv", "SingleTurnEnv"]
+__all__ = ["MultiTurnEnv", "SingleTurnEnv", "TextRendering", "answer_feedback"]
+
+
+def answer_feedback(
+    answer: str | None, turns_left: int, *, where: str = "\\boxed{}", verdict: str = "is incorrect"
+) -> str:
+    """The observation after a wrong final answer: what was wrong (no answer ``where`` it belongs, or the answer,
+    quoted up to 60 characters, and ``verdict``) and the attempts left. Right or wrong only: a quoted partial score
+    would let a policy search for the answer over turns."""
+    if answer is None:
+        head = f"No final answer found: put your final answer in {where}."
+    else:
+        quoted = answer if len(answer) <= 60 else answer[:60] + "..."
+        head = f"Your answer {quoted} {verdict}."
+    plural = "s" if turns_left != 1 else ""
+    return f"{head} You have {turns_left} attempt{plural} left. Please try again."
+
+
+class TextRendering:
+    """``render()`` for the text envs: ``"ansi"`` returns :meth:`render_text`, ``"human"`` prints it (returns None).
+
+    Set ``render_mode`` with :meth:`set_render_mode` (checked against ``metadata["render_modes"]``) and pass each
+    reset's and step's result through :meth:`rendered`, which prints it for ``"human"``.
+    """
+
+    metadata: dict[str, Any]
+    render_mode: str | None
+    _last_observation: str
+    render_end = "\n"  # what "human" prints after the text
+
+    def set_render_mode(self, render_mode: str | None) -> None:
+        modes = self.metadata["render_modes"]
+        if render_mode is not None and render_mode not in modes:
+            raise ValueError(f"{type(self).__name__} render_mode must be one of {modes} or None, got {render_mode!r}")
+        self.render_mode = render_mode
+
+    def render_text(self) -> str:
+        """The text to render: the current observation."""
+        return self._last_observation
+
+    def render(self) -> str | None:
+        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
+        if self.render_mode == "human":
+            print(self.render_text(), end=self.render_end)
+        return self.render_text() if self.render_mode == "ansi" else None
+
+    def rendered(self, result: Any) -> Any:
+        """``result`` (a reset's or step's), after printing the env for ``"human"``."""
+        if self.render_mode == "human":
+            self.render()
+        return result
+
 
 MAX_OBSERVATION_CHARS = 1_000_000
 MAX_ACTION_CHARS = 1_000_000
 
 
-class SingleTurnEnv(gym.Env[str, str]):
+class SingleTurnEnv(TextRendering, gym.Env[str, str]):
     """One question, one reply, one reward from ``reward_fn``.
 
     ## Description
@@ -84,13 +135,9 @@ class SingleTurnEnv(gym.Env[str, str]):
             )
         if tasks is not None and len(tasks) == 0:
             raise ValueError("tasks is empty: pass at least one task dict, or None and give options={'task': ...}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
-            )
         self.reward_fn = reward_fn
         self.tasks = tasks
-        self.render_mode = render_mode
+        self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
         self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
         self.task: dict[str, Any] | None = None
@@ -134,9 +181,8 @@ class SingleTurnEnv(gym.Env[str, str]):
             self.task = self.validate_task(self._draw_task())
         self.turn, self._done = 0, False
         self._last_observation = self.format_observation(self.task)
-        if self.render_mode == "human":
-            self.render()
-        return self._last_observation, {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
+        info = {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
+        return self.rendered((self._last_observation, info))
 
     def _grade(self, action: Any) -> tuple[RewardOutput, bool]:
         """The grade of ``action`` and whether it was invalid (outside the action space: graded as ``""``)."""
@@ -157,15 +203,7 @@ class SingleTurnEnv(gym.Env[str, str]):
             "invalid_action": invalid,
             **self.step_info(output),
         }
-        if self.render_mode == "human":
-            self.render()
-        return "", float(output.reward), True, False, info
-
-    def render(self) -> str | None:
-        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
-        if self.render_mode == "human":
-            print(self._last_observation)
-        return self._last_observation if self.render_mode == "ansi" else None
+        return self.rendered(("", float(output.reward), True, False, info))
 
 
 class MultiTurnEnv(SingleTurnEnv):
@@ -234,6 +272,4 @@ class MultiTurnEnv(SingleTurnEnv):
             "invalid_action": invalid,
             **self.step_info(output),
         }
-        if self.render_mode == "human":
-            self.render()
-        return self._last_observation, float(output.reward), self._done, False, info
+        return self.rendered((self._last_observation, float(output.reward), self._done, False, info))

@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rllm_gym.envs.base import TextRendering
 from rllm_gym.rewards.code import CodeReward, parse_tests
 from rllm_gym.sandbox import DEFAULT_LIMITS, Sandbox
 from rllm_gym.spaces import TextSpace
@@ -203,7 +204,7 @@ def _feedback(metadata: dict[str, Any], revisions_left: int, public: int | None)
     )
 
 
-class CodeEnv(gym.Env[str, str]):
+class CodeEnv(TextRendering, gym.Env[str, str]):
     """Solve a programming task in Python; the reply's last code block runs in the sandbox against the task's tests.
 
     ## Description
@@ -328,10 +329,6 @@ class CodeEnv(gym.Env[str, str]):
             )
         if isinstance(max_revisions, bool) or not isinstance(max_revisions, int) or max_revisions < 0:
             raise ValueError(f"CodeEnv max_revisions must be an int >= 0 (0 = single turn), got {max_revisions!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"CodeEnv render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
-            )
         self.max_revisions = max_revisions
         self.feedback = feedback
         self.grader = CodeReward(
@@ -341,7 +338,7 @@ class CodeEnv(gym.Env[str, str]):
             memory_mb=memory_mb,
             sandbox=sandbox,
         )
-        self.render_mode = render_mode
+        self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=200_000)
         self.action_space = TextSpace(max_length=100_000)
         self._task: dict[str, Any] = {}
@@ -355,17 +352,13 @@ class CodeEnv(gym.Env[str, str]):
         task = self.tasks[int(self.np_random.integers(len(self.tasks)))] if task is None else normalize_task(task)
         self._task, self._attempt, self._done = task, 0, False
         self._last_observation = _instructions(task)
-        if self.render_mode == "human":
-            self.render()
-        return self._last_observation, {"task": {"id": task["id"], "prompt": task["prompt"]}, "is_correct": False}
+        info = {"task": {"id": task["id"], "prompt": task["prompt"]}, "is_correct": False}
+        return self.rendered((self._last_observation, info))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("CodeEnv.step called after the episode ended: call reset() first")
-        result = self._attempt_step(action)
-        if self.render_mode == "human":
-            self.render()
-        return result
+        return self.rendered(self._attempt_step(action))
 
     def _attempt_step(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         self._attempt += 1
@@ -399,9 +392,3 @@ class CodeEnv(gym.Env[str, str]):
         public = None if self.feedback == "full" else public_test_count(self._task)
         self._last_observation = _feedback(meta, revisions_left, public)
         return self._last_observation, 0.0, False, False, info
-
-    def render(self) -> str | None:
-        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
-        if self.render_mode == "human":
-            print(self._last_observation)
-        return self._last_observation if self.render_mode == "ansi" else None

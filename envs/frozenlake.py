@@ -11,6 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rllm_gym.envs.base import TextRendering
 from rllm_gym.spaces import TextSpace
 
 __all__ = ["MAX_SIZE", "FrozenLakeEnv", "best_fixed_moves", "generate_random_map", "parse_action"]
@@ -157,7 +158,7 @@ def _validate_map(rows: Any) -> list[str]:
     return rows
 
 
-class FrozenLakeEnv(gym.Env[str, str]):
+class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
     """Cross a frozen lake from the start to the goal without falling into a hole, reading and writing text.
 
     ## Description
@@ -236,11 +237,6 @@ class FrozenLakeEnv(gym.Env[str, str]):
         render_mode: str | None = None,
     ):
         _check_size_and_p(size, p)
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"FrozenLakeEnv render_mode must be one of {self.metadata['render_modes']} or None, "
-                f"got {render_mode!r}"
-            )
         if not isinstance(is_slippery, bool):
             raise ValueError(f"FrozenLakeEnv is_slippery must be True or False, got {is_slippery!r}")
         if (
@@ -253,7 +249,7 @@ class FrozenLakeEnv(gym.Env[str, str]):
             )
         self.size, self.p, self.is_slippery = size, p, is_slippery
         self.invalid_action_reward = float(invalid_action_reward)
-        self.render_mode = render_mode
+        self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)
         self.action_space = TextSpace(max_length=100_000)
         self._rows: list[str] = []
@@ -295,17 +291,12 @@ class FrozenLakeEnv(gym.Env[str, str]):
         else:
             rows, task_id = self._task_map(task), task.get("id")
         info = {"task": self._load(rows, task_id), "position": (self._row, self._col), "is_correct": False}
-        if self.render_mode == "human":
-            self.render()
-        return self._render_grid(), info
+        return self.rendered((self._render_grid(), info))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("FrozenLakeEnv.step called after the episode ended: call reset() first")
-        result = self._move(action)
-        if self.render_mode == "human":
-            self.render()
-        return result
+        return self.rendered(self._move(action))
 
     def _move(self, action: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
         move = parse_action(action) if self.action_space.contains(action) else None
@@ -336,11 +327,11 @@ class FrozenLakeEnv(gym.Env[str, str]):
         }
         return self._render_grid(), 1.0 if reached else 0.0, self._done, False, info
 
-    def render(self) -> str | None:
-        """``"ansi"``: the grid as text; ``"human"``: the grid printed (returns None)."""
-        if self.render_mode == "human":
-            print(self._render_grid(), end="\n\n")
-        return self._render_grid() if self.render_mode == "ansi" else None
+    render_end = "\n\n"  # a blank line between the grids "human" prints
+
+    def render_text(self) -> str:
+        """The grid as text (``render()``: returned for ``"ansi"``, printed for ``"human"``)."""
+        return self._render_grid()
 
     def _render_grid(self) -> str:
         tiles = self._tiles.copy()

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
-from rllm_gym.envs.base import MultiTurnEnv
+from rllm_gym.envs.base import MultiTurnEnv, answer_feedback
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.rewards.math import MathGrader
 from rllm_gym.types import RewardOutput
@@ -136,11 +136,4 @@ class MathEnv(MultiTurnEnv):
         }
 
     def feedback(self, reward_output: RewardOutput, turns_left: int) -> str:
-        plural = "s" if turns_left != 1 else ""
-        answer = reward_output.metadata.get("extracted_answer")
-        if answer is None:
-            head = "No final answer found: put your final answer in \\boxed{}."
-        else:
-            quoted = answer if len(answer) <= 60 else answer[:60] + "..."
-            head = f"Your answer {quoted} is incorrect."
-        return f"{head} You have {turns_left} attempt{plural} left. Please try again."
+        return answer_feedback(reward_output.metadata.get("extracted_answer"), turns_left)

@@ -19,7 +19,7 @@ from typing import Any
 
 from gymnasium.error import DependencyNotInstalled
 
-from rllm_gym.envs.base import MultiTurnEnv
+from rllm_gym.envs.base import MultiTurnEnv, answer_feedback
 from rllm_gym.rewards.math import last_boxed
 from rllm_gym.rewards.reasoning_gym import (
     Verdict,
@@ -435,13 +435,6 @@ class ReasoningGymEnv(MultiTurnEnv):
         }
 
     def feedback(self, reward_output: RewardOutput, turns_left: int) -> str:
-        plural = "s" if turns_left != 1 else ""
+        where = "\\boxed{}" if self.answer_format == "boxed" else "<answer></answer> tags"
         answer = reward_output.metadata.get("extracted_answer")
-        if answer is None:
-            where = "\\boxed{}" if self.answer_format == "boxed" else "<answer></answer> tags"
-            head = f"No final answer found: put your final answer in {where}."
-        else:
-            # Right or wrong only: a quoted partial score would let a policy search for the answer over turns.
-            quoted = answer if len(answer) <= 60 else answer[:60] + "..."
-            head = f"Your answer {quoted} is not correct."
-        return f"{head} You have {turns_left} attempt{plural} left. Please try again."
+        return answer_feedback(answer, turns_left, where=where, verdict="is not correct")

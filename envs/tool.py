@@ -13,6 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rllm_gym.envs.base import TextRendering
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.tools import (
@@ -64,7 +65,7 @@ def _default_reward_fn() -> RewardFunction:
     return math_reward_fn
 
 
-class ToolEnv(gym.Env[str, str]):
+class ToolEnv(TextRendering, gym.Env[str, str]):
     """Answer a question with the help of tools, then submit the answer.
 
     ## Description
@@ -218,10 +219,6 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(
                 f"ToolEnv reward_bounds must be (low, high), finite numbers with low <= high, got {reward_bounds!r}"
             )
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"ToolEnv render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}"
-            )
         self.max_tool_calls = max_tool_calls
         self.tool_timeout = tool_timeout
         self.tool_timeouts = dict(tool_timeouts or {})
@@ -236,7 +233,7 @@ class ToolEnv(gym.Env[str, str]):
             "episode_return_range": (min(0.0, low) - self.max_episode_penalty, max(0.0, high)),
         }
         self._penalty_paid = 0.0
-        self.render_mode = render_mode
+        self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=_OBSERVATION_MAX)
         self.action_space = TextSpace(max_length=100_000)
         self._task: dict[str, Any] = {}
@@ -278,18 +275,14 @@ class ToolEnv(gym.Env[str, str]):
             "tool_names": self.tools.names,
             **self._info([], [], [], final_answer=None),
         }
-        if self.render_mode == "human":
-            self.render()
-        return self._last_observation, info
+        return self.rendered((self._last_observation, info))
 
     def step(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
             raise RuntimeError("ToolEnv.step called after the episode ended: call reset() first")
         observation, reward, terminated, truncated, info = self._turn(action)
         info["invalid_action"] = not (isinstance(action, ModelOutput) or self.action_space.contains(action))
-        if self.render_mode == "human":
-            self.render()
-        return observation, reward, terminated, truncated, info
+        return self.rendered((observation, reward, terminated, truncated, info))
 
     def close(self) -> None:
         """Stop the tool worker threads; a later step starts new ones."""
@@ -357,12 +350,6 @@ class ToolEnv(gym.Env[str, str]):
         self._last_observation = f"{rendered}\n\nTool calls left: {left}."[:_OBSERVATION_MAX]
         info = self._info(reply.calls, outputs, malformed, final_answer=None)
         return self._last_observation, penalty, False, False, info
-
-    def render(self) -> str | None:
-        """``"ansi"``: the current observation; ``"human"``: the same text printed (returns None)."""
-        if self.render_mode == "human":
-            print(self._last_observation)
-        return self._last_observation if self.render_mode == "ansi" else None
 
     # Helpers
 

@@ -21,13 +21,22 @@ EVAL_DEFAULTS: dict[str, Any] = {
     "env": "rllm/FrozenLake-v0",
     "agent_args": {},
     "env_args": {},
-    "max_steps": 10,
+    "max_turns": 10,
     "max_tokens": 256,
     "thinking": None,
     "chat_template_kwargs": {},
 }
 RECORDED = "; a --model folder written by the trainer gives its training value"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+
+
+class DeprecatedAlias(argparse.Action):
+    """An option's old name: stores into the new option's dest and says on stderr which flag to use instead."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option=None):
+        new = "--" + self.dest.replace("_", "-")
+        print(f"rllm-gym eval: {option} is deprecated and will be removed: use {new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -48,7 +57,10 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
     run.add_argument("--n", type=int, default=4, help="rollouts per task, the n of pass@k (default: %(default)s)")
     run.add_argument("--out", type=Path, help="episode JSONL file, appended as episodes finish")
     run.add_argument("--resume", action="store_true", help="continue an --out file: finished episodes are kept")
-    run.add_argument("--max-steps", type=int, help=f"LLM calls per episode (default: 10{RECORDED})")
+    run.add_argument("--max-turns", type=int, help=f"LLM calls per episode (default: 10{RECORDED})")
+    run.add_argument(
+        "--max-steps", type=int, dest="max_turns", action=DeprecatedAlias, help="deprecated name of --max-turns"
+    )
     run.add_argument("--max-tokens", type=int, help=f"tokens per reply (default: 256{RECORDED})")
     run.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: %(default)s)")
     run.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default: %(default)s)")
@@ -99,16 +111,18 @@ def apply_training_record(args: argparse.Namespace) -> str | None:
 
 
 def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from rllm_gym.registry import UnknownEnvError, _spec, env_ids
+    from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
 
     try:
-        _spec(args.env)  # raises with the closest ids, as rllm_gym.make does
+        env_spec(args.env)  # raises with the closest ids, as rllm_gym.make does
     except UnknownEnvError as error:
         parser.error(f"--env: {error}")
-    for name in ("tasks", "n", "max_steps", "max_tokens", "n_parallel"):
+    for name in ("tasks", "n", "max_turns", "max_tokens", "n_parallel"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     # Checked here, before a model loads, so a typo costs a usage line rather than a traceback minutes later.
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0 (it seeds sampling and every env reset), got {args.seed}")
     if args.temperature < 0:
         parser.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
@@ -169,14 +183,12 @@ def make_policy(args: argparse.Namespace) -> Any:
 def load_tasks(args: argparse.Namespace) -> list[Any]:
     if args.data is None:
         return list(range(args.seed, args.seed + args.tasks))
-    tasks = []
-    with open(args.data) as handle:
-        for number, line in enumerate(handle, 1):
-            if line.strip():
-                try:
-                    tasks.append(json.loads(line))
-                except json.JSONDecodeError as error:
-                    raise SystemExit(f"--data {args.data}:{number} is not JSON: {error}") from error
+    from rllm_gym.data import JsonlError, read_jsonl
+
+    try:
+        tasks = read_jsonl(args.data)
+    except JsonlError as error:
+        raise SystemExit(f"--data {error.path}:{error.line} is not JSON: {error.msg}") from None
     return tasks[: args.tasks]
 
 
@@ -224,7 +236,8 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         sampling_params=sampling,
         timeout_s=args.timeout,
         seed=args.seed,
-        max_steps=args.max_steps,
+        max_turns=args.max_turns,
+        tune_interpreter=True,  # the CLI's process runs nothing but this engine: its loop-lag figures need it
     )
     tasks = load_tasks(args)
     # disable=None: drawn only when stderr is a terminal, so logs and CI output get no carriage-return noise.

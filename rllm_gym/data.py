@@ -26,12 +26,36 @@ __all__ = [
     "FORMATS",
     "Dataset",
     "DatasetRegistry",
+    "JsonlError",
     "MathTaskGenerator",
     "load_dataset",
     "map_math_row",
+    "read_jsonl",
 ]
 
 FORMATS = ("auto", "gsm8k", "math", "deepscaler", "none")
+
+
+class JsonlError(ValueError):
+    """A line of a JSONL file that is not JSON: ``path``, ``line`` (1-based) and the decoder's ``msg``."""
+
+    def __init__(self, path: Path, line: int, msg: str):
+        super().__init__(f"{path}:{line} is not valid JSON: {msg}")
+        self.path, self.line, self.msg = path, line, msg
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[Any]:
+    """The JSON value of every non-blank line of a JSONL file; :class:`JsonlError` names the first bad line."""
+    path = Path(path)
+    rows = []
+    with path.open(encoding="utf-8") as file:
+        for line_number, line in enumerate(file, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as error:
+                    raise JsonlError(path, line_number, error.msg) from None
+    return rows
 
 
 # Column mapping
@@ -195,15 +219,7 @@ class Dataset(Sequence[dict]):
     @classmethod
     def from_jsonl(cls, path: str | os.PathLike[str], format: str = "auto", name: str | None = None) -> Dataset:
         path = Path(path)
-        rows = []
-        with path.open(encoding="utf-8") as file:
-            for line_number, line in enumerate(file, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as error:
-                        raise ValueError(f"{path}:{line_number} is not valid JSON: {error.msg}") from None
-        return cls.from_list(rows, format, name=name or path.stem)
+        return cls.from_list(read_jsonl(path), format, name=name or path.stem)
 
     @classmethod
     def from_parquet(cls, path: str | os.PathLike[str], format: str = "auto", name: str | None = None) -> Dataset:

@@ -24,31 +24,22 @@ from rllm_gym.tiny_model import DEFAULT_SEED
 
 __all__ = ["QWEN_ARCHITECTURES", "build_random_qwen", "qwen_config"]
 
-# From each model's config.json (Qwen/Qwen2.5-0.5B-Instruct, Qwen/Qwen2.5-1.5B-Instruct on the Hugging Face hub).
+# From each model's config.json (Qwen/Qwen2.5-0.5B-Instruct, Qwen/Qwen2.5-1.5B-Instruct on the Hugging Face hub):
+# the fields the two sizes share, then each size's own.
+_QWEN25_SHARED: dict[str, Any] = dict(
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 QWEN_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "Qwen2.5-0.5B": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
+        _QWEN25_SHARED, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14
     ),
     "Qwen2.5-1.5B": dict(
-        hidden_size=1536,
-        intermediate_size=8960,
-        num_hidden_layers=28,
-        num_attention_heads=12,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
+        _QWEN25_SHARED, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12
     ),
 }
 DTYPES = ("bfloat16", "float16", "float32")

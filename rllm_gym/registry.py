@@ -16,7 +16,17 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.error import NameNotFound
 
-__all__ = ["ENV_SPECS", "EnvSpec", "UnknownEnvError", "default_agent", "env_ids", "load", "make", "register_envs"]
+__all__ = [
+    "ENV_SPECS",
+    "EnvSpec",
+    "UnknownEnvError",
+    "default_agent",
+    "env_ids",
+    "env_spec",
+    "load",
+    "make",
+    "register_envs",
+]
 
 
 @dataclass(frozen=True)
@@ -77,8 +87,8 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         "rllm/SolverJudge-v0",
         "rllm_gym.envs.solver_judge:env",
         multi_agent=True,
-        agent="rllm_gym.engine.multi_agent:SOLVER_JUDGE_AGENTS",  # {role: agent class}
-        workflow="rllm_gym.engine.multi_agent:SolverJudgeWorkflow",  # correct = the judge picked a correct solution
+        agent="rllm_gym.agents.solver_judge:SOLVER_JUDGE_AGENTS",  # {role: agent class}
+        workflow="rllm_gym.agents.solver_judge:SolverJudgeWorkflow",  # correct = the judge picked a correct solution
         description="multi-agent (PettingZoo): solvers answer a task, a judge picks the correct solution",
     ),
 )
@@ -109,13 +119,17 @@ def register_envs() -> None:
             )
 
 
-def _spec(env_id: str) -> EnvSpec:
+def env_spec(env_id: str) -> EnvSpec:
+    """The registration of ``env_id``; raises :class:`UnknownEnvError` naming the closest registered ids."""
     for spec in ENV_SPECS:
         if spec.id == env_id:
             return spec
     suggestions = difflib.get_close_matches(env_id, env_ids(), n=3, cutoff=0.8)
     hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     raise UnknownEnvError(f"Environment {env_id!r} doesn't exist.{hint} Registered ids: {', '.join(env_ids())}.")
+
+
+_spec = env_spec  # the old private name, until train/config.py (issue 30a's) imports env_spec
 
 
 def load(entry_point: str) -> Any:
@@ -128,7 +142,7 @@ def load(entry_point: str) -> Any:
 
 def default_agent(env_id: str) -> Any:
     """The agent class registered for ``env_id``."""
-    spec = _spec(env_id)
+    spec = env_spec(env_id)
     if spec.agent is None:
         raise ValueError(f"no default agent is registered for {env_id!r}: pass an agent class explicitly")
     return load(spec.agent)
@@ -144,7 +158,7 @@ def make(env_id: str, **kwargs: Any) -> Any:
     if registered is not None and env_id not in _MULTI_AGENT_IDS:
         # The registered EnvSpec itself: gym.make then skips parsing the id (engines make thousands of envs).
         return gym.make(registered, **kwargs)
-    spec = _spec(env_id)
+    spec = env_spec(env_id)
     if not spec.multi_agent:
         register_envs()
         return gym.make(env_id, **kwargs)

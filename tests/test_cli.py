@@ -29,7 +29,7 @@ def eval_args(model, out, tasks=12):
         str(tasks),
         "--n",
         "1",
-        "--max-steps",
+        "--max-turns",
         "2",
         "--max-tokens",
         "6",
@@ -100,6 +100,8 @@ def test_killed_eval_resumes_to_the_same_episodes_none_twice(tiny_model_dir, tmp
     ("args", "message"),
     [
         (["eval", "--tasks", "0"], "--tasks must be >= 1, got 0"),
+        (["eval", "--max-turns", "0"], "--max-turns must be >= 1, got 0"),
+        (["eval", "--seed", "-1"], "--seed must be >= 0 (it seeds sampling and every env reset), got -1"),
         (["eval", "--policy", "openai"], "--policy openai needs --model"),
         (["eval", "--resume"], "--resume needs --out"),
     ],
@@ -109,6 +111,15 @@ def test_bad_arguments_are_named(args, message, capsys):
         main(args)
     assert excinfo.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_max_steps_is_a_deprecated_alias_of_max_turns(capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        main(["eval", "--max-steps", "0"])  # reaches the --max-turns check: the alias stored into max_turns
+    err = capsys.readouterr().err
+    assert excinfo.value.code == 2
+    assert "rllm-gym eval: --max-steps is deprecated and will be removed: use --max-turns" in err
+    assert "--max-turns must be >= 1, got 0" in err
 
 
 def test_existing_out_file_needs_resume(tmp_path, capsys):

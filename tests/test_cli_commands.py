@@ -113,7 +113,7 @@ def test_train_help_is_the_trainers():
 
 def stub_eval(url: str, *extra: str) -> list[str]:
     args = ["eval", "--policy", "openai", "--model", "stub", "--base-url", url, "--tasks", "2", "--n", "2"]
-    return [*CLI, *args, "--max-steps", "2", "--json", *extra]
+    return [*CLI, *args, "--max-turns", "2", "--json", *extra]
 
 
 def test_eval_draws_a_progress_bar_only_on_a_terminal_and_not_with_no_progress(stderr_on_a_terminal):

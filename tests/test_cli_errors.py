@@ -24,7 +24,7 @@ def write_tasks(path, maps):
 
 
 def eval_args(model, data):
-    return ["eval", "--model", str(model), "--data", str(data), "--n", "2", "--max-steps", "2", "--max-tokens", "4"]
+    return ["eval", "--model", str(model), "--data", str(data), "--n", "2", "--max-turns", "2", "--max-tokens", "4"]
 
 
 def test_an_eval_whose_episodes_all_errored_exits_1_with_the_error(tiny_model_dir, tmp_path):

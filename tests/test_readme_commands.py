@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 TRAIN_BOUNDS = ["--max_steps", "1", "--warm_start_steps", "2", "--eval_limit", "2", "--eval_n", "0"]
-EVAL_BOUNDS = ["--tasks", "4", "--n", "2", "--max-steps", "2"]
+EVAL_BOUNDS = ["--tasks", "4", "--n", "2", "--max-turns", "2"]
 SERVERS = ("vllm serve", "trl vllm-serve", "transformers serve", "python -m vllm.entrypoints.openai.api_server")
 INSTALLS = ("pip install", "pip uninstall", "python3 -m venv", ". .venv/bin/activate", ". .venv-vllm/bin/activate")
 

@@ -171,9 +171,9 @@ AGENTS_ENGINE_TRAIN = [
         "agent_cls must be a BaseAgent subclass (or a factory of agents), got 3",
     ),
     (
-        lambda: AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=BaseAgent, policy=POLICY, max_steps=0),
+        lambda: AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=BaseAgent, policy=POLICY, max_turns=0),
         ValueError,
-        "max_steps must be >= 1, got 0 (an int: LLM calls per episode)",
+        "max_turns must be >= 1, got 0 (an int: LLM calls per episode)",
     ),
     (
         lambda: MultiTurnWorkflow(POLICY, env="rllm/FrozenLake-v0", agent_cls=3),

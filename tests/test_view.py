@@ -184,7 +184,7 @@ def test_every_turn_is_shown_whatever_the_agent_kept_in_context(tmp_path, histor
     agent_args = {"system_prompt": "Reach G.", "observation_template": "{observation}", "max_history_turns": history}
     path = tmp_path / "episodes.jsonl"
     engine = engine_for(
-        "rllm/FrozenLake-v0", ScriptedPolicy(moves), agent_args=agent_args, out=path, max_steps=len(moves)
+        "rllm/FrozenLake-v0", ScriptedPolicy(moves), agent_args=agent_args, out=path, max_turns=len(moves)
     )
     asyncio.run(engine.run([3], n_rollouts=1))
     (episode,) = read_episodes(path)

@@ -52,7 +52,8 @@ def run_episodes(
         policy,
         agent_args=json.loads(config.agent_args),
         env_args=json.loads(config.env_args),
-        max_steps=config.max_turns,
+        max_turns=config.max_turns,
+        seed=config.seed,
         **kwargs,
     )
     return asyncio.run(engine.run(tasks, n_rollouts=n_rollouts, progress=progress))

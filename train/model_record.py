@@ -30,7 +30,7 @@ EVAL_SETTINGS = {
     "env": "env",
     "agent_args": "agent_args",
     "env_args": "env_args",
-    "max_steps": "max_turns",
+    "max_turns": "max_turns",
     "max_tokens": "max_completion_length",
 }
 

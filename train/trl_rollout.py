@@ -39,7 +39,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from rllm_gym.engine import EnvThreadPool, engine_for
+from rllm_gym.engine import EnvThreadPool, engine_for, reset_seed
 from rllm_gym.engine.common import default_env_workers
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.policies.base import Policy, SamplingParams
@@ -180,7 +180,7 @@ class EpisodeRollout:
         # the task's id, then the process, the call and the episode's number.
         process = trainer.accelerator.process_index
         occurrences: Counter[tuple[str, str, int]] = Counter()
-        plan: dict[tuple[str, str, int], tuple[str, Any, str]] = {}
+        plan: dict[tuple[str, str, int], tuple[str, Any, str, int | None]] = {}
         keys = []
         for env_id, task, slot in decoded:
             canonical = json.dumps(task, sort_keys=True)
@@ -188,7 +188,10 @@ class EpisodeRollout:
             occurrences[env_id, canonical, slot] += 1
             if key not in plan:
                 task_id = str(task["id"]) if isinstance(task, dict) and task.get("id") else f"seed-{task}"
-                plan[key] = (env_id, task, f"{task_id}:p{process}s{self.calls}e{len(plan)}")
+                # Reset seed from the run's seed, the task and the rollout (this call, process and occurrence).
+                rollout = (self.calls, process, key[2])
+                seed = reset_seed(trainer.args.seed, task, f"{env_id}\n{canonical}", rollout)
+                plan[key] = (env_id, task, f"{task_id}:p{process}s{self.calls}e{len(plan)}", seed)
             keys.append(key)
         self.calls += 1
         start = time.monotonic()
@@ -262,14 +265,17 @@ class EpisodeRollout:
             "trajectory_reward": [self.last_rewards[s.source] if s.source >= 0 else 0.0 for s in sequences],
         }
 
-    async def _run(self, runs: list[tuple[str, Any, str]], policy: Any, sampling: SamplingParams) -> list[Episode]:
-        """The episodes of ``runs`` (env id, task, episode id), in order, every env's engine on this one loop."""
+    async def _run(
+        self, runs: list[tuple[str, Any, str, int | None]], policy: Any, sampling: SamplingParams
+    ) -> list[Episode]:
+        """The episodes of ``runs`` (env id, task, episode id, reset seed), in order, every env's engine on this one
+        loop."""
         active = len(runs)
         if isinstance(policy, BatchingPolicy):
             # A batch goes out once every episode still running has asked, rather than after batch_wait_s.
             policy.expected_requests = lambda: active
 
-        async def run_env(env_id: str, items: list[tuple[int, Any, str]]) -> list[tuple[int, Episode]]:
+        async def run_env(env_id: str, items: list[tuple[int, Any, str, int | None]]) -> list[tuple[int, Episode]]:
             nonlocal active
             setup = self.envs[env_id]
             # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
@@ -282,22 +288,23 @@ class EpisodeRollout:
                 agent_args=setup.agent_args,
                 env_args=setup.env_args,
                 n_parallel=self.n_parallel,
-                max_steps=self.max_steps,
+                max_turns=self.max_steps,
                 sampling_params=sampling,
                 gamma=self.gamma,
                 timeout_s=self.timeout_s,
                 executor=self._pool,
+                tune_interpreter=True,  # the trainer's process: keeps the loop's pauses short (engine docs)
                 **options,
             )
             finished = {}
-            async for episode in engine.stream_pairs([(task, uid) for _, task, uid in items]):
+            async for episode in engine.stream_pairs([(task, uid, seed) for _, task, uid, seed in items]):
                 finished[episode.id] = episode
                 active -= 1
-            return [(position, finished[uid]) for position, _, uid in items]
+            return [(position, finished[uid]) for position, _, uid, _ in items]
 
-        by_env: dict[str, list[tuple[int, Any, str]]] = defaultdict(list)
-        for position, (env_id, task, uid) in enumerate(runs):
-            by_env[env_id].append((position, task, uid))
+        by_env: dict[str, list[tuple[int, Any, str, int | None]]] = defaultdict(list)
+        for position, (env_id, task, uid, seed) in enumerate(runs):
+            by_env[env_id].append((position, task, uid, seed))
         ordered: list[Episode | None] = [None] * len(runs)
         try:
             for pairs in await asyncio.gather(*(run_env(env_id, items) for env_id, items in by_env.items())):

@@ -36,34 +36,10 @@ Chat.logprobs, "verbatim": {index: message}, "fields": TimeStep fields but chats
 ``Episode.metadata["agoge"]`` marks an import.
 """
 
+from rllm_gym.agoge import schema
 from rllm_gym.agoge.convert import agoge_to_episode, episode_to_agoge
-from rllm_gym.agoge.schema import (
-    SCHEMA_VERSION,
-    AREEvaluatedTrajectory,
-    AssistantMessage,
-    Chat,
-    ChatMessage,
-    EvaluatedTrajectory,
-    FunctionCall,
-    ImageContent,
-    LLMEvaluatedTrajectory,
-    SystemMessage,
-    Task,
-    TextContent,
-    TimeStep,
-    ToolCall,
-    ToolMessage,
-    Trajectory,
-    UserMessage,
-    message_from_openai,
-    message_to_openai,
-)
+from rllm_gym.agoge.schema import *  # noqa: F403  # the schema's public names, listed once in schema.__all__
 from rllm_gym.agoge.schema import Content as Content  # type aliases: importable, outside __all__ as before
 from rllm_gym.agoge.schema import ContentPart as ContentPart
 
-__all__ = [
-    "SCHEMA_VERSION", "AREEvaluatedTrajectory", "AssistantMessage", "Chat", "ChatMessage", "EvaluatedTrajectory",
-    "FunctionCall", "ImageContent", "LLMEvaluatedTrajectory", "SystemMessage", "Task", "TextContent", "TimeStep",
-    "ToolCall", "ToolMessage", "Trajectory", "UserMessage", "agoge_to_episode", "episode_to_agoge",
-    "message_from_openai", "message_to_openai",
-]  # fmt: skip
+__all__ = [*schema.__all__, "agoge_to_episode", "episode_to_agoge"]

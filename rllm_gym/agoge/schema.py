@@ -17,6 +17,12 @@ from typing import Annotated, Any, Literal, Self, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+__all__ = [
+    "SCHEMA_VERSION", "AREEvaluatedTrajectory", "AssistantMessage", "Chat", "ChatMessage", "EvaluatedTrajectory",
+    "FunctionCall", "ImageContent", "LLMEvaluatedTrajectory", "SystemMessage", "Task", "TextContent", "TimeStep",
+    "ToolCall", "ToolMessage", "Trajectory", "UserMessage", "message_from_openai", "message_to_openai",
+]  # fmt: skip
+
 SCHEMA_VERSION = 1
 
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import os
 import queue
-import sys
 import threading
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-__all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "responsive_loop", "task_id_of"]
+__all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turns_of", "task_id_of"]
 
 
 def default_env_workers() -> int:
-    """Twice the CPUs this process may run on, at least 4: the default ``max_parallel`` of the sandbox."""
+    """Twice the CPUs this process may run on, at least 4: as the sandbox's default ``max_parallel`` counts them, but
+    from the affinity mask (``os.cpu_count()``, which the sandbox uses, counts CPUs the process may not run on)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
@@ -35,9 +35,11 @@ def default_env_workers() -> int:
 class EnvThreadPool(Executor):
     """A thread pool for env calls whose threads never keep the process alive, and that never stalls the caller.
 
-    ``concurrent.futures.ThreadPoolExecutor`` joins its threads at interpreter exit, so one env call abandoned at an
-    episode's timeout (a user reward function that never returns) kept the process from exiting after the run had
-    ended. These threads are daemons: an abandoned call is dropped at exit instead. Idle threads are reused and new
+    Why not ``concurrent.futures.ThreadPoolExecutor`` (or ``asyncio.to_thread``, which uses one): the standard pool
+    joins its threads at interpreter exit (an exit hook registered with ``threading._register_atexit``), so one env
+    call abandoned at an episode's timeout (a user reward function that never returns) kept the process from exiting
+    after the run had ended; and its ``submit`` takes a lock and starts threads inline, which stalls the event loop
+    (below). These threads are daemons: an abandoned call is dropped at exit instead. Idle threads are reused and new
     ones started up to ``max_workers``, as in the standard pool. ``busy`` counts the calls running now: a pool kept
     across runs (the trainer's) with calls still busy between runs holds abandoned calls and should be replaced.
 
@@ -172,60 +174,18 @@ def task_id_of(task: Any, index: int) -> str:
     return str(task_id) if task_id not in (None, "") else f"task-{index}"
 
 
-_freezers = 0  # runs in this process that freeze survivors now (gc is process-wide, so is this count)
-_freezers_lock = threading.Lock()
-_SCAN_EVERY = 8  # while episodes run, one automatic generation-0 collection in this many scans; the others freeze
-_young_collections = 0
-
-
-def _freeze_survivors(phase: str, info: dict[str, Any]) -> None:
-    global _young_collections
-    if phase == "stop":
-        gc.freeze()
-    elif info["generation"] == 0:  # an automatic collection: explicit gc.collect() calls (generation 2) still scan
-        _young_collections += 1
-        if _young_collections % _SCAN_EVERY:
-            # Nearly everything an episode allocates lives until the episode ends (its Steps, chat and info dicts), so
-            # scanning it finds no garbage; frozen first, the collection has nothing to scan.
-            gc.freeze()
-
-
-@contextlib.contextmanager
-def responsive_loop(gc_threshold: int | None, gc_freeze: bool, switch_interval_s: float | None) -> Iterator[None]:
-    """Process settings that keep the event loop's pauses short while episodes run; all restored afterwards.
-
-    ``gc_threshold``: the generation-0 threshold is raised to at least this (fewer collections: every Step allocates
-    objects that live on). ``gc_freeze``: what is alive when the run starts, and what survives each collection during
-    it, moves to the permanent generation (``gc.freeze``), so no collection scans it again. Without that, a
-    generation-1 or -2 pass over thousands of live envs (their tasks, tools, agents) held the GIL for 100-300 ms and
-    the event loop with it. Of the automatic generation-0 collections, only one in ``_SCAN_EVERY`` (8) scans the young
-    objects; the others freeze them first, so they find nothing to scan: what episodes allocate lives until they end,
-    and scanning it was 3% of a 2,048-episode run's wall time (``benchmarks/bench_engine.py``), with no reference
-    cycle of the shipped envs among it. Cycles that become garbage unscanned or after a collection are collected
-    after the run (``gc.unfreeze`` hands everything back to the oldest generation); ``gc.collect()`` scans as usual.
-    ``switch_interval_s``: ``sys.setswitchinterval``, how long the loop waits for the GIL while an env thread runs
-    Python (CPython's default is 5 ms, paid at each loop iteration).
-    """
-    global _freezers
-    thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
-    if gc_threshold is not None:
-        gc.set_threshold(max(thresholds[0], gc_threshold), *thresholds[1:])
-    if switch_interval_s is not None:
-        sys.setswitchinterval(min(interval, switch_interval_s))
-    if gc_freeze:
-        with _freezers_lock:
-            _freezers += 1
-            if _freezers == 1:
-                gc.callbacks.append(_freeze_survivors)
-        gc.freeze()
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        sys.setswitchinterval(interval)
-        if gc_freeze:
-            with _freezers_lock:
-                _freezers -= 1
-                if _freezers == 0:
-                    gc.callbacks.remove(_freeze_survivors)
-                    gc.unfreeze()
+def max_turns_of(max_turns: int | None, max_steps: int | None, default: int, owner: str) -> int:
+    """The per-episode LLM-call limit from ``max_turns``, or from ``max_steps``, its deprecated name (a warning)."""
+    if max_steps is not None:
+        if max_turns is not None:
+            raise ValueError(f"{owner} got max_turns={max_turns!r} and max_steps={max_steps!r}: pass only max_turns")
+        warnings.warn(
+            f"{owner}(max_steps=...) is deprecated: pass max_turns= (LLM calls per episode) instead",
+            FutureWarning,
+            stacklevel=3,
+        )
+        max_turns = max_steps
+    max_turns = default if max_turns is None else max_turns
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1, got {max_turns!r} (an int: LLM calls per episode)")
+    return max_turns

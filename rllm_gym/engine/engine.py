@@ -8,12 +8,15 @@ episode file when given one. Rerunning with the same file resumes: finished epis
 
 Tasks are dicts (passed to ``env.reset(options={"task": task})``; the id is ``task["id"]``, else ``task-<index>``)
 or ints (a reset seed: the env draws its own task; the id is ``seed-<n>``). Episode ids are
-``"{task_id}:{rollout_idx}"``.
+``"{task_id}:{rollout_idx}"``. Each episode is an :class:`~rllm_gym.engine.seeds.EpisodeSpec` ``(task, id, seed)``:
+the seed its env resets with is derived from the engine's ``seed``, the task and the rollout index
+(:func:`~rllm_gym.engine.seeds.episode_seed`), never read out of the id.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
@@ -23,13 +26,9 @@ from typing import Any
 import gymnasium as gym
 
 from rllm_gym.agents.base import BaseAgent
-from rllm_gym.engine.common import (
-    EnvThreadPool,
-    call_in_executor,
-    default_env_workers,
-    responsive_loop,
-    task_id_of,
-)
+from rllm_gym.engine.common import EnvThreadPool, call_in_executor, default_env_workers, max_turns_of, task_id_of
+from rllm_gym.engine.interpreter import responsive_loop
+from rllm_gym.engine.seeds import EpisodeSpec, check_seed, episode_specs, reset_seed
 from rllm_gym.engine.workflow import MultiTurnWorkflow, Workflow
 from rllm_gym.policies.base import Policy
 from rllm_gym.store import EpisodeWriter, read_episodes
@@ -49,19 +48,21 @@ class AgentWorkflowEngine:
 
     ``out``: an episode JSONL file; finished episodes are appended as they complete and skipped when the run is
     repeated (resume). ``env_workers``: threads for env calls that must not block the loop (sandboxed code, grading);
-    at most this many env calls run at once and the rest wait on the loop (backpressure). The default, twice the CPUs
-    (at least 4), is the sandbox's own ``max_parallel``: more threads only queue in the sandbox, and each busy one
-    competes with the event loop for the GIL (32 on 2 cores made the loop's 99th-percentile lag 10x worse). Raise it
-    for envs that wait on the network.
-    ``gc_threshold``: while episodes run, Python's generation-0 collection threshold is raised to at least this
-    (restored afterwards): every Step allocates objects that live on, and the default threshold (700) made garbage
-    collection a third of the engine's CPU per LLM call in ``benchmarks/bench_engine.py``. ``None`` leaves it alone.
-    ``gc_freeze``: objects that survive a collection while episodes run are not scanned again until the run ends
-    (full passes over thousands of live envs stalled the event loop for a quarter of a second), and only one automatic
-    collection in eight scans the objects allocated since the last one. ``switch_interval_s``:
-    the GIL switch interval while episodes run (at most this; ``None`` leaves it alone): with env threads running
-    Python, the loop waits up to one interval for the GIL at each iteration, 5 ms by default. Both are process-wide
-    and restored afterwards (see :func:`~rllm_gym.engine.common.responsive_loop`).
+    at most this many env calls run at once and the rest wait on the loop (backpressure). The default
+    (:func:`~rllm_gym.engine.common.default_env_workers`) is twice the CPUs this process may run on, at least 4: the
+    sandbox's default ``max_parallel`` is the same count of ``os.cpu_count()`` (more under a CPU-affinity mask), so
+    more threads would only queue in the sandbox, and each busy one competes with the event loop for the GIL (32 on 2
+    cores made the loop's 99th-percentile lag 10x worse). Raise it for envs that wait on the network.
+    ``seed``: the run's seed; episode ``k`` of a task dict resets its env with
+    ``episode_seed(seed, task_id, k)`` (an int task is the reset seed itself); ``None``: unseeded resets.
+    ``tune_interpreter``: off by default, as it changes process-wide state. On, while episodes run the garbage
+    collector's generation-0 threshold is raised to 50,000, objects that survive a collection are frozen so later
+    passes skip them (only one automatic collection in eight scans the objects allocated since the last), and the GIL
+    switch interval drops to 1 ms: with thousands of episodes in flight, full collections over the live envs stalled
+    the event loop for a quarter of a second and collection was a third of the engine's CPU per LLM call
+    (``benchmarks/bench_engine.py``). Everything is restored exactly when the last overlapping run ends, and objects
+    the caller froze are never unfrozen (see :func:`~rllm_gym.engine.interpreter.responsive_loop`). Turn it on in a
+    process that runs mostly the engine (``rllm-gym eval`` and the trainer do).
     ``executor``: an :class:`EnvThreadPool` (or any executor) for env calls that the caller keeps across runs, instead
     of a pool each run starts and shuts down (the trainer passes one: thread starts were a tenth of its rollout time).
     """
@@ -77,9 +78,8 @@ class AgentWorkflowEngine:
         out: str | PathLike[str] | None = None,
         fsync: bool = False,
         env_workers: int | None = None,
-        gc_threshold: int | None = 50_000,
-        gc_freeze: bool = True,
-        switch_interval_s: float | None = 0.001,
+        seed: int | None = 0,
+        tune_interpreter: bool = False,
         executor: Executor | None = None,
     ):
         if not (isinstance(workflow_cls, type) and issubclass(workflow_cls, Workflow)):
@@ -98,12 +98,12 @@ class AgentWorkflowEngine:
             raise ValueError(f"retry_limit must be >= 1 (1 = no retry), got {retry_limit}")
         if env_workers < 1:
             raise ValueError(f"env_workers must be >= 1, got {env_workers}")
-        if switch_interval_s is not None and (
-            isinstance(switch_interval_s, bool)
-            or not isinstance(switch_interval_s, (int, float))
-            or not 0 < switch_interval_s <= 1
-        ):
-            raise ValueError(f"switch_interval_s must be seconds in (0, 1] or None, got {switch_interval_s!r}")
+        if not isinstance(tune_interpreter, bool):
+            raise ValueError(f"tune_interpreter must be True or False, got {tune_interpreter!r}")
+        if "seed" in (workflow_args or {}):
+            raise ValueError("seed is the engine's, not a workflow argument: pass AgentWorkflowEngine(..., seed=N)")
+        if seed is not None:
+            check_seed(seed)
         self.workflow_cls = workflow_cls
         self.policy = policy
         self.workflow_args = dict(workflow_args or {})
@@ -112,9 +112,8 @@ class AgentWorkflowEngine:
         self.out = out
         self.fsync = fsync
         self.env_workers = env_workers
-        self.gc_threshold = gc_threshold
-        self.gc_freeze = gc_freeze
-        self.switch_interval_s = switch_interval_s
+        self.seed = seed
+        self.tune_interpreter = tune_interpreter
         self.executor = executor
         self._executor: Executor | None = None
         self._logged_errors: set[tuple[str, str]] = set()  # each distinct error is a warning once, then debug
@@ -122,11 +121,11 @@ class AgentWorkflowEngine:
     def _new_workflow(self) -> Workflow:
         return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
 
-    async def _run_with_retry(self, workflow: Workflow, task: Any, uid: str) -> tuple[Episode, Workflow]:
+    async def _run_with_retry(self, workflow: Workflow, spec: EpisodeSpec) -> tuple[Episode, Workflow]:
         attempts = 0
         while True:
             attempts += 1
-            episode = await workflow.run_with_termination_handling(task, uid)
+            episode = await workflow.run_with_termination_handling(spec.task, spec.id, seed=spec.seed)
             if workflow.needs_replacement:  # its env may still be busy in a thread: never reuse it
                 workflow = self._new_workflow()
             if episode.termination_reason is TerminationReason.ERROR:
@@ -153,33 +152,40 @@ class AgentWorkflowEngine:
         )
         logger.debug("traceback of episode %s:\n%s", episode.id, error.get("traceback", "(none recorded)"))
 
-    @staticmethod
-    def pairs(tasks: Sequence[Any], n_rollouts: int = 1) -> list[tuple[Any, str]]:
-        """``(task, episode id)`` for every rollout of every task, in order."""
-        if n_rollouts < 1:
-            raise ValueError(f"n_rollouts must be >= 1, got {n_rollouts}")
-        return [(task, f"{task_id_of(task, i)}:{r}") for i, task in enumerate(tasks) for r in range(n_rollouts)]
+    def pairs(self, tasks: Sequence[Any], n_rollouts: int = 1) -> list[EpisodeSpec]:
+        """An :class:`EpisodeSpec` ``(task, episode id, reset seed)`` for every rollout of every task, in order."""
+        return episode_specs(tasks, n_rollouts, self.seed)
+
+    def spec_of(self, item: EpisodeSpec | tuple[Any, str]) -> EpisodeSpec:
+        """An :class:`EpisodeSpec` as given, or one for a ``(task, episode id)`` pair: its seed derived from the
+        engine's seed and the whole id as the key (ids are unique within a run, so are the seeds)."""
+        if len(item) == 3:
+            return EpisodeSpec(*item)
+        task, uid = item
+        return EpisodeSpec(task, uid, reset_seed(self.seed, task, uid, 0))
 
     async def stream(self, tasks: Sequence[Any], n_rollouts: int = 1) -> AsyncIterator[Episode]:
         """Yield each newly finished Episode as soon as it is done (episodes already in ``out`` are skipped)."""
         done = {episode.id for episode in self._previous()}
-        async for episode in self.stream_pairs([p for p in self.pairs(tasks, n_rollouts) if p[1] not in done]):
+        async for episode in self.stream_pairs([p for p in self.pairs(tasks, n_rollouts) if p.id not in done]):
             yield episode
 
-    async def run_pairs(self, pairs: Sequence[tuple[Any, str]]) -> list[Episode]:
-        """Run one episode per ``(task, episode id)`` pair and return them in the pairs' order (the trainer uses this
-        to give each prompt slot its own id); ``out`` is appended to but not consulted."""
-        episodes = {episode.id: episode async for episode in self.stream_pairs(pairs)}
-        return [episodes[uid] for _, uid in pairs]
+    async def run_pairs(self, pairs: Sequence[EpisodeSpec | tuple[Any, str]]) -> list[Episode]:
+        """Run one episode per :class:`EpisodeSpec` (or ``(task, episode id)`` pair) and return them in the given
+        order (``train/vllm_server.py`` uses this for its episodes); ``out`` is appended to but not consulted."""
+        specs = [self.spec_of(item) for item in pairs]
+        episodes = {episode.id: episode async for episode in self.stream_pairs(specs)}
+        return [episodes[spec.id] for spec in specs]
 
-    async def stream_pairs(self, pairs: Sequence[tuple[Any, str]]) -> AsyncIterator[Episode]:
-        """Yield the episode of each ``(task, episode id)`` pair as soon as it finishes."""
-        uids = [uid for _, uid in pairs]
+    async def stream_pairs(self, pairs: Sequence[EpisodeSpec | tuple[Any, str]]) -> AsyncIterator[Episode]:
+        """Yield the episode of each :class:`EpisodeSpec` (or ``(task, episode id)`` pair) as soon as it finishes."""
+        specs = [self.spec_of(item) for item in pairs]
+        uids = [spec.id for spec in specs]
         if len(set(uids)) != len(uids):
             raise ValueError("episode ids must be unique within one run; got duplicates")
-        work: asyncio.Queue[tuple[Any, str]] = asyncio.Queue()
-        for pair in pairs:
-            work.put_nowait(pair)
+        work: asyncio.Queue[EpisodeSpec] = asyncio.Queue()
+        for spec in specs:
+            work.put_nowait(spec)
         if work.empty():
             return
         results: asyncio.Queue[Any] = asyncio.Queue()
@@ -203,8 +209,7 @@ class AgentWorkflowEngine:
                     workflow = await call_in_executor(self._executor, self._new_workflow)
             try:
                 while not work.empty():
-                    task, uid = work.get_nowait()
-                    episode, workflow = await self._run_with_retry(workflow, task, uid)
+                    episode, workflow = await self._run_with_retry(workflow, work.get_nowait())
                     await results.put(episode)
             finally:
                 await results.put(_DONE)
@@ -220,7 +225,7 @@ class AgentWorkflowEngine:
                 if i % _ADMIT_BATCH == _ADMIT_BATCH - 1:
                     await asyncio.sleep(0)
 
-        with responsive_loop(self.gc_threshold, self.gc_freeze, self.switch_interval_s):
+        with responsive_loop() if self.tune_interpreter else contextlib.nullcontext():
             admitter = asyncio.create_task(admit())
             try:
                 finished = 0
@@ -257,12 +262,12 @@ class AgentWorkflowEngine:
         Keep it quick: it runs on the engine's event loop, where no episode moves on while it does.
         """
         episodes = {episode.id: episode for episode in self._previous()}
-        pairs = self.pairs(tasks, n_rollouts)
-        async for episode in self.stream_pairs([p for p in pairs if p[1] not in episodes]):
+        specs = self.pairs(tasks, n_rollouts)
+        async for episode in self.stream_pairs([spec for spec in specs if spec.id not in episodes]):
             episodes[episode.id] = episode
             if progress is not None:
                 progress(episode)
-        return [episodes[uid] for _, uid in pairs if uid in episodes]
+        return [episodes[spec.id] for spec in specs if spec.id in episodes]
 
     def _previous(self) -> list[Episode]:
         if self.out is None:
@@ -279,7 +284,7 @@ class AgentExecutionEngine(AgentWorkflowEngine):
     Example::
 
         engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy,
-                                      n_parallel=256, max_steps=8)
+                                      n_parallel=256, max_turns=8)
         episodes = await engine.run(tasks=list(range(100)), n_rollouts=4)
     """
 
@@ -291,32 +296,34 @@ class AgentExecutionEngine(AgentWorkflowEngine):
         policy: Policy,
         env_args: dict[str, Any] | None = None,
         agent_args: dict[str, Any] | None = None,
-        max_steps: int = 10,
+        max_turns: int | None = None,
         n_parallel: int = 128,
         retry_limit: int = 3,
         out: str | PathLike[str] | None = None,
         executor: Executor | None = None,
         env_workers: int | None = None,
+        seed: int | None = 0,
+        tune_interpreter: bool = False,
+        max_steps: int | None = None,
         **workflow_kwargs: Any,
     ):
         # The workflow (and its env) is built when a run starts: check the arguments a typo breaks now instead.
         if isinstance(env_id, str):
-            from rllm_gym.registry import _spec, env_ids
+            from rllm_gym.registry import env_ids, env_spec
 
             if env_id not in env_ids() and env_id not in gym.registry:
-                _spec(env_id)  # raises UnknownEnvError naming the registered ids
+                env_spec(env_id)  # raises UnknownEnvError naming the registered ids
         elif not callable(env_id):
             raise TypeError(f"env_id must be a registered env id or an env class/factory, got {env_id!r}")
         if not callable(agent_cls):
             raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps!r} (an int: LLM calls per episode)")
+        max_turns = max_turns_of(max_turns, max_steps, 10, type(self).__name__)
         workflow_args = {
             "env": env_id,
             "agent_cls": agent_cls,
             "env_args": env_args,
             "agent_args": agent_args,
-            "max_steps": max_steps,
+            "max_turns": max_turns,
             **workflow_kwargs,
         }
         super().__init__(
@@ -328,4 +335,6 @@ class AgentExecutionEngine(AgentWorkflowEngine):
             out=out,
             executor=executor,
             env_workers=env_workers,
+            seed=seed,
+            tune_interpreter=tune_interpreter,
         )

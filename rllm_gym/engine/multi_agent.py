@@ -13,8 +13,9 @@ reasons. The AEC loop is PettingZoo's own::
 
 PettingZoo agent ids follow ``"<role>_<n>"`` (``solver_0``, ``solver_1``, ``judge_0``): every agent of a role gets an
 agent object of that role's class, one policy per role (or one shared policy) answers it, and its trajectory is named
-after the role, so training groups trajectories by ``{task_id}:{role}``. :class:`SolverJudgeWorkflow` is the runner for
-``rllm/SolverJudge-v0``.
+after the role, so training groups trajectories by ``{task_id}:{role}``. Env-specific runners subclass
+:class:`MultiAgentWorkflow` next to their env's agents (``rllm_gym.agents.solver_judge.SolverJudgeWorkflow``); this
+module knows only :class:`~rllm_gym.agents.base.BaseAgent`.
 """
 
 from __future__ import annotations
@@ -26,24 +27,13 @@ from typing import Any
 from pettingzoo import AECEnv, ParallelEnv
 
 from rllm_gym.agents.base import BaseAgent
-from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent
-from rllm_gym.engine.common import task_id_of
-from rllm_gym.engine.workflow import TerminationEvent, Workflow, make_env
+from rllm_gym.engine.common import max_turns_of, task_id_of
+from rllm_gym.engine.seeds import reset_seed
+from rllm_gym.engine.workflow import TerminationEvent, Workflow, make_env, reset_kwargs
 from rllm_gym.policies.base import Messages, Policy, SamplingParams
-from rllm_gym.registry import default_agent
 from rllm_gym.types import Episode, ModelOutput, TerminationReason
 
-__all__ = [
-    "SOLVER_JUDGE_AGENTS",
-    "MultiAgentWorkflow",
-    "RolePolicies",
-    "SolverJudgeWorkflow",
-    "role_of",
-    "run_multi_agent_episode",
-]
-
-SOLVER_JUDGE_AGENTS: dict[str, type[BaseAgent]] = {"solver": SolverAgent, "judge": JudgeAgent}
-"""The default agents of ``rllm/SolverJudge-v0``, by role (``registry.default_agent`` returns this dict)."""
+__all__ = ["MultiAgentWorkflow", "RolePolicies", "role_of", "run_multi_agent_episode"]
 
 AnyEnv = AECEnv | ParallelEnv
 
@@ -112,15 +102,16 @@ class MultiAgentWorkflow(Workflow):
         parallel: with an id, build the parallel-API env. With a factory or an instance, the env's type decides.
         agent_classes: ``{role: BaseAgent subclass}``; by default the agents registered for the id.
         agent_args: ``{role: {keyword: value}}`` for the agent constructors.
-        max_steps: at most this many LLM calls per episode (all agents together), then ``MAX_TURNS_EXCEEDED``.
-        seed: with a task dict, episode ``k`` resets with ``seed + k``; an int task is the reset seed itself.
+        max_turns: at most this many LLM calls per episode (all agents together), then ``MAX_TURNS_EXCEEDED``
+            (``max_steps``: its deprecated name).
         **kwargs: the :class:`~rllm_gym.engine.Workflow` options (``sampling_params``, ``max_prompt_length``,
             ``timeout_s``, ``gamma``, ...).
 
     In the parallel API, all agents whose info does not say ``"active": False`` act at once (their replies are
     generated concurrently); a waiting agent gets no message and sends no action, and any reward it receives waits
     for its next turn. The episode ends with ``ENV_DONE`` when every agent terminated, ``MAX_TURNS_EXCEEDED`` if any
-    was truncated or ``max_steps`` was reached.
+    was truncated or ``max_turns`` was reached. The env resets with the seed the engine planned for the episode
+    (:mod:`rllm_gym.engine.seeds`).
     """
 
     def __init__(
@@ -132,17 +123,18 @@ class MultiAgentWorkflow(Workflow):
         parallel: bool = False,
         agent_classes: Mapping[str, type[BaseAgent]] | None = None,
         agent_args: Mapping[str, dict[str, Any]] | None = None,
-        max_steps: int = 32,
-        seed: int | None = 0,
+        max_turns: int | None = None,
+        max_steps: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(RolePolicies.of(policy), **kwargs)
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        max_turns = max_turns_of(max_turns, max_steps, 32, type(self).__name__)
         self.env = self._build_env(env, env_args, parallel)
         if agent_classes is None:
             if not isinstance(env, str):
                 raise ValueError("agent_classes={role: AgentClass, ...} is needed unless env is a registered id")
+            from rllm_gym.registry import default_agent  # the registry names the agents: imported when needed
+
             agent_classes = default_agent(env)
         self.agents: dict[str, BaseAgent] = {}
         for agent_id in self.env.possible_agents:
@@ -154,8 +146,7 @@ class MultiAgentWorkflow(Workflow):
                 )
             self.agents[agent_id] = agent_classes[role](name=role, **dict((agent_args or {}).get(role, {})))
             self.policy.for_role(role)  # a missing policy fails here, before any episode runs
-        self.max_steps = max_steps
-        self.seed = seed
+        self.max_turns = max_turns
 
     @staticmethod
     def _build_env(env: str | Callable[..., AnyEnv] | AnyEnv, env_args: dict[str, Any] | None, parallel: bool):
@@ -178,14 +169,6 @@ class MultiAgentWorkflow(Workflow):
     def parallel(self) -> bool:
         return isinstance(self.env, ParallelEnv)
 
-    def reset_kwargs(self, task: Any, uid: str) -> dict[str, Any]:
-        """``env.reset`` arguments: an int task is the seed; a dict pins the task, seeded by the rollout index."""
-        if isinstance(task, int):
-            return {"seed": task}
-        rollout = uid.rpartition(":")[2]
-        seed = self.seed + int(rollout) if self.seed is not None and rollout.isdigit() else None
-        return {"seed": seed, "options": {"task": task} if task is not None else None}
-
     async def _reply(self, agent: BaseAgent) -> str:
         output = await self.generate(agent, role=agent.name, tools=agent.tools_schema)
         return agent.update_from_model(output)
@@ -200,7 +183,7 @@ class MultiAgentWorkflow(Workflow):
 
     async def _run_aec(self, task: Any, uid: str) -> bool:
         env, calls, truncated_any = self.env, 0, False
-        await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        await self.call_env(env, "reset", **reset_kwargs(task, self.episode_seed))
         for agent_id in env.agent_iter():
             observation, reward, terminated, truncated, info = env.last()
             agent = self.agents[agent_id]
@@ -210,15 +193,15 @@ class MultiAgentWorkflow(Workflow):
             action = None
             if not done:
                 calls += 1
-                if calls > self.max_steps:
-                    raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_steps={self.max_steps} reached")
+                if calls > self.max_turns:
+                    raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_turns={self.max_turns} reached")
                 action = await self._reply(agent)
             await self.call_env(env, "step", action)
         return truncated_any
 
     async def _run_parallel(self, task: Any, uid: str) -> bool:
         env, calls = self.env, 0
-        observations, infos = await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        observations, infos = await self.call_env(env, "reset", **reset_kwargs(task, self.episode_seed))
         owed = dict.fromkeys(env.possible_agents, 0.0)  # rewards that reached an agent while it was waiting
         no_reward = dict.fromkeys(observations, 0.0)
         acting = self._deliver(observations, no_reward, {}, {}, infos, owed)
@@ -227,8 +210,8 @@ class MultiAgentWorkflow(Workflow):
             if not acting:
                 raise RuntimeError(f"live agents {env.agents} are all waiting (info 'active' False): nobody can act")
             calls += len(acting)
-            if calls > self.max_steps:
-                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_steps={self.max_steps} reached")
+            if calls > self.max_turns:
+                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, f"max_turns={self.max_turns} reached")
             replies = await asyncio.gather(*(self._reply(self.agents[agent_id]) for agent_id in acting))
             step = await self.call_env(env, "step", dict(zip(acting, replies, strict=True)))
             observations, rewards, terminations, truncations, infos = step
@@ -259,61 +242,26 @@ class MultiAgentWorkflow(Workflow):
         return acting
 
 
-class SolverJudgeWorkflow(MultiAgentWorkflow):
-    """Runs ``rllm/SolverJudge-v0``: SolverAgents answer, a JudgeAgent picks one; one Episode per (task, rollout).
-
-    The episode is correct when the judge picked a correct solution (the system's final answer); metrics add
-    ``judge/invalid_verdict``. Example::
-
-        engine = AgentWorkflowEngine(SolverJudgeWorkflow, {"solver": solver_policy, "judge": judge_policy},
-                                     workflow_args={"env_args": {"n_solvers": 2}, "parallel": True})
-        episodes = await engine.run(tasks, n_rollouts=4)
-        groups = TrajectoryGroup.from_episodes(episodes)   # "{task_id}:solver" (8 each) and "{task_id}:judge" (4)
-    """
-
-    def __init__(
-        self,
-        policy: Policy | Mapping[str, Policy],
-        *,
-        env: str | Callable[..., AnyEnv] | AnyEnv = "rllm/SolverJudge-v0",
-        agent_classes: Mapping[str, type[BaseAgent]] | None = None,
-        **kwargs: Any,
-    ):
-        super().__init__(policy, env=env, agent_classes=agent_classes or SOLVER_JUDGE_AGENTS, **kwargs)
-
-    @staticmethod
-    def is_correct(episode: Episode) -> bool:
-        judges = [t for t in episode.trajectories if t.name == "judge" and t.steps]
-        return (
-            bool(judges)
-            and all(bool(t.steps[-1].info.get("is_correct")) for t in judges)
-            and episode.termination_reason is not TerminationReason.ERROR
-        )
-
-    def postprocess_episode(self, episode: Episode) -> None:
-        super().postprocess_episode(episode)
-        verdicts = [t.steps[-1].info for t in episode.trajectories if t.name == "judge" and t.steps]
-        if verdicts:
-            invalid = sum(bool(info.get("invalid_verdict")) for info in verdicts)
-            episode.metrics["judge/invalid_verdict"] = invalid / len(verdicts)
-
-
 async def run_multi_agent_episode(
     env: str | Callable[..., AnyEnv] | AnyEnv,
     policy: Policy | Mapping[str, Policy],
     task: dict[str, Any] | int,
     *,
     rollout_idx: int = 0,
+    seed: int | None = 0,
     workflow_cls: type[MultiAgentWorkflow] = MultiAgentWorkflow,
     **workflow_args: Any,
 ) -> Episode:
     """One episode of a PettingZoo env, outside the engine: ``task`` is a task dict or a reset seed.
 
-    The episode id is ``"{task_id}:{rollout_idx}"``; errors end the episode with ``ERROR`` (see ``metadata["error"]``)
+    The episode id is ``"{task_id}:{rollout_idx}"``, and its env resets as the engine's would with run seed ``seed``
+    (:func:`~rllm_gym.engine.seeds.reset_seed`); errors end the episode with ``ERROR`` (see ``metadata["error"]``)
     rather than raise, as in the engine. Example::
 
         episode = await run_multi_agent_episode("rllm/SolverJudge-v0", policy, {"id": "t", "question": "1+1?",
                                                 "ground_truth": "2"}, workflow_cls=SolverJudgeWorkflow)
     """
     workflow = workflow_cls(policy, env=env, **workflow_args)
-    return await workflow.run_with_termination_handling(task, f"{task_id_of(task, 0)}:{rollout_idx}")
+    task_id = task_id_of(task, 0)
+    episode_seed = reset_seed(seed, task, task_id, rollout_idx)
+    return await workflow.run_with_termination_handling(task, f"{task_id}:{rollout_idx}", seed=episode_seed)

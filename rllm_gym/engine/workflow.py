@@ -25,11 +25,11 @@ from typing import Any
 import gymnasium as gym
 
 from rllm_gym.agents.base import BaseAgent
-from rllm_gym.engine.common import call_in_executor
+from rllm_gym.engine.common import call_in_executor, max_turns_of
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
 
-__all__ = ["MultiTurnWorkflow", "SingleTurnWorkflow", "TerminationEvent", "Workflow", "make_env"]
+__all__ = ["MultiTurnWorkflow", "SingleTurnWorkflow", "TerminationEvent", "Workflow", "make_env", "reset_kwargs"]
 
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: one instance serves every workflow
 INLINE_STEP_KEY = "rllm_gym.inline_step"  # env metadata: reset/step take microseconds, call them on the loop
@@ -125,6 +125,7 @@ class Workflow(ABC):
         self.needs_replacement = False  # set when an env call was abandoned mid-flight: the engine makes a new one
         self.task: Any = None
         self.uid = ""
+        self.episode_seed: int | None = None  # the seed the engine planned for this episode's env resets
         self._agents: list[BaseAgent] = []
         self._trajectories: list[Trajectory] = []
 
@@ -177,9 +178,13 @@ class Workflow(ABC):
 
     # What the engine calls
 
-    async def run_with_termination_handling(self, task: Any, uid: str) -> Episode:
-        """Run the episode and always return it: its termination reason says how it ended."""
+    async def run_with_termination_handling(self, task: Any, uid: str, *, seed: int | None = None) -> Episode:
+        """Run the episode and always return it: its termination reason says how it ended.
+
+        ``seed``: what the episode's env resets with (``self.episode_seed``; see :mod:`rllm_gym.engine.seeds`);
+        an int task is the reset seed itself."""
         self.reset(task, uid)
+        self.episode_seed = seed
         error: dict[str, str] | None = None
         episode: Episode | None = None
         try:
@@ -285,13 +290,22 @@ def episode_metrics(episode: Episode) -> dict[str, float]:
     return metrics
 
 
-class MultiTurnWorkflow(Workflow):
-    """One agent, one env, up to ``max_steps`` LLM calls: the loop of the architecture's rollout flow.
+def reset_kwargs(task: Any, seed: int | None) -> dict[str, Any]:
+    """``env.reset`` arguments for an episode: an int task is the reset seed; a task dict is pinned
+    (``options={"task": task}``) and reset with the episode's ``seed``."""
+    if isinstance(task, int) and not isinstance(task, bool):
+        return {"seed": task}
+    return {"seed": seed, "options": {"task": task} if task is not None else None}
 
-    Ends with ``ENV_DONE`` when the env terminates, ``MAX_TURNS_EXCEEDED`` at ``max_steps`` or when the env is
+
+class MultiTurnWorkflow(Workflow):
+    """One agent, one env, up to ``max_turns`` LLM calls: the loop of the architecture's rollout flow.
+
+    Ends with ``ENV_DONE`` when the env terminates, ``MAX_TURNS_EXCEEDED`` at ``max_turns`` or when the env is
     truncated (its ``TimeLimit``), ``MAX_RESPONSE_LENGTH_EXCEEDED`` when a reply is cut off by the length limit and the
     env did not end on it (the cut reply is still stepped, so the env grades it); with ``stop_on_truncation=False``
-    the episode goes on after a cut reply instead.
+    the episode goes on after a cut reply instead. ``max_steps`` is the deprecated name of ``max_turns``. The env
+    resets with the seed the engine planned for the episode (``run_with_termination_handling(..., seed=)``).
     """
 
     def __init__(
@@ -302,41 +316,31 @@ class MultiTurnWorkflow(Workflow):
         agent_cls: type[BaseAgent],
         env_args: dict[str, Any] | None = None,
         agent_args: dict[str, Any] | None = None,
-        max_steps: int = 10,
-        seed: int | None = 0,
+        max_turns: int | None = None,
         stop_on_truncation: bool = True,
+        max_steps: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(policy, **kwargs)
-        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps!r} (an int: LLM calls per episode)")
+        max_turns = max_turns_of(max_turns, max_steps, 10, type(self).__name__)
         if not callable(agent_cls):
             raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
         self.stop_on_truncation = stop_on_truncation
         self.env = make_env(env, env_args)
         self.agent = agent_cls(**(agent_args or {}))
-        self.max_steps = max_steps
-        self.seed = seed
+        self.max_turns = max_turns
 
     @property
     def cheap_to_build(self) -> bool:
         return inline_steps(self.env)
 
-    def reset_kwargs(self, task: Any, uid: str) -> dict[str, Any]:
-        """``env.reset`` arguments for a task: an int task is a seed; a dict pins the task (see the engine)."""
-        if isinstance(task, int):
-            return {"seed": task}
-        rollout = uid.rpartition(":")[2]
-        seed = self.seed + int(rollout) if self.seed is not None and rollout.isdigit() else None
-        return {"seed": seed, "options": {"task": task}}
-
     async def run(self, task: Any, uid: str) -> None:
         agent, env = self.agent, self.env
         agent.reset()
         self.commit(agent=agent)
-        observation, info = await self.call_env(env, "reset", **self.reset_kwargs(task, uid))
+        observation, info = await self.call_env(env, "reset", **reset_kwargs(task, self.episode_seed))
         agent.update_from_env(observation, 0.0, False, info)
-        for _ in range(self.max_steps):
+        for _ in range(self.max_turns):
             output = await self.generate(agent, tools=agent.tools_schema)
             action = agent.update_from_model(output)
             observation, reward, terminated, truncated, info = await self.call_env(env, "step", action)
@@ -354,5 +358,6 @@ class SingleTurnWorkflow(MultiTurnWorkflow):
     """One LLM call, one env step: the episode ends after it (``ENV_DONE`` if the env terminated)."""
 
     def __init__(self, policy: Policy, **kwargs: Any):
-        kwargs["max_steps"] = 1
+        kwargs.pop("max_steps", None)  # one call, whatever the (deprecated) limit says
+        kwargs["max_turns"] = 1
         super().__init__(policy, **kwargs)

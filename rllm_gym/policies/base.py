@@ -4,17 +4,15 @@ A policy takes chat messages (or prompt token ids) and sampling parameters and r
 :class:`~rllm_gym.types.ModelOutput`. The helpers here are pure functions used by all backends so that the same
 completion gives the same ModelOutput whichever backend produced it: reasoning is split out of ``<think>`` blocks,
 Hermes ``<tool_call>{json}</tool_call>`` blocks become :class:`~rllm_gym.types.ToolCall`, and the finish reason is
-``"tool_calls"`` when a reply calls a tool. The Hermes parser is a small private one on purpose: the tool-call
-parsers in ``rllm_gym.tools`` build on policies, so policies must not import them.
+``"tool_calls"`` when a reply calls a tool. Hermes blocks are read by :mod:`rllm_gym.tools.parsers`'s parser, the one
+Hermes parser of the package (``rllm_gym.tools`` imports nothing from the policies, so the import runs one way).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for, render_prompt_ids
+from rllm_gym.tools.parsers import HermesToolParser
 from rllm_gym.types import ModelOutput, Step, ToolCall
 
 __all__ = [
@@ -41,7 +40,7 @@ __all__ = [
 Messages = list[dict[str, Any]]
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_HERMES = HermesToolParser()
 
 
 MODEL_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json")
@@ -211,34 +210,23 @@ def split_reasoning(text: str) -> tuple[str, str]:
 def parse_hermes_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     """Parse Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of ``text``.
 
-    Returns the text with the well-formed blocks removed and the calls. A block that is not a JSON object with a
-    string ``name`` stays in the text: malformed model output is normal input, the agent or env decides about it.
+    Returns the text with the well-formed blocks removed and the calls. A block that is not a well-formed call stays
+    in the text: malformed model output is normal input, the agent or env decides about it. The parsing is
+    :class:`~rllm_gym.tools.parsers.HermesToolParser`'s (the one Hermes parser): JSON decoded in place, a closing tag
+    left off at the end of the reply tolerated, ``arguments`` as an object, a JSON string or absent.
     """
     if "<tool_call>" not in text:
         return text, []
+    kept: list[str] = []
     calls: list[ToolCall] = []
-
-    def _take(match: re.Match[str]) -> str:
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return match.group(0)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return match.group(0)
-        arguments = payload.get("arguments", {})
-        if isinstance(arguments, str):
-            # Some models write the arguments as a JSON string, as the OpenAI API does.
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return match.group(0)
-        if not isinstance(arguments, dict):
-            return match.group(0)
-        calls.append(ToolCall(name=payload["name"], arguments=arguments))
-        return ""
-
-    rest = _TOOL_CALL_RE.sub(_take, text)
-    return rest, calls
+    position = 0
+    for start, end, call in _HERMES.blocks(text):
+        if isinstance(call, ToolCall):
+            kept.append(text[position:start])
+            calls.append(call)
+            position = end
+    kept.append(text[position:])
+    return "".join(kept), calls
 
 
 def build_model_output(

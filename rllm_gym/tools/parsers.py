@@ -202,16 +202,24 @@ class HermesToolParser(ToolParser):
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _decoder = json.JSONDecoder()
 
+    def blocks(self, text: str) -> list[tuple[int, int, ToolCall | ToolCallError]]:
+        """Every ``<tool_call>`` block of ``text`` in order: ``(start, end, call or error)``, where ``text[start:end]``
+        is the block (its closing tag included when there is one). Never raises."""
+        found: list[tuple[int, int, ToolCall | ToolCallError]] = []
+        position = 0
+        while (start := text.find(self.OPEN, position)) != -1:
+            body_start = start + len(self.OPEN)
+            close = text.find(self.CLOSE, body_start)
+            call, position = self._decode_at(text, body_start, close, len(found))
+            found.append((start, position, call))
+        return found
+
     def _parse(self, text: str) -> ParsedReply:
         reply = ParsedReply()
         content: list[str] = []
         position = 0
-        while (start := text.find(self.OPEN, position)) != -1:
+        for start, end, call in self.blocks(text):
             content.append(text[position:start])
-            body_start = start + len(self.OPEN)
-            close = text.find(self.CLOSE, body_start)
-            index = len(reply.calls) + len(reply.errors)
-            call, end = self._decode_at(text, body_start, close, index)
             (reply.calls if isinstance(call, ToolCall) else reply.errors).append(call)
             position = end
         content.append(text[position:])

@@ -27,7 +27,7 @@ def test_every_env_has_replies_here():
 @pytest.mark.parametrize("env_id", env_ids(multi_agent=False))
 async def test_scripted_episodes_are_valid_and_carry_the_policy_tokens(env_id):
     policy = ScriptedPolicy(REPLIES[env_id], cycle=True)
-    engine = AgentExecutionEngine(env_id=env_id, agent_cls=default_agent(env_id), policy=policy, max_steps=3)
+    engine = AgentExecutionEngine(env_id=env_id, agent_cls=default_agent(env_id), policy=policy, max_turns=3)
     episodes = await engine.run(list(range(3)), n_rollouts=2)
     assert len(episodes) == 6
     for episode in episodes:

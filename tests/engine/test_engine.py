@@ -5,6 +5,7 @@ import threading
 import gymnasium as gym
 import pytest
 
+from rllm_gym.agents.base import BaseAgent
 from rllm_gym.agents.frozenlake import FrozenLakeAgent
 from rllm_gym.engine import AgentExecutionEngine, AgentWorkflowEngine, MultiTurnWorkflow, task_id_of
 from rllm_gym.policies.base import PolicyError, SamplingParams
@@ -50,7 +51,7 @@ async def test_episodes_solve_and_carry_token_fields_and_returns():
 
 async def test_limits_become_termination_reasons():
     wander = ScriptedPolicy(["Action: left"], cycle=True)
-    (episode,) = await frozen_engine(wander, max_steps=3).run([{"map": MAP}])
+    (episode,) = await frozen_engine(wander, max_turns=3).run([{"map": MAP}])
     assert episode.termination_reason is TerminationReason.MAX_TURNS_EXCEEDED
     assert len(episode.trajectories[0].steps) == 3 and not episode.is_correct
 
@@ -185,8 +186,8 @@ def test_task_ids_and_bad_arguments():
         AgentWorkflowEngine(MultiTurnWorkflow, ScriptedPolicy(["x"]), n_parallel=0)
     with pytest.raises(ValueError, match=re.escape("gamma must lie in [0, 1]")):
         asyncio.run(frozen_engine(ScriptedPolicy(["x"]), gamma=2.0).run([0]))
-    with pytest.raises(ValueError, match=re.escape("max_steps must be >= 1, got 0")):
-        asyncio.run(frozen_engine(ScriptedPolicy(["x"]), max_steps=0).run([0]))
+    with pytest.raises(ValueError, match=re.escape("max_turns must be >= 1, got 0")):
+        asyncio.run(frozen_engine(ScriptedPolicy(["x"]), max_turns=0).run([0]))
 
 
 async def test_sampling_params_reach_the_policy():
@@ -199,7 +200,7 @@ async def test_sampling_params_reach_the_policy():
 
     engine = frozen_engine(
         Recorder(["Action: up"], cycle=True),
-        max_steps=1,
+        max_turns=1,
         max_response_length=7,
         sampling_params=SamplingParams(temperature=0.3),
     )
@@ -211,11 +212,11 @@ async def test_engine_for_plays_single_and_multi_agent_ids():
     from rllm_gym.engine import SolverJudgeWorkflow, engine_for
 
     policy = ScriptedPolicy(lambda messages: "<verdict>1</verdict> \\boxed{2} up")
-    single = engine_for("rllm/FrozenLake-v0", policy, max_steps=2)
+    single = engine_for("rllm/FrozenLake-v0", policy, max_turns=2)
     assert isinstance(single, AgentExecutionEngine)
     custom = engine_for("rllm/FrozenLake-v0", policy, agent="rllm_gym.agents.frozenlake:FrozenLakeAgent")
     assert custom.workflow_args["agent_cls"] is FrozenLakeAgent
-    multi = engine_for("rllm/SolverJudge-v0", policy, env_args={"n_solvers": 2}, max_steps=3)
+    multi = engine_for("rllm/SolverJudge-v0", policy, env_args={"n_solvers": 2}, max_turns=3)
     assert multi.workflow_cls is SolverJudgeWorkflow  # the id's registered runner
     (episode,) = await multi.run([{"id": "q", "question": "What is 1 + 1?", "ground_truth": "2"}])
     assert [t.name for t in episode.trajectories] == ["solver", "solver", "judge"]
@@ -233,10 +234,28 @@ async def test_a_kept_env_pool_serves_several_runs_and_stays_open():
     policy = ScriptedPolicy(lambda messages: "\\boxed{2}")
     for _ in range(2):
         engine = AgentExecutionEngine(
-            env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_steps=1, executor=pool
+            env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_turns=1, executor=pool
         )
         episodes = await engine.run(list(range(6)))
         assert all(e.termination_reason.value != "error" for e in episodes)
     assert pool.busy == 0 and 1 <= len(pool._threads) <= 3  # the same threads, not new ones per run
     assert pool.submit(lambda: 7).result(timeout=10) == 7  # the engine did not shut the caller's pool
     pool.shutdown()
+
+
+def test_max_steps_is_a_deprecated_alias_of_max_turns():
+    from rllm_gym.engine import MultiAgentWorkflow
+
+    with pytest.warns(
+        FutureWarning, match=re.escape("AgentExecutionEngine(max_steps=...) is deprecated: pass max_turns=")
+    ):
+        engine = frozen_engine(ScriptedPolicy(["x"]), max_steps=3)
+    assert engine.workflow_args["max_turns"] == 3 and "max_steps" not in engine.workflow_args
+    with pytest.warns(FutureWarning, match=re.escape("MultiTurnWorkflow(max_steps=...) is deprecated")):
+        workflow = MultiTurnWorkflow(ScriptedPolicy(["x"]), env="rllm/FrozenLake-v0", agent_cls=BaseAgent, max_steps=2)
+    assert workflow.max_turns == 2
+    with pytest.warns(FutureWarning, match=re.escape("MultiAgentWorkflow(max_steps=...) is deprecated")):
+        workflow = MultiAgentWorkflow(ScriptedPolicy(["x"]), env="rllm/SolverJudge-v0", max_steps=4)
+    assert workflow.max_turns == 4
+    with pytest.raises(ValueError, match=re.escape("got max_turns=2 and max_steps=3: pass only max_turns")):
+        frozen_engine(ScriptedPolicy(["x"]), max_turns=2, max_steps=3)

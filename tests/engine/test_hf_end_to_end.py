@@ -16,7 +16,7 @@ async def test_tiny_model_episodes_carry_matching_tokens(tiny_model_dir):
         env_id="rllm/FrozenLake-v0",
         agent_cls=FrozenLakeAgent,
         policy=policy,
-        max_steps=2,
+        max_turns=2,
         sampling_params=SamplingParams(temperature=1.0, max_tokens=12, seed=0),
     )
     episodes = await engine.run(list(range(3)), n_rollouts=2)

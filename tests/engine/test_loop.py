@@ -20,7 +20,7 @@ import gymnasium as gym
 from rllm_gym.agents.code import CodeAgent
 from rllm_gym.agents.math import MathAgent
 from rllm_gym.engine import AgentExecutionEngine, EnvThreadPool
-from rllm_gym.engine.common import responsive_loop
+from rllm_gym.engine.interpreter import responsive_loop
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.sandbox import Sandbox
 from rllm_gym.spaces import TextSpace
@@ -102,7 +102,7 @@ async def test_env_calls_are_admitted_with_backpressure_and_the_loop_stays_respo
         env_id=BlockingEnv,
         agent_cls=MathAgent,
         policy=ScriptedPolicy(["\\boxed{1}"], cycle=True),
-        max_steps=1,
+        max_turns=1,
         n_parallel=600,
         env_workers=3,
     )
@@ -121,7 +121,7 @@ async def test_sandbox_submissions_stay_bounded_by_the_env_workers():
             env_args={"sandbox": sandbox},
             agent_cls=CodeAgent,
             policy=ScriptedPolicy(["```python\nprint(input())\n```"], cycle=True),
-            max_steps=1,
+            max_turns=1,
             n_parallel=64,
             env_workers=3,
         )
@@ -158,19 +158,70 @@ async def test_pool_call_admits_at_most_max_workers_and_submit_never_waits():
     assert all(not thread.is_alive() for thread in pool._threads)
 
 
-async def test_run_restores_the_process_settings_it_tunes():
-    thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
-    seen = {}
+def _interpreter_state() -> tuple:
+    return gc.get_threshold(), sys.getswitchinterval(), gc.get_freeze_count(), list(gc.callbacks)
 
+
+def _observing_engine(seen: list, **kwargs) -> AgentExecutionEngine:
     def reply(messages):
-        seen.update(threshold=gc.get_threshold()[0], interval=sys.getswitchinterval(), frozen=gc.get_freeze_count())
+        seen.append((gc.get_threshold()[0], sys.getswitchinterval(), gc.get_freeze_count()))
         return "\\boxed{1}"
 
-    policy = ScriptedPolicy(reply)
-    engine = AgentExecutionEngine(env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_steps=1)
-    await engine.run([{"id": "q", "question": "1?", "ground_truth": "1"}])
-    assert seen["threshold"] >= 50_000 and seen["interval"] <= 0.001 and seen["frozen"] > 0
-    assert (gc.get_threshold(), sys.getswitchinterval(), gc.get_freeze_count()) == (thresholds, interval, 0)
+    return AgentExecutionEngine(
+        env_id="rllm/Math-v0", agent_cls=MathAgent, policy=ScriptedPolicy(reply), max_turns=1, **kwargs
+    )
+
+
+TASK = {"id": "q", "question": "1?", "ground_truth": "1"}
+
+
+async def test_by_default_a_run_leaves_the_interpreter_settings_alone():
+    before, seen = _interpreter_state(), []
+    await _observing_engine(seen).run([TASK])
+    assert seen == [(before[0][0], before[1], before[2])]  # nothing changed while the episode ran either
+    assert _interpreter_state() == before
+
+
+async def test_tune_interpreter_tunes_while_episodes_run_and_restores_exactly():
+    before, seen = _interpreter_state(), []
+    await _observing_engine(seen, tune_interpreter=True).run([TASK])
+    ((threshold, interval, frozen),) = seen
+    assert threshold >= 50_000 and interval <= 0.001 and frozen > 0
+    assert _interpreter_state() == before
+
+
+async def test_tune_interpreter_never_unfreezes_what_the_caller_froze():
+    gc.collect()
+    gc.freeze()  # the caller's own frozen state (e.g. a server that froze its start-up objects)
+    try:
+        frozen, seen = gc.get_freeze_count(), []
+        await _observing_engine(seen, tune_interpreter=True).run([TASK])
+        # Still (nearly: frozen objects freed by refcount leave it) all frozen; the old gc.unfreeze() dropped it to 0.
+        assert gc.get_freeze_count() > frozen // 2
+        assert seen[0][0] >= 50_000  # the other settings still apply
+    finally:
+        gc.unfreeze()
+
+
+def test_overlapping_runs_restore_what_was_there_before_the_first():
+    before = _interpreter_state()
+    first, second = responsive_loop(), responsive_loop()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # the first run ends while the second still runs: settings stay on
+    assert gc.get_threshold()[0] >= 50_000 and gc.get_freeze_count() > 0
+    second.__exit__(None, None, None)
+    assert _interpreter_state() == before
+
+
+def test_a_setting_the_caller_changes_during_a_run_is_theirs_afterwards():
+    thresholds, interval = gc.get_threshold(), sys.getswitchinterval()
+    try:
+        with responsive_loop(gc_freeze=False):
+            sys.setswitchinterval(0.002)
+        assert sys.getswitchinterval() == 0.002 and gc.get_threshold() == thresholds
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_engine_modules_do_not_import_each_other():
@@ -189,6 +240,10 @@ def test_engine_modules_do_not_import_each_other():
     assert "rllm_gym.engine.multi_agent" not in imported("engine")
     assert "rllm_gym.engine.engine" not in imported("multi_agent")
     assert not {"rllm_gym.engine.engine", "rllm_gym.engine.multi_agent"} & imported("common")
+    # The engine knows only the agents' base class: env-specific agents and runners live with their envs' agents.
+    for name in ("common", "engine", "factory", "multi_agent", "workflow", "seeds", "interpreter"):
+        agents = {module for module in imported(name) if module.startswith("rllm_gym.agents")}
+        assert agents <= {"rllm_gym.agents.base"}, (name, agents)
 
 
 class Cycle:

@@ -3,12 +3,11 @@ import re
 import pytest
 
 from rllm_gym.agents.math import MathAgent
-from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent
+from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent, SolverJudgeWorkflow
 from rllm_gym.engine import (
     AgentWorkflowEngine,
     MultiAgentWorkflow,
     RolePolicies,
-    SolverJudgeWorkflow,
     run_multi_agent_episode,
 )
 from rllm_gym.engine.multi_agent import role_of
@@ -152,7 +151,7 @@ async def test_errors_are_retried_and_limits_end_episodes():
 
     for parallel in (False, True):
         engine = AgentWorkflowEngine(
-            SolverJudgeWorkflow, solver_then_judge(), workflow_args={"max_steps": 2, "parallel": parallel}
+            SolverJudgeWorkflow, solver_then_judge(), workflow_args={"max_turns": 2, "parallel": parallel}
         )
         (episode,) = await engine.run(TASKS[:1])
         assert episode.termination_reason is TerminationReason.MAX_TURNS_EXCEEDED

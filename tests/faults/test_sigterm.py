@@ -36,7 +36,7 @@ def terminate_when(process: subprocess.Popen, ready, what: str, timeout: float =
 
 def eval_command(model: Path, out: Path, tasks: int) -> list[str]:
     args = ["--env", "rllm/FrozenLake-v0", "--model", str(model), "--tasks", str(tasks), "--n", "1"]
-    args += ["--max-steps", "2", "--max-tokens", "6", "--temperature", "0", "--n-parallel", "1", "--out", str(out)]
+    args += ["--max-turns", "2", "--max-tokens", "6", "--temperature", "0", "--n-parallel", "1", "--out", str(out)]
     return [sys.executable, "-m", "rllm_gym.cli", "eval", *args]
 
 

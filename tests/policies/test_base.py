@@ -6,6 +6,7 @@ import pytest
 
 from rllm_gym.policies import Policy, SamplingParams, build_model_output, parse_hermes_tool_calls, split_reasoning
 from rllm_gym.policies.base import BasePolicy, PolicyRequest
+from rllm_gym.tools.parsers import HermesToolParser
 from rllm_gym.types import ModelOutput, ToolCall
 
 
@@ -40,10 +41,22 @@ def test_hermes_tool_calls_are_parsed_and_removed():
         '<tool_call>{"arguments": {}}</tool_call>',
         '<tool_call>{"name": "f", "arguments": [1, 2]}</tool_call>',
         '<tool_call>{"name": "f", "arguments": "{broken"}</tool_call>',
+        '<tool_call>{"name": " ", "arguments": {}}</tool_call>',  # blank: the shared parser's rule (tools.parsers)
+        '<tool_call>{"name": "f"} trailing</tool_call>',
     ],
 )
 def test_malformed_tool_calls_stay_in_the_text(block):
     assert parse_hermes_tool_calls(block) == (block, [])
+
+
+def test_the_policy_parser_is_the_tools_hermes_parser():
+    # One Hermes parser: a "</tool_call>" inside a JSON string and a closing tag left off at the end of the reply are
+    # the tool parser's rules, which the policy's old regex got wrong (it cut the JSON at the inner tag).
+    text = 'A<tool_call>{"name": "echo", "arguments": {"s": "</tool_call>"}}</tool_call>B<tool_call>{"name": "f"}'
+    rest, calls = parse_hermes_tool_calls(text)
+    assert calls == [ToolCall(name="echo", arguments={"s": "</tool_call>"}), ToolCall(name="f")]
+    assert rest == "AB"
+    assert calls == HermesToolParser().parse(text)
 
 
 def test_build_model_output_splits_everything():

@@ -51,7 +51,7 @@ def run(env_id: str, policy, episodes: int, max_tokens: int, seed: int = 0) -> l
         env_id,
         policy,
         env_args=env_args,
-        max_steps=max_steps,
+        max_turns=max_steps,
         n_parallel=episodes,
         stop_on_truncation=False,  # cut replies go on: they are the case where an end-of-turn token is added
         sampling_params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=None),

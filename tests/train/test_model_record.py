@@ -59,7 +59,7 @@ def test_model_folders_record_their_training_and_eval_uses_it(tmp_path):
     assert f"rllm-gym eval: settings from {final / 'rllm_gym_training.json'}: --env rllm/FrozenLake-v0" in (
         evaluated.stderr
     )
-    assert "--max-steps 2, --max-tokens 4" in evaluated.stderr
+    assert "--max-turns 2, --max-tokens 4" in evaluated.stderr
     [episode] = read_episodes(out)
     first_chat = episode.trajectories[0].steps[0].chat_completions
     assert first_chat[0] == {"role": "system", "content": SYSTEM_PROMPT}

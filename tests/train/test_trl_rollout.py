@@ -297,7 +297,7 @@ async def test_trainer_vllm_policy_batches_episodes_into_one_generate_call(tiny_
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     trainer = StandInTrainer(tokenizer)
     policy = TrainerVLLMPolicy(trainer)
-    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_steps=2)
+    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_turns=2)
     episodes = await engine.run(list(range(8)))
     assert trainer.vllm_generation.calls[0] == 8  # every episode's first turn in one vLLM call
     step = episodes[0].trajectories[0].steps[0]
@@ -339,7 +339,7 @@ def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
     trainer = SimpleNamespace(
         use_vllm=True,
         vllm_generation=generation,
-        args=SimpleNamespace(vllm_mode="server", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4),
+        args=SimpleNamespace(vllm_mode="server", seed=0, temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4),
         accelerator=SimpleNamespace(
             num_processes=1, process_index=0, is_main_process=True, device=torch.device("cpu")
         ),

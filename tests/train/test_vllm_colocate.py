@@ -48,7 +48,12 @@ def trainer_for(generation, tokenizer, device="cpu", max_completion_length=4):
         use_vllm=True,
         vllm_generation=generation,
         args=SimpleNamespace(
-            vllm_mode="colocate", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=max_completion_length
+            vllm_mode="colocate",
+            seed=0,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_completion_length=max_completion_length,
         ),
         accelerator=SimpleNamespace(num_processes=1, process_index=0, device=torch.device(device)),
         processing_class=tokenizer,

@@ -321,7 +321,7 @@ def test_engine_episodes_run_inside_the_driver(tiny_model_dir):
     assert len(client.reply_ids) == 2
     generation = worker.fake_generation(client)
     policy = ServerVLLMPolicy(generation, ONE_PROCESS, tokenizer, [tokenizer.eos_token_id])
-    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_steps=2)
+    engine = AgentExecutionEngine(env_id="rllm/FrozenLake-v0", agent_cls=FrozenLakeAgent, policy=policy, max_turns=2)
 
     episodes = asyncio.run(policy.run(engine.run(list(range(8)))))
     assert len(client.calls[0]["prompts"]) == 8  # every episode's first turn in one round
@@ -365,7 +365,7 @@ def test_a_prompt_too_long_for_the_server_ends_its_episode_and_not_the_round(tin
             use_vllm=True, vllm_generation=worker.fake_generation(client), accelerator=ONE_PROCESS,
             processing_class=tokenizer, eos_token_ids=[tokenizer.eos_token_id],
             args=SimpleNamespace(
-                vllm_mode="server", temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4,
+                vllm_mode="server", seed=0, temperature=1.0, top_p=1.0, top_k=0, max_completion_length=4,
                 vllm_max_model_length=context,
             ),
         )  # fmt: skip

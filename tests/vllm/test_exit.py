@@ -15,7 +15,7 @@ NOISE = ("Traceback", "Exception ignored", "TypeError", "leaked", "Error")
 def test_eval_with_vllm_runs_and_exits_quietly(vllm_model_dir, tmp_path):
     out = tmp_path / "episodes.jsonl"
     command = [sys.executable, "-m", "rllm_gym.cli", "eval", "--policy", "vllm", "--model", str(vllm_model_dir)]
-    command += ["--tasks", "2", "--n", "2", "--max-steps", "2", "--max-tokens", "8", "--out", str(out), "--json"]
+    command += ["--tasks", "2", "--n", "2", "--max-turns", "2", "--max-tokens", "8", "--out", str(out), "--json"]
     command += ["--no-progress"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]

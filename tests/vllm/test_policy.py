@@ -114,7 +114,7 @@ async def test_episodes_through_the_engine(policy, vllm_model_dir):
         env_id="rllm/FrozenLake-v0",
         agent_cls=FrozenLakeAgent,
         policy=policy,
-        max_steps=3,
+        max_turns=3,
         sampling_params=SamplingParams(temperature=1.0, max_tokens=12, seed=0),
     )
     episodes = await engine.run(list(range(4)), n_rollouts=2)

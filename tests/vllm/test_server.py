@@ -76,7 +76,7 @@ async def test_server_ids_and_logprobs_reach_the_step(server, vllm_model_dir):
         env_id="rllm/FrozenLake-v0",
         agent_cls=FrozenLakeAgent,
         policy=policy,
-        max_steps=2,
+        max_turns=2,
         sampling_params=SamplingParams(temperature=1.0, max_tokens=10, seed=0),
     )
     episodes = await engine.run(list(range(2)), n_rollouts=2)
