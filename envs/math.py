@@ -62,7 +62,8 @@ class MathEnv(MultiTurnEnv):
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct``, ``extracted_answer`` (None on a
     format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
-    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
+    ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``math_verify``, ``timeout``,
+    ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
     ``invalid_action`` (the action was outside the action space).
 
     ## Arguments

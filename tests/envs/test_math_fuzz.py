@@ -10,7 +10,7 @@ from rllm_gym.envs.math import MathEnv
 _fragments = st.sampled_from(["\\boxed{", "}", "{", "<think>", "</think>", "####", "The answer is ", "42", "$", "\n"])
 _replies = st.text(max_size=200) | st.lists(_fragments | st.text(max_size=6), max_size=30).map("".join)
 _TASK = {"question": "What is 6 * 7?", "ground_truth": "42"}
-_PATHS = {"exact", "numeric", "format_error"}
+_PATHS = {"exact", "numeric", "words", "format_error"}
 
 
 @settings(max_examples=300, deadline=None)
