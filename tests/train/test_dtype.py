@@ -89,16 +89,16 @@ def test_dtype_and_chat_template_kwargs_reach_the_run_its_checkpoints_and_its_re
         "--chat_template_kwargs", '{"enable_thinking": false}',
     ]  # fmt: skip
     prompts = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
+    original = RLLMGRPOTrainer.collect
 
     def spy(self, inputs):
-        output = original(self, inputs)
+        batch = original(self, inputs)
         assert self.model.dtype == torch.bfloat16  # the first run and the resumed one train in bf16
-        steps = [step for e in self.rollout.last_episodes for t in e.trajectories for step in t.steps]
+        steps = [step for e in batch.episodes for t in e.trajectories for step in t.steps]
         prompts.extend(self.processing_class.decode(step.prompt_ids) for step in steps)
-        return output
+        return batch
 
-    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
+    with patch.object(RLLMGRPOTrainer, "collect", spy):
         main([*flags, "--max_steps", "1"])
         summary = main([*flags, "--max_steps", "2", "--resume", "true"])
     assert summary["config"]["dtype"] == "bf16"

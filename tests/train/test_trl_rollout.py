@@ -1,9 +1,7 @@
-import copy
 import random
 import re
 from collections import Counter, defaultdict
 from types import SimpleNamespace
-from unittest.mock import patch
 
 import gymnasium as gym
 import pytest
@@ -95,22 +93,7 @@ class ParityEnv(MultiTurnEnv):
 gym.register(id="test/Parity-v0", entry_point=ParityEnv)
 
 
-def train_and_record(trainer):
-    """Train; for every batch, the output the loss got and a copy of the rollout's records of it."""
-    batches = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
-
-    def spy(self, inputs):
-        output = original(self, inputs)
-        batches.append((output, copy.copy(self.rollout)))
-        return output
-
-    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
-        trainer.train()
-    return batches
-
-
-def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model_dir, tmp_path):
+def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model_dir, tmp_path, train_and_record):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -148,9 +131,7 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         rollout=rollout,
         advantage_config=AdvantageConfig(estimator="drgrpo"),
     )
-    batches = [
-        (output, rollout.last_sequences, rollout.last_episodes) for output, rollout in train_and_record(trainer)
-    ]
+    batches = [(output, batch.sequences, batch.episodes) for output, batch in train_and_record(trainer)]
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     saw_observations = False
     for output, sequences, episodes in batches:
@@ -189,7 +170,7 @@ def grpo_args(tmp_path, **kwargs):
 
 
 def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_turn_trajectory(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, train_and_record
 ):
     # Generation by HFPolicy on the training weights: random replies, many cut by the length limit, whose text the
     # tokenizer would spell with other tokens. Token in, token out keeps each trajectory one row all the same.
@@ -211,17 +192,19 @@ def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_tu
         advantage_config=AdvantageConfig(estimator="drgrpo"),
     )
     [(_, seen)] = train_and_record(trainer)
-    trajectories = [e.trajectories[0] for e in seen.last_episodes]
+    trajectories = [e.trajectories[0] for e in seen.episodes]
     assert sum(len(t.steps) for t in trajectories) > len(trajectories)  # a right answer ends an episode early
-    assert len(seen.last_sequences) == 8 and not any(s.prefix_mismatch for s in seen.last_sequences)
-    for sequence in seen.last_sequences:
+    assert len(seen.sequences) == 8 and not any(s.prefix_mismatch for s in seen.sequences)
+    for sequence in seen.sequences:
         last = trajectories[sequence.source].steps[-1]
         assert sequence.prompt_ids + sequence.completion_ids == last.prompt_ids + last.response_ids
     logged = next(entry for entry in trainer.state.log_history if "rollout/rows_per_trajectory" in entry)
     assert logged["rollout/rows_per_trajectory"] == 1.0 and logged["rollout/prefix_mismatch"] == 0
 
 
-def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(tiny_model_dir, tmp_path):
+def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
+    tiny_model_dir, tmp_path, train_and_record
+):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [{"id": f"q{i}", "question": f"What is {i} + 1?", "ground_truth": str(i + 1)} for i in range(2)]
@@ -244,7 +227,7 @@ def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
         rollout=rollout,
         advantage_config=AdvantageConfig(estimator="grpo"),
     )
-    batches = [(output, rollout.last_episodes, rollout.last_slots) for output, rollout in train_and_record(trainer)]
+    batches = [(output, batch.episodes, batch.slots) for output, batch in train_and_record(trainer)]
     assert len(batches) == 2
     for output, episodes, slots in batches:
         # 24 rows = 2 tasks x 3 slots x 4 generations, from 8 episodes: each episode trains all three trajectories.
@@ -347,10 +330,11 @@ def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
         eos_token_ids=[tokenizer.eos_token_id],
     )
     rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_steps=2)
-    output = rollout([encode_prompt("rllm/FrozenLake-v0", seed) for seed in range(6)], trainer)
+    prompts = [encode_prompt("rllm/FrozenLake-v0", seed) for seed in range(6)]
+    batch = rollout.collect(prompts, rollout.generation_for(trainer))
     assert client.calls[0] == 6  # the first turn of all six episodes in one server call
-    assert len(output["completion_ids"]) == 6
-    steps = [step for episode in rollout.last_episodes for step in episode.trajectories[0].steps]
+    assert len(batch.trl_output()["completion_ids"]) == 6
+    steps = [step for episode in batch.episodes for step in episode.trajectories[0].steps]
     assert steps and all(step.model_output.text == "up" and step.logprobs == [-0.25] * 2 for step in steps)
-    assert rollout.last_metrics["vllm_server/server_calls"] == len(client.calls)
+    assert batch.metrics["vllm_server/server_calls"] == len(client.calls)
     rollout.close()
