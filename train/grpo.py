@@ -112,7 +112,7 @@ def make_splits(config: TrainConfig, config_dir: Path) -> list[TaskSplit]:
     """Each env's tasks split into training and held-out tasks (train/splits.py; paths relative to ``config_dir``)."""
     sources = config.tasks or [None] * len(config.env)
     held_out = config.eval_tasks or [None] * len(config.env)
-    env_args = json.loads(config.env_args)
+    env_args = config.env_args
     return [
         make_split(
             env_id,
@@ -142,7 +142,7 @@ def build_prompts(config: TrainConfig, splits: list[TaskSplit]) -> Dataset:
     other; with a multi-agent env the trainer keeps this order (no second shuffle), so they reach the same rollout
     call and share its episodes.
     """
-    slots = {split.env_id: trajectory_slots(split.env_id, json.loads(config.env_args)) for split in splits}
+    slots = {split.env_id: trajectory_slots(split.env_id, config.env_args) for split in splits}
     weights = config.env_weights or [1.0] * len(splits)
     rng = random.Random(config.seed)
     rows: list[dict[str, str]] = []
@@ -187,7 +187,7 @@ def warm_start(
             for trajectory in episode.trajectories:
                 for step in trajectory.steps[:2]:
                     examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
-    template_kwargs = json.loads(config.chat_template_kwargs)
+    template_kwargs = config.chat_template_kwargs
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.warm_start_lr)
     model.train()
     loss = torch.tensor(0.0)
@@ -225,7 +225,7 @@ def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.
     """TRL's config of the run for a model loaded in ``dtype`` (building it sets up the processes: Accelerate's state
     exists afterwards)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    trl_args = json.loads(config.trl_args)
+    trl_args = config.trl_args
     accumulation = trl_args.get("gradient_accumulation_steps", 1)
     rollouts_per_step = config.prompts_per_step * config.num_generations
     if rollouts_per_step % (world_size * accumulation):
@@ -266,7 +266,7 @@ def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.
         shuffle_dataset=not any(env_id in env_ids(multi_agent=True) for env_id in config.env),
         use_cpu=not torch.cuda.is_available(),
         bf16=bf16,
-        chat_template_kwargs=json.loads(config.chat_template_kwargs),
+        chat_template_kwargs=config.chat_template_kwargs,
         warmup_steps=config.warmup_ratio,  # a float below 1 is a share of max_steps
     )
     return GRPOConfig(**{**ours, **trl_args})  # trl_args were set on purpose: they win
@@ -297,7 +297,11 @@ class RecordTraining(TrainerCallback):
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """One run with the flags in ``argv`` (default: ``sys.argv``); returns its summary. Errors propagate: :func:`cli`
     is the command line, which turns them into a message and an exit status."""
-    config, config_dir = load_config(argv)
+    return start(*load_config(argv))
+
+
+def start(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
+    """The run of a loaded config, with its logging set up; returns its summary."""
     configure_logging(config.log_level)
     quiet_libraries(config.progress)
     with logging_redirect_tqdm(loggers=[logger]):  # log records print above the progress bars, not on their line
@@ -330,13 +334,10 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     dataset = build_prompts(config, splits)
     evaluator = Evaluator(config, tokenizer, splits)
     rollout = EpisodeRollout(
-        [
-            EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
-            for env_id in config.env
-        ],
+        [EnvSetup(env_id, agent_args=config.agent_args, env_args=config.env_args) for env_id in config.env],
         max_steps=config.max_turns,
         gamma=config.gamma,
-        chat_template_kwargs=json.loads(config.chat_template_kwargs),
+        chat_template_kwargs=config.chat_template_kwargs,
         token_history=config.token_history,
     )
     advantage_config = AdvantageConfig(
@@ -488,10 +489,12 @@ def cli(argv: list[str] | None = None) -> int:
     ``rllm-gym eval``. ``--debug true`` shows the traceback of an error too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        main(argv)
+        config, config_dir = load_config(argv)
     except ConfigError as error:
         print(f"rllm-gym train: error: {error}", file=sys.stderr, flush=True)
         return 2
+    try:
+        start(config, config_dir)
     except OutputDirError as error:
         print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
         return 2
@@ -505,7 +508,7 @@ def cli(argv: list[str] | None = None) -> int:
     except Interrupted:
         return 130  # StopOnInterrupt said so when Ctrl-C came
     except Exception as error:
-        if "--debug" in argv:
+        if config.debug:
             raise
         print(f"rllm-gym train: {type(error).__name__}: {error} (--debug shows the traceback)", file=sys.stderr)
         return 1

@@ -7,7 +7,6 @@ user can replace by a local folder, and a clear error when that folder is missin
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -26,7 +25,7 @@ LAUNCHERS = {"qwen_math_1gpu.yaml": "single_gpu.yaml", "qwen_math_zero3.yaml": "
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))
 def test_gpu_config_asks_for_vllm_bf16_and_a_qwen_model(name):
     config, _ = load_config(["--config", str(CONFIGS / name)])
-    trl_args = json.loads(config.trl_args)
+    trl_args = config.trl_args
     assert config.env == ["rllm/Math-v0"] and config.max_turns == 1
     assert config.use_vllm and config.vllm_mode == "colocate"
     assert trl_args["bf16"] is True and config.gradient_checkpointing
@@ -42,7 +41,7 @@ def test_batch_divides_among_the_documented_launchers_processes(name):
     text = (CONFIGS / name).read_text()
     assert f"accelerate launch --config_file train/accelerate/{launcher} train/grpo.py" in text.replace("\\\n", "")
     config, _ = load_config(["--config", str(CONFIGS / name)])
-    accumulation = json.loads(config.trl_args)["gradient_accumulation_steps"]
+    accumulation = config.trl_args["gradient_accumulation_steps"]
     accelerate = load_config_from_file(str(REPO / "train" / "accelerate" / launcher))
     rollouts = config.prompts_per_step * config.num_generations
     assert rollouts % (accelerate.num_processes * accumulation) == 0
