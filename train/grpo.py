@@ -4,11 +4,14 @@
     python -m rllm_gym.train.grpo --config train/configs/demo_cpu.yaml --max_steps 50      # CLI flags override
 
 Reads top to bottom: config, model, environments and data (each env's tasks split into training and held-out ones,
-:mod:`rllm_gym.train.splits`), a format warm start, the trainer, the run (evaluated before, every ``eval_steps`` and
-after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`), and the reward curve. The config's fields
-and checks are in :mod:`rllm_gym.train.config`, what the run prints (progress bars, one line per log, evaluation and
-checkpoint) in :mod:`rllm_gym.train.console`. Generation goes through our envs, agents and engine
-(:mod:`rllm_gym.train.trl_rollout`), advantages through :mod:`rllm_gym.train.advantages`, the loss through TRL.
+:mod:`rllm_gym.train.splits`), a format warm start (:mod:`rllm_gym.train.warm_start`), the trainer, the run
+(evaluated before, every ``eval_steps`` and after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`),
+and the reward curve. The config's fields and loading are in :mod:`rllm_gym.train.config` (its checks in
+:mod:`rllm_gym.train.config_checks`), what the run prints (progress bars, one line per log, evaluation and
+checkpoint) in :mod:`rllm_gym.train.console`. Each step's episodes go through our envs, agents and engine
+(:mod:`rllm_gym.train.rollout`, which returns them as a ``RolloutBatch``; the generation backend, chosen once, in
+:mod:`rllm_gym.train.generation`), the trainer that turns them into TRL's batch is
+:mod:`rllm_gym.train.trl_rollout`, advantages come from :mod:`rllm_gym.train.advantages`, the loss from TRL.
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ from trl import GRPOConfig
 import rllm_gym
 from rllm_gym.engine.report import describe_errors
 from rllm_gym.log import configure_logging, logger
-from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
 from rllm_gym.train.config_file import ConfigError
-from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, progress_bar, quiet_libraries, say
-from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env, run_episodes
+from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say
+from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env
 from rllm_gym.train.interrupt import StopOnInterrupt
 from rllm_gym.train.model_record import read_training_record, training_record, write_model_record
 from rllm_gym.train.run_dir import (
@@ -62,8 +64,9 @@ from rllm_gym.train.run_dir import (
 )
 from rllm_gym.train.splits import TaskSplit, make_split, split_record
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
+from rllm_gym.train.warm_start import warm_start
 
-# Config: TrainConfig, its checks and load_config (YAML, then CLI flags) live in train/config.py.
+# Config: TrainConfig and load_config (YAML, then CLI flags) live in train/config.py, its checks in config_checks.py.
 
 
 # Model
@@ -171,54 +174,15 @@ def whole_weights(model: Any, *, modify: bool = False) -> Iterator[None]:
         yield
 
 
-# Format warm start
-
-
-def warm_start(
-    model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]], *, show: bool = True
-) -> float:
-    """Supervised steps on random replies in the agent's chat format, under a bar; returns the last loss."""
-    rng = random.Random(config.seed)
-    policy = ScriptedPolicy(lambda messages: rng.choice(config.warm_start_replies), tokenizer=tokenizer)
-    examples: list[tuple[list[dict[str, Any]], str]] = []  # (the chat sent, the reply)
-    for env_id, env_tasks in tasks.items():
-        for episode in run_episodes(config, env_id, policy, env_tasks[:64], n_rollouts=4):
-            # The reply format is the same at every turn: the first turns (short prompts) teach it cheaply.
-            for trajectory in episode.trajectories:
-                for step in trajectory.steps[:2]:
-                    examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
-    template_kwargs = config.chat_template_kwargs
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.warm_start_lr)
-    model.train()
-    loss = torch.tensor(0.0)
-    bar = progress_bar(config, config.warm_start_steps, "warm start", "step", show=show)
-    for _ in range(config.warm_start_steps):
-        batch = rng.sample(examples, min(16, len(examples)))
-        inputs, labels = [], []
-        for messages, reply in batch:
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
-            )
-            answer = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
-            inputs.append([*prompt, *answer])
-            labels.append([-100] * len(prompt) + answer)
-        width = max(len(ids) for ids in inputs)
-        pad = tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs], device=model.device)
-        label_ids = torch.tensor([ids + [-100] * (width - len(ids)) for ids in labels], device=model.device)
-        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs], device=model.device)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        bar.update()
-        if not bar.disable:
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    bar.close()
-    return float(loss.detach())
-
-
 # Training
+
+
+# TrainConfig fields that GRPOConfig has under the same name and meaning: passed on as they are.
+SAME_IN_TRL = (
+    "num_generations", "max_completion_length", "temperature", "learning_rate", "lr_scheduler_type", "beta",
+    "loss_type", "max_steps", "logging_steps", "save_steps", "seed", "report_to", "use_vllm", "vllm_mode",
+    "vllm_gpu_memory_utilization", "vllm_server_base_url", "vllm_server_timeout",
+)  # fmt: skip
 
 
 def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.float32) -> GRPOConfig:
@@ -239,28 +203,12 @@ def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.
     gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     bf16 = dtype == torch.bfloat16 or (dtype == torch.float32 and config.dtype == "auto" and gpu_bf16)
     ours = dict(
+        {name: getattr(config, name) for name in SAME_IN_TRL},
         output_dir=str(output_dir),
         # prompts_per_step stays per optimizer step: accumulation splits it into micro-batches.
         per_device_train_batch_size=rollouts_per_step // (world_size * accumulation),
-        num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length,
-        temperature=config.temperature,
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        beta=config.beta,
-        loss_type=config.loss_type,
-        max_steps=config.max_steps,
-        logging_steps=config.logging_steps,
-        save_steps=config.save_steps,
-        seed=config.seed,
-        report_to=config.report_to,
         disable_tqdm=True,
         **{checkpointing_name(): config.gradient_checkpointing},
-        use_vllm=config.use_vllm,
-        vllm_mode=config.vllm_mode,
-        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        vllm_server_base_url=config.vllm_server_base_url,
-        vllm_server_timeout=config.vllm_server_timeout,
         # The rows are already in a seeded random order; TRL's shuffle on top would split a multi-agent task's
         # prompts (which share episodes only when they arrive together), so it is off when there are any.
         shuffle_dataset=not any(env_id in env_ids(multi_agent=True) for env_id in config.env),
