@@ -337,20 +337,15 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     interrupt = StopOnInterrupt(announce=state.is_main_process)
     # interrupt before console: the step Ctrl-C stops after is logged before its checkpoint is saved.
     callbacks = [RecordTraining(output_dir, asdict(config), summary), interrupt, console, steps]
+    # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
+    before = summary.get("evaluation_before") if checkpoint is None else None  # logged at step 0
+    evaluation: dict[str, Any] = {"callbacks": callbacks, "evaluation_before": before}
+    if evaluator.enabled:
+        evaluation |= {"callbacks": [*callbacks, EvalSchedule(config.eval_steps)], "evaluation": evaluator}
     trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=advantage_config,
-        peft_config=peft_config,
-        # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
-        callbacks=[*callbacks, EvalSchedule(config.eval_steps)] if evaluator.enabled else callbacks,
-        max_error_steps=config.max_error_steps,
-        evaluation=evaluator if evaluator.enabled else None,
-        evaluation_before=summary.get("evaluation_before") if checkpoint is None else None,
-    )
+        model, args=args, processing_class=tokenizer, train_dataset=dataset, peft_config=peft_config,
+        rollout=rollout, advantage_config=advantage_config, max_error_steps=config.max_error_steps, **evaluation,
+    )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
     try:

@@ -221,20 +221,11 @@ class EpisodeRollout:
             # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
             single_agent = env_id not in env_ids(multi_agent=True)
             options = {"stop_on_truncation": self.stop_on_truncation} if single_agent else {}
+            settings = {"n_parallel": self.n_parallel, "gamma": self.gamma, "timeout_s": self.timeout_s, **options}
             engine = engine_for(
-                env_id,
-                policy,
-                agent=setup.agent,
-                agent_args=setup.agent_args,
-                env_args=setup.env_args,
-                n_parallel=self.n_parallel,
-                max_steps=self.max_steps,
-                sampling_params=sampling,
-                gamma=self.gamma,
-                timeout_s=self.timeout_s,
-                executor=self._pool,
-                **options,
-            )
+                env_id, policy, agent=setup.agent, agent_args=setup.agent_args, env_args=setup.env_args,
+                max_steps=self.max_steps, sampling_params=sampling, executor=self._pool, **settings,
+            )  # fmt: skip
             finished = {}
             async for episode in engine.stream_pairs([(task, uid) for _, task, uid in items]):
                 finished[episode.id] = episode

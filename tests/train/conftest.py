@@ -5,8 +5,24 @@ from __future__ import annotations
 from unittest.mock import patch
 
 import pytest
+from datasets import Dataset
 
+from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.trl_rollout import RLLMGRPOTrainer
+
+
+@pytest.fixture
+def make_trainer():
+    """``make_trainer(model, tokenizer, args, rows, rollout, **advantages)``: an RLLMGRPOTrainer on the dataset
+    ``rows`` with ``AdvantageConfig(**advantages)``."""
+
+    def make(model, tokenizer, args, rows, rollout, **advantages):
+        dataset = Dataset.from_list(rows)
+        config = AdvantageConfig(**advantages)
+        return RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=rollout,
+                               advantage_config=config)  # fmt: skip
+
+    return make
 
 
 @pytest.fixture

@@ -6,17 +6,14 @@ from types import SimpleNamespace
 import gymnasium as gym
 import pytest
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.trl_rollout import (
     EnvSetup,
     EpisodeRollout,
-    RLLMGRPOTrainer,
     decode_prompt,
     encode_prompt,
     trajectory_to_sequences,
@@ -93,18 +90,10 @@ class ParityEnv(MultiTurnEnv):
 gym.register(id="test/Parity-v0", entry_point=ParityEnv)
 
 
-def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model_dir, tmp_path, train_and_record):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(4)]
-    dataset = Dataset.from_list([{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks] * 3)
-    args = GRPOConfig(
+def grpo_args(tmp_path, **kwargs):
+    defaults = dict(
         output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_steps=3,
-        max_completion_length=6,
+        max_completion_length=12,
         learning_rate=1e-2,
         beta=0.0,
         report_to=[],
@@ -113,7 +102,23 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         disable_tqdm=True,
         gradient_checkpointing=False,
         logging_steps=1,
+        shuffle_dataset=False,
     )
+    return GRPOConfig(**{**defaults, **kwargs})
+
+
+def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
+):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(4)]
+    rows = [{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks] * 3
+    args = grpo_args(
+        tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=3, max_completion_length=6,
+        shuffle_dataset=True,
+    )  # fmt: skip
     # Scripted replies with real token ids (parity gives mixed rewards); the next test trains on the model's own
     # random text, which would re-tokenize differently if the chat were re-rendered.
     replies = random.Random(0)
@@ -123,14 +128,7 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         max_steps=2,
         policy_factory=lambda trainer: policy,
     )
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="drgrpo"),
-    )
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo")
     batches = [(output, batch.sequences, batch.episodes) for output, batch in train_and_record(trainer)]
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     saw_observations = False
@@ -152,45 +150,20 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
     assert saw_observations, "two-turn episodes should have observation tokens in their sequences"
 
 
-def grpo_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path),
-        max_completion_length=12,
-        learning_rate=1e-2,
-        beta=0.0,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        shuffle_dataset=False,
-    )
-    return GRPOConfig(**{**defaults, **kwargs})
-
-
 def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_turn_trajectory(
-    tiny_model_dir, tmp_path, train_and_record
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
 ):
     # Generation by HFPolicy on the training weights: random replies, many cut by the length limit, whose text the
     # tokenizer would spell with other tokens. Token in, token out keeps each trajectory one row all the same.
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(2)]
-    dataset = Dataset.from_list([{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks])
+    rows = [{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks]
     rollout = EpisodeRollout(
         [EnvSetup("test/Parity-v0", agent="rllm_gym.agents.math:MathAgent")], max_steps=2, stop_on_truncation=False
     )
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=grpo_args(
-            tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1, max_completion_length=6
-        ),
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="drgrpo"),
-    )
+    args = grpo_args(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1, max_completion_length=6)
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo")
     [(_, seen)] = train_and_record(trainer)
     trajectories = [e.trajectories[0] for e in seen.episodes]
     assert sum(len(t.steps) for t in trajectories) > len(trajectories)  # a right answer ends an episode early
@@ -203,7 +176,7 @@ def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_tu
 
 
 def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
-    tiny_model_dir, tmp_path, train_and_record
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
 ):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -219,14 +192,8 @@ def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
 
     policy = ScriptedPolicy(reply, tokenizer=tokenizer)
     rollout = EpisodeRollout([EnvSetup("rllm/SolverJudge-v0")], max_steps=3, policy_factory=lambda trainer: policy)
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=grpo_args(tmp_path, per_device_train_batch_size=24, num_generations=4, max_steps=2),
-        train_dataset=Dataset.from_list(rows * 2),
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="grpo"),
-    )
+    args = grpo_args(tmp_path, per_device_train_batch_size=24, num_generations=4, max_steps=2)
+    trainer = make_trainer(model, tokenizer, args, rows * 2, rollout, estimator="grpo")
     batches = [(output, batch.episodes, batch.slots) for output, batch in train_and_record(trainer)]
     assert len(batches) == 2
     for output, episodes, slots in batches:
