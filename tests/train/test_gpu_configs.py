@@ -90,17 +90,14 @@ gym.register(id="test/ReplyLength-v0", entry_point=ReplyLength)
 
 
 @pytest.mark.parametrize("dtype", ["shipped", "bf16"])
-def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_model_dir, tmp_path):
+def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_model_dir, tmp_path, make_trainer):
     """qwen_math_1gpu.yaml's lr (1e-6) with its dtype setup changes every weight matrix in one step; bf16 weights
     (the earlier setup, dtype: bf16) keep nearly all of theirs, the update rounding away."""
     import itertools
 
-    from datasets import Dataset
-
     from rllm_gym.policies.scripted import ScriptedPolicy
-    from rllm_gym.train.advantages import AdvantageConfig
     from rllm_gym.train.grpo import grpo_args, load_model
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
 
     flags = ["--config", str(CONFIGS / "qwen_math_1gpu.yaml"), "--model", str(tiny_model_dir), "--use_vllm", "false"]
     flags += ["--prompts_per_step", "2", "--num_generations", "4", "--max_steps", "1", "--max_completion_length", "8"]
@@ -115,18 +112,12 @@ def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_mo
     answers = itertools.count()
     policy = ScriptedPolicy(lambda messages: ["a", "bb bb bb", "ccc", "d d"][next(answers) % 4], tokenizer=tokenizer)
     task = encode_prompt("test/ReplyLength-v0", 0)
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": task}] * 2),
-        rollout=EpisodeRollout(
-            [EnvSetup("test/ReplyLength-v0", agent="rllm_gym.agents.math:MathAgent")],
-            max_steps=1,
-            policy_factory=lambda trainer: policy,
-        ),
-        advantage_config=AdvantageConfig(estimator="grpo"),
+    rollout = EpisodeRollout(
+        [EnvSetup("test/ReplyLength-v0", agent="rllm_gym.agents.math:MathAgent")],
+        max_steps=1,
+        policy_factory=lambda trainer: policy,
     )
+    trainer = make_trainer(model, tokenizer, args, [{"prompt": task}] * 2, rollout, estimator="grpo")
     trainer.train()
     matrices = {name: p for name, p in model.named_parameters() if p.ndim == 2}
     moved = sum(int((before[name] != p).sum()) for name, p in matrices.items())
