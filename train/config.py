@@ -1,5 +1,7 @@
-"""The trainer's configuration: :class:`TrainConfig` (every knob of a run, with help and cross-field checks) and
-:func:`load_config`, which reads it from defaults, a YAML file and CLI flags.
+"""The trainer's configuration: :class:`TrainConfig` (every knob of a run, with help; its cross-field checks are in
+:mod:`rllm_gym.train.config_checks`) and :func:`load_config`, which reads it from defaults, a YAML file
+(``--config PATH`` or ``--config=PATH``) and CLI flags, once: the dict fields (``agent_args``, ``env_args``,
+``chat_template_kwargs``, ``trl_args``) are dicts from then on, a flag's JSON text parsed when the config is built.
 
 Each GRPOConfig field that TrainConfig lacks is a YAML key and a ``--flag`` too (TRL's default and help); the values
 given land in ``trl_args``, which :func:`rllm_gym.train.grpo.grpo_args` passes on to TRL. Unknown keys and flags fail
