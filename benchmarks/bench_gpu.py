@@ -209,7 +209,7 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
         trainer = RLLMGRPOTrainer(
             **common,
             train_dataset=ours_data,
-            rollout=EpisodeRollout([EnvSetup(bench_grpo.ENV_ID)], max_steps=1),
+            rollout=EpisodeRollout([EnvSetup(bench_grpo.ENV_ID)], max_turns=1),
             advantage_config=AdvantageConfig(estimator="grpo", mode="broadcast"),
         )
     trainer.remove_callback(PrinterCallback)

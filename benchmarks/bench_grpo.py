@@ -174,7 +174,7 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
 
     "generate" is where each trainer's completions are made: TRL's ``_generate``; for ours the rollout's call (the
     episodes: engine, env, agent, policy), which runs inside ``_generate_and_score_completions`` before TRL's part.
-    Our ``_generate`` only hands TRL the rows the rollout collected (its ``rollout_func``): timing it instead would
+    Our ``_generate`` only hands TRL the rows the trainer collected (its ``rollout_func``): timing it instead would
     put next to nothing there, and generation tokens/s about 100x too high.
     """
     for name, phase in (
@@ -191,11 +191,16 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
         trainer._generate = timed("generate", trainer._generate)
         trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)
     else:
-        rollout = trainer.rollout
-        # The trainer calls rollout(...), which Python looks up on the class: this one rollout gets a timed subclass.
-        rollout.__class__ = type(
-            "TimedRollout", (type(rollout),), {"__call__": timed("generate", type(rollout).__call__)}
-        )
+        # The trainer's collect (the rollout's episodes and rows); the batches it returned are kept for the checks.
+        collect = timed("generate", trainer.collect)
+        trainer.collected = []
+
+        def recorded(prompts: list[Any]) -> Any:
+            batch = collect(prompts)
+            trainer.collected.append(batch)
+            return batch
+
+        trainer.collect = recorded
 
 
 class Probes:
@@ -345,7 +350,7 @@ def build_trainer(
         env_args = {} if settings.math_verify else {"reward_config": {"use_math_verify": False}}
         trainer = RLLMGRPOTrainer(
             **common,
-            rollout=EpisodeRollout([EnvSetup(ENV_ID, env_args=env_args)], max_steps=1),
+            rollout=EpisodeRollout([EnvSetup(ENV_ID, env_args=env_args)], max_turns=1),
             advantage_config=AdvantageConfig(estimator="grpo", mode="broadcast"),
         )
     else:
@@ -470,7 +475,7 @@ def trl_prompt_ids(model_path: Path, plain: Dataset) -> set[tuple[int, ...]]:
 
 def check_same_prompts(trainer: RLLMGRPOTrainer, expected: set[tuple[int, ...]]) -> None:
     """Our rollout's last prompts must be prompts TRL's trainer sees too, token for token (same work per step)."""
-    ours = {tuple(sequence.prompt_ids) for sequence in trainer.rollout.last_sequences}
+    ours = {tuple(sequence.prompt_ids) for sequence in trainer.collected[-1].sequences if sequence.source >= 0}
     if not ours or not ours <= expected:
         raise RuntimeError("our trainer's prompt tokens differ from TRL's: the comparison would not be like for like")
 

@@ -16,7 +16,6 @@ during training with their step and time, the whole command's wall time, the mac
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ def heldout_lakes(config_path: Path) -> tuple[list[list[str]], int]:
 
     config, config_dir = load_config(["--config", str(config_path)])
     (split,) = make_splits(config, config_dir)
-    env = rllm_gym.make(ENV_ID, **json.loads(config.env_args))
+    env = rllm_gym.make(ENV_ID, **config.env_args)
     maps = []
     for task in split.eval:
         _, info = env.reset(**({"seed": task} if isinstance(task, int) else {"options": {"task": task}}))

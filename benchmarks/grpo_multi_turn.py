@@ -61,7 +61,7 @@ def build_multi_turn_trainer(
     torch.manual_seed(settings.seed)
     rollout = EpisodeRollout(
         [EnvSetup(MULTI_TURN_ENV, agent_args={"observation_template": "{observation}"})],
-        max_steps=settings.max_turns,
+        max_turns=settings.max_turns,
         stop_on_truncation=False,
         token_history=kind,
     )

@@ -129,9 +129,6 @@ def env_spec(env_id: str) -> EnvSpec:
     raise UnknownEnvError(f"Environment {env_id!r} doesn't exist.{hint} Registered ids: {', '.join(env_ids())}.")
 
 
-_spec = env_spec  # the old private name, until train/config.py (issue 30a's) imports env_spec
-
-
 def load(entry_point: str) -> Any:
     """The object a ``"module.path:Name"`` string names."""
     module_name, sep, attr = entry_point.partition(":")

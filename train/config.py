@@ -1,5 +1,7 @@
-"""The trainer's configuration: :class:`TrainConfig` (every knob of a run, with help and cross-field checks) and
-:func:`load_config`, which reads it from defaults, a YAML file and CLI flags.
+"""The trainer's configuration: :class:`TrainConfig` (every knob of a run, with help; its cross-field checks are in
+:mod:`rllm_gym.train.config_checks`) and :func:`load_config`, which reads it from defaults, a YAML file
+(``--config PATH`` or ``--config=PATH``) and CLI flags, once: the dict fields (``agent_args``, ``env_args``,
+``chat_template_kwargs``, ``trl_args``) are dicts from then on, a flag's JSON text parsed when the config is built.
 
 Each GRPOConfig field that TrainConfig lacks is a YAML key and a ``--flag`` too (TRL's default and help); the values
 given land in ``trl_args``, which :func:`rllm_gym.train.grpo.grpo_args` passes on to TRL. Unknown keys and flags fail
@@ -9,8 +11,6 @@ with the closest valid name.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -20,26 +20,14 @@ from typing import Any
 from transformers import HfArgumentParser
 from trl import GRPOConfig
 
-from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.log import LOG_LEVELS
-from rllm_gym.policies.base import check_model_source
-from rllm_gym.registry import UnknownEnvError, _spec
-from rllm_gym.tiny_model import SHAPES
-from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
+from rllm_gym.train.advantages import ESTIMATORS, MODES
+from rllm_gym.train.config_checks import DTYPES, JSON_OBJECT_FIELDS, check_config, closest, json_object
 from rllm_gym.train.config_file import ConfigError, read_config_file
 from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
-from rllm_gym.types import TerminationReason
 
-# The dtype names TrainConfig.dtype accepts -> the name transformers loads with ("auto": the checkpoint's own).
-DTYPES = {
-    "auto": "auto",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "fp32": "float32",
-    "float32": "float32",
-}
+__all__ = ["DTYPES", "TRL_FIELDS", "TrainConfig", "closest", "load_config", "trl_options"]
+
 # GRPOConfig fields left to TRL (TrainConfig sets the others; the batch size follows from prompts_per_step).
 _OURS = {"per_device_train_batch_size"}
 
@@ -80,14 +68,17 @@ class TrainConfig:
     split_seed: int = field(
         default=0, metadata={"help": "Seed of the eval split's draw (kept apart from seed: the split stays put)."}
     )
-    agent_args: str = field(
-        default="{}",
+    agent_args: dict[str, Any] = field(
+        default_factory=dict,
         metadata={
-            "help": "JSON dict of agent arguments, e.g. a system prompt; for a multi-agent env, keyed by role "
+            "help": "Dict of agent arguments (a flag takes it as JSON text), e.g. a system prompt; for a "
+            "multi-agent env, keyed by role "
             '({"judge": {...}}).'
         },
     )
-    env_args: str = field(default="{}", metadata={"help": "JSON dict of env constructor arguments."})
+    env_args: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Dict of env constructor arguments (a flag takes it as JSON text)."}
+    )
     max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
     # Model
     model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
@@ -107,10 +98,10 @@ class TrainConfig:
             "(prefer bf16); fp32 turns autocast off."
         },
     )
-    chat_template_kwargs: str = field(
-        default="{}",
+    chat_template_kwargs: dict[str, Any] = field(
+        default_factory=dict,
         metadata={
-            "help": "JSON dict passed to the tokenizer's chat template by every policy the trainer builds (rollouts, "
+            "help": "Dict passed to the tokenizer's chat template by every policy the trainer builds (rollouts, "
             "warm start, greedy evaluations), e.g. '{\"enable_thinking\": false}' for Qwen3 without reasoning. "
             "Recorded in the model folder for rllm-gym eval."
         },
@@ -174,10 +165,11 @@ class TrainConfig:
         default=0.0,
         metadata={"help": "Share of max_steps over which the learning rate warms up linearly (0.03-0.1 is common)."},
     )
-    trl_args: str = field(
-        default="{}",
+    trl_args: dict[str, Any] = field(
+        default_factory=dict,
         metadata={
-            "help": "JSON dict of further TRL GRPOConfig fields. Each GRPOConfig field that TrainConfig lacks is also "
+            "help": "Dict of further TRL GRPOConfig fields (a flag takes it as JSON text). Each GRPOConfig field "
+            "that TrainConfig lacks is also "
             "a --flag and a YAML key of its own (e.g. gradient_accumulation_steps, max_grad_norm, weight_decay, "
             "num_iterations, epsilon, save_total_limit, bf16; see --help); those land here."
         },
@@ -263,132 +255,10 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.env, str):
-            raise ValueError(f"env must be a list of env ids, got the string {self.env!r}: write [{self.env!r}]")
-        for env_id in self.env:
-            try:
-                _spec(env_id)  # the closest ids, as rllm_gym.make and rllm-gym eval --env name them
-            except UnknownEnvError as error:
-                raise ValueError(f"env: {error}") from None
-        if self.env_weights is not None and len(self.env_weights) != len(self.env):
-            raise ValueError(f"env_weights has {len(self.env_weights)} entries for {len(self.env)} envs: one each")
-        if self.tasks is not None and len(self.tasks) != len(self.env):
-            raise ValueError(f"tasks has {len(self.tasks)} entries for {len(self.env)} envs: one source per env")
-        if self.eval_tasks is not None:
-            self.eval_tasks = [str(source) for source in self.eval_tasks]  # YAML may give 0.1 or 64 as numbers
-            if len(self.eval_tasks) != len(self.env):
-                raise ValueError(
-                    f"eval_tasks has {len(self.eval_tasks)} entries for {len(self.env)} envs: one eval split per env"
-                )
-        for name in ("eval_steps", "eval_n"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        if self.eval_n == 1:
-            raise ValueError("eval_n must be 0 (greedy only) or >= 2 samples per task: pass@k compares samples")
-        if self.eval_n and self.eval_tasks is None:
-            raise ValueError("eval_n samples the eval split: set eval_tasks too (e.g. [0.1] or ['seeds:1000-1064'])")
-        if self.eval_steps and not (self.eval_greedy or self.eval_n):
-            raise ValueError("eval_steps needs something to evaluate: eval_greedy: true, or eval_n with eval_tasks")
-        if self.num_generations < 2:
-            raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {self.num_generations}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        try:
-            trl_args = json.loads(self.trl_args)
-        except json.JSONDecodeError:
-            trl_args = None
-        if not isinstance(trl_args, dict):
-            example = '{"max_grad_norm": 0.5}'
-            raise ValueError(f"trl_args must be a JSON object such as '{example}', got {self.trl_args!r}")
-        unknown = sorted(set(trl_args) - set(TRL_FIELDS))
-        if unknown:
-            raise ValueError(
-                f"trl_args: {unknown[0]!r} is not a GRPOConfig field that TrainConfig leaves to TRL"
-                f"{closest(unknown[0], sorted(TRL_FIELDS))}"
-            )
-        if self.max_error_steps < 0:
-            raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {self.max_error_steps}")
-        if self.log_level not in LOG_LEVELS:
-            raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
-        for name in (
-            "prompts_per_step",
-            "max_turns",
-            "max_completion_length",
-            "max_steps",
-            "save_steps",
-            "lora_r",
-            "eval_limit",
-        ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.warm_start_steps < 0 or (self.warm_start_steps and not self.warm_start_replies):
-            raise ValueError("warm_start_steps must be >= 0, and > 0 needs at least one entry in warm_start_replies")
-        for name, ok, allowed in (
-            ("temperature", self.temperature >= 0, ">= 0"),
-            ("learning_rate", self.learning_rate > 0, "> 0"),
-            ("beta", self.beta >= 0, ">= 0 (0 = no KL term)"),
-            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
-        ):
-            if not ok:
-                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)}")
-        if self.env_weights is not None and (min(self.env_weights) < 0 or sum(self.env_weights) <= 0):
-            raise ValueError(f"env_weights must be >= 0 with a positive sum, got {self.env_weights}")
-        if self.token_history not in ("sampled", "template"):
-            raise ValueError(
-                f"token_history must be 'sampled' (continue the sampled tokens) or 'template' (re-render the chat "
-                f"each call), got {self.token_history!r}"
-            )
-        if self.vllm_mode not in ("colocate", "server"):
-            raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {self.vllm_mode!r}")
-        if self.vllm_server_base_url is not None and not self.vllm_server_base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
-                f"got {self.vllm_server_base_url!r}"
-            )
-        # Checked here too, to name the choices as text (AdvantageConfig's messages print Python lists).
-        for name, value, allowed in (
-            ("estimator", self.estimator, ESTIMATORS),
-            ("advantage_mode", self.advantage_mode, MODES),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
-        reasons = [reason.value for reason in TerminationReason]
-        unknown = [reason for reason in self.exclude_termination if reason not in reasons]
-        if unknown:
-            allowed = ", ".join(reasons)
-            raise ValueError(f"exclude_termination: unknown reasons {', '.join(unknown)}; allowed: {allowed}")
-        AdvantageConfig(self.estimator, self.advantage_mode, exclude_termination=tuple(self.exclude_termination))
-        examples = {"chat_template_kwargs": '{"enable_thinking": false}'}
-        for name in ("agent_args", "env_args", "chat_template_kwargs"):
-            example = examples.get(name, '{"system_prompt": "..."}')
-            try:
-                value = json.loads(getattr(self, name))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{name} must be a JSON object, e.g. '{example}': {error}") from error
-            if not isinstance(value, dict):
-                raise ValueError(f"{name} must be a JSON object, e.g. '{example}', got {getattr(self, name)!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)} ('auto': the saved one), got {self.dtype!r}")
-        if DTYPES[self.dtype] == "float16" and trl_args.get("fp16"):
-            raise ValueError(
-                "dtype: fp16 with fp16: true cannot train (the fp16 loss scaler cannot unscale fp16 weights): "
-                "use dtype: fp32 with fp16: true (fp16 autocast), or dtype: bf16"
-            )
-        # agent_args and env_args go to every env of the run: a mix needs each argument to fit at least one of them.
-        failures = []
-        for env_id in self.env:
-            try:
-                check_arguments(env_id, agent_args=json.loads(self.agent_args), env_args=json.loads(self.env_args))
-            except ValueError as error:
-                failures.append(error)
-        if len(failures) == len(self.env):
-            raise failures[0]
-        if self.model is not None:
-            check_model_source(self.model, "model")
-        if self.model_shape not in SHAPES:
-            raise ValueError(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {self.model_shape!r}")
-        if self.model is not None and self.model_shape != "tiny":
-            raise ValueError("model_shape sizes the embedded model: drop it when model names a model")
+        # The one place the JSON-object fields are read: a flag's JSON text becomes a dict, and stays one.
+        for name in JSON_OBJECT_FIELDS:
+            setattr(self, name, json_object(name, getattr(self, name)))
+        check_config(self, TRL_FIELDS)
 
 
 TRL_FIELDS = tuple(
@@ -398,26 +268,29 @@ TRL_FIELDS = tuple(
 )
 
 
-def closest(name: str, names: list[str], prefix: str = "") -> str:
-    """`` (did you mean x?)`` for the closest of ``names`` to ``name`` (written after ``prefix``), or nothing."""
-    close = difflib.get_close_matches(name, names, n=1)
-    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+def _parser_fields(name: str, source: type, names: tuple[str, ...], help_prefix: str = "") -> type:
+    """A dataclass of ``source``'s fields ``names`` as the flag parser takes them: same defaults and help, a
+    JSON-object field as text (HfArgumentParser cannot parse a dict; :class:`TrainConfig` reads the text once)."""
+    hints = typing.get_type_hints(source)
+    specs = []
+    for field_name in names:
+        original = source.__dataclass_fields__[field_name]
+        help_text = f"{help_prefix}{original.metadata.get('help', '')}"
+        kwargs: dict[str, Any] = {"metadata": {**original.metadata, "help": help_text}}
+        hint = hints[field_name]
+        if source is TrainConfig and field_name in JSON_OBJECT_FIELDS:
+            hint, kwargs["default"] = str, "{}"
+        elif original.default_factory is not dataclasses.MISSING:
+            kwargs["default_factory"] = original.default_factory
+        else:
+            kwargs["default"] = original.default
+        specs.append((field_name, hint, field(**kwargs)))
+    return dataclasses.make_dataclass(name, specs)
 
 
 def trl_options() -> type:
     """A dataclass of the GRPOConfig fields TrainConfig lacks (their TRL defaults and help), for the parser."""
-    hints = typing.get_type_hints(GRPOConfig)
-    specs = []
-    for name in TRL_FIELDS:
-        original = GRPOConfig.__dataclass_fields__[name]
-        help_text = f"(TRL) {original.metadata.get('help', '')}"
-        kwargs = {"metadata": {**original.metadata, "help": help_text}}
-        if original.default_factory is not dataclasses.MISSING:
-            kwargs["default_factory"] = original.default_factory
-        else:
-            kwargs["default"] = original.default
-        specs.append((name, hints[name], field(**kwargs)))
-    return dataclasses.make_dataclass("TRLOptions", specs)
+    return _parser_fields("TRLOptions", GRPOConfig, TRL_FIELDS, help_prefix="(TRL) ")
 
 
 class _Parser(HfArgumentParser):
@@ -428,6 +301,23 @@ class _Parser(HfArgumentParser):
         raise ConfigError(f"{message} (rllm-gym train --help lists every flag)")
 
 
+def config_path(argv: list[str]) -> Path | None:
+    """The YAML file of ``--config PATH`` or ``--config=PATH`` in ``argv`` (None without one); a missing path or a
+    second --config is a :class:`ConfigError`."""
+    paths = []
+    for index, item in enumerate(argv):
+        if item.startswith("--config="):
+            paths.append(item.removeprefix("--config="))
+        elif item == "--config":
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            paths.append("" if following.startswith("--") else following)
+    if len(paths) > 1:
+        raise ConfigError(f"--config is given {len(paths)} times: give one YAML file (flags override its keys)")
+    if paths and not paths[0]:
+        raise ConfigError("--config needs a YAML file: --config train/configs/demo_cpu.yaml")
+    return Path(paths[0]) if paths else None
+
+
 def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
     """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from.
 
@@ -436,37 +326,31 @@ def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     options = trl_options()
-    parser = _Parser((TrainConfig, options))
+    flags = _parser_fields("TrainFlags", TrainConfig, tuple(TrainConfig.__dataclass_fields__))
+    parser = _Parser((flags, options))
     parser.add_argument("--config", help="YAML file of TrainConfig (and TRL GRPOConfig) fields")
-    config_dir = Path.cwd()
     fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
     values: dict[str, Any] = {}
-    path = None
-    if "--config" in argv:
-        if argv.index("--config") + 1 == len(argv):
-            raise ConfigError("--config needs a YAML file: --config train/configs/demo_cpu.yaml")
-        path = Path(argv[argv.index("--config") + 1])
-        config_dir = path.parent
+    path = config_path(argv)
+    if path is not None:
         hints = {**typing.get_type_hints(options), **typing.get_type_hints(TrainConfig)}
         values = read_config_file(path, hints)
         parser.set_defaults(**values)
-    given = {item.lstrip("-").split("=")[0] for item in argv if item.startswith("--")}
-    try:
-        parsed = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    except ConfigError:
-        raise
-    except ValueError as error:  # TrainConfig's checks
-        raise ConfigError(from_file(str(error), path, set(values) - given)) from error
-    config, trl, remaining = parsed[0], parsed[1], parsed[-1]  # between them: the namespace of --config
-    if remaining:
+    given = {item.lstrip("-").split("=")[0].replace("-", "_") for item in argv if item.startswith("--")}
+    parsed, trl, _, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if remaining:  # between trl and remaining: the namespace of --config
         flag = next((item for item in remaining if item.startswith("-")), remaining[0])
         name = flag.lstrip("-").split("=")[0].replace("-", "_")
         raise ConfigError(f"unknown flag {flag}{closest(name, fields, '--')}; every TrainConfig field is a --flag")
-    given |= set(values)
-    chosen = {name: getattr(trl, name) for name in TRL_FIELDS if name in given}
-    if chosen:
-        config.trl_args = json.dumps({**json.loads(config.trl_args), **chosen}, default=str)
-    return config, config_dir
+    settings = {name: getattr(parsed, name) for name in TrainConfig.__dataclass_fields__}
+    chosen = {name: getattr(trl, name) for name in TRL_FIELDS if name in given | set(values)}
+    try:
+        if chosen:  # a TRL field's own key or flag wins over the same key in trl_args
+            settings["trl_args"] = {**json_object("trl_args", settings["trl_args"]), **chosen}
+        config = TrainConfig(**settings)
+    except ValueError as error:  # TrainConfig's checks
+        raise ConfigError(from_file(str(error), path, set(values) - given)) from error
+    return config, (path.parent if path is not None else Path.cwd())
 
 
 def from_file(message: str, path: Path | None, file_keys: set[str]) -> str:

@@ -16,8 +16,6 @@ from typing import Any
 
 __all__ = ["ConfigError", "as_type", "describe_type", "read_config_file"]
 
-# Text fields that hold JSON: a YAML mapping is written there as its JSON text.
-JSON_FIELDS = ("agent_args", "env_args", "chat_template_kwargs", "trl_args")
 # The spellings HfArgumentParser takes for a boolean flag.
 TRUE, FALSE = ("true", "yes", "y", "t", "1"), ("false", "no", "n", "f", "0")
 
@@ -52,8 +50,6 @@ def read_config_file(path: Path, hints: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{path}: unknown fields {', '.join(unknown)}{hint}; {see}")
     typed = {}
     for key, value in values.items():
-        if key in JSON_FIELDS and isinstance(value, dict):
-            value = json.dumps(value)
         try:
             typed[key] = as_type(value, hints[key])
         except TypeError:

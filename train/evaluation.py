@@ -17,7 +17,6 @@ With several processes each evaluates a share of the tasks and the results are g
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -50,8 +49,8 @@ def run_episodes(
     engine = engine_for(
         env_id,
         policy,
-        agent_args=json.loads(config.agent_args),
-        env_args=json.loads(config.env_args),
+        agent_args=config.agent_args,
+        env_args=config.env_args,
         max_turns=config.max_turns,
         seed=config.seed,
         **kwargs,
@@ -83,7 +82,7 @@ class Evaluator:
         """The metrics of ``model`` (left in train mode); with ``world`` processes, this one runs every
         ``world``-th task from ``rank`` and the results of all are gathered."""
         config = self.config
-        template_kwargs = json.loads(config.chat_template_kwargs)
+        template_kwargs = config.chat_template_kwargs
         policy = HFPolicy(
             model, tokenizer=self.tokenizer, device=str(model.device), chat_template_kwargs=template_kwargs
         )

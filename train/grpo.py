@@ -4,11 +4,14 @@
     python -m rllm_gym.train.grpo --config train/configs/demo_cpu.yaml --max_steps 50      # CLI flags override
 
 Reads top to bottom: config, model, environments and data (each env's tasks split into training and held-out ones,
-:mod:`rllm_gym.train.splits`), a format warm start, the trainer, the run (evaluated before, every ``eval_steps`` and
-after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`), and the reward curve. The config's fields
-and checks are in :mod:`rllm_gym.train.config`, what the run prints (progress bars, one line per log, evaluation and
-checkpoint) in :mod:`rllm_gym.train.console`. Generation goes through our envs, agents and engine
-(:mod:`rllm_gym.train.trl_rollout`), advantages through :mod:`rllm_gym.train.advantages`, the loss through TRL.
+:mod:`rllm_gym.train.splits`), a format warm start (:mod:`rllm_gym.train.warm_start`), the trainer, the run
+(evaluated before, every ``eval_steps`` and after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`),
+and the reward curve. The config's fields and loading are in :mod:`rllm_gym.train.config` (its checks in
+:mod:`rllm_gym.train.config_checks`), what the run prints (progress bars, one line per log, evaluation and
+checkpoint) in :mod:`rllm_gym.train.console`. Each step's episodes go through our envs, agents and engine
+(:mod:`rllm_gym.train.rollout`, which returns them as a ``RolloutBatch``; the generation backend, chosen once, in
+:mod:`rllm_gym.train.generation`), the trainer that turns them into TRL's batch is
+:mod:`rllm_gym.train.trl_rollout`, advantages come from :mod:`rllm_gym.train.advantages`, the loss from TRL.
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ from trl import GRPOConfig
 import rllm_gym
 from rllm_gym.engine.report import describe_errors
 from rllm_gym.log import configure_logging, logger
-from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
 from rllm_gym.train.config_file import ConfigError
-from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, progress_bar, quiet_libraries, say
-from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env, run_episodes
+from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say
+from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env
 from rllm_gym.train.interrupt import StopOnInterrupt
 from rllm_gym.train.model_record import read_training_record, training_record, write_model_record
 from rllm_gym.train.run_dir import (
@@ -62,8 +64,9 @@ from rllm_gym.train.run_dir import (
 )
 from rllm_gym.train.splits import TaskSplit, make_split, split_record
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
+from rllm_gym.train.warm_start import warm_start
 
-# Config: TrainConfig, its checks and load_config (YAML, then CLI flags) live in train/config.py.
+# Config: TrainConfig and load_config (YAML, then CLI flags) live in train/config.py, its checks in config_checks.py.
 
 
 # Model
@@ -112,7 +115,7 @@ def make_splits(config: TrainConfig, config_dir: Path) -> list[TaskSplit]:
     """Each env's tasks split into training and held-out tasks (train/splits.py; paths relative to ``config_dir``)."""
     sources = config.tasks or [None] * len(config.env)
     held_out = config.eval_tasks or [None] * len(config.env)
-    env_args = json.loads(config.env_args)
+    env_args = config.env_args
     return [
         make_split(
             env_id,
@@ -142,7 +145,7 @@ def build_prompts(config: TrainConfig, splits: list[TaskSplit]) -> Dataset:
     other; with a multi-agent env the trainer keeps this order (no second shuffle), so they reach the same rollout
     call and share its episodes.
     """
-    slots = {split.env_id: trajectory_slots(split.env_id, json.loads(config.env_args)) for split in splits}
+    slots = {split.env_id: trajectory_slots(split.env_id, config.env_args) for split in splits}
     weights = config.env_weights or [1.0] * len(splits)
     rng = random.Random(config.seed)
     rows: list[dict[str, str]] = []
@@ -171,61 +174,22 @@ def whole_weights(model: Any, *, modify: bool = False) -> Iterator[None]:
         yield
 
 
-# Format warm start
-
-
-def warm_start(
-    model: Any, tokenizer: Any, config: TrainConfig, tasks: dict[str, list[Any]], *, show: bool = True
-) -> float:
-    """Supervised steps on random replies in the agent's chat format, under a bar; returns the last loss."""
-    rng = random.Random(config.seed)
-    policy = ScriptedPolicy(lambda messages: rng.choice(config.warm_start_replies), tokenizer=tokenizer)
-    examples: list[tuple[list[dict[str, Any]], str]] = []  # (the chat sent, the reply)
-    for env_id, env_tasks in tasks.items():
-        for episode in run_episodes(config, env_id, policy, env_tasks[:64], n_rollouts=4):
-            # The reply format is the same at every turn: the first turns (short prompts) teach it cheaply.
-            for trajectory in episode.trajectories:
-                for step in trajectory.steps[:2]:
-                    examples.append((list(step.chat_completions[:-1]), step.chat_completions[-1]["content"]))
-    template_kwargs = json.loads(config.chat_template_kwargs)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.warm_start_lr)
-    model.train()
-    loss = torch.tensor(0.0)
-    bar = progress_bar(config, config.warm_start_steps, "warm start", "step", show=show)
-    for _ in range(config.warm_start_steps):
-        batch = rng.sample(examples, min(16, len(examples)))
-        inputs, labels = [], []
-        for messages, reply in batch:
-            prompt = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
-            )
-            answer = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
-            inputs.append([*prompt, *answer])
-            labels.append([-100] * len(prompt) + answer)
-        width = max(len(ids) for ids in inputs)
-        pad = tokenizer.pad_token_id or 0
-        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in inputs], device=model.device)
-        label_ids = torch.tensor([ids + [-100] * (width - len(ids)) for ids in labels], device=model.device)
-        attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in inputs], device=model.device)
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        bar.update()
-        if not bar.disable:
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    bar.close()
-    return float(loss.detach())
-
-
 # Training
+
+
+# TrainConfig fields that GRPOConfig has under the same name and meaning: passed on as they are.
+SAME_IN_TRL = (
+    "num_generations", "max_completion_length", "temperature", "learning_rate", "lr_scheduler_type", "beta",
+    "loss_type", "max_steps", "logging_steps", "save_steps", "seed", "report_to", "use_vllm", "vllm_mode",
+    "vllm_gpu_memory_utilization", "vllm_server_base_url", "vllm_server_timeout",
+)  # fmt: skip
 
 
 def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.float32) -> GRPOConfig:
     """TRL's config of the run for a model loaded in ``dtype`` (building it sets up the processes: Accelerate's state
     exists afterwards)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    trl_args = json.loads(config.trl_args)
+    trl_args = config.trl_args
     accumulation = trl_args.get("gradient_accumulation_steps", 1)
     rollouts_per_step = config.prompts_per_step * config.num_generations
     if rollouts_per_step % (world_size * accumulation):
@@ -239,34 +203,18 @@ def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.
     gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     bf16 = dtype == torch.bfloat16 or (dtype == torch.float32 and config.dtype == "auto" and gpu_bf16)
     ours = dict(
+        {name: getattr(config, name) for name in SAME_IN_TRL},
         output_dir=str(output_dir),
         # prompts_per_step stays per optimizer step: accumulation splits it into micro-batches.
         per_device_train_batch_size=rollouts_per_step // (world_size * accumulation),
-        num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length,
-        temperature=config.temperature,
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        beta=config.beta,
-        loss_type=config.loss_type,
-        max_steps=config.max_steps,
-        logging_steps=config.logging_steps,
-        save_steps=config.save_steps,
-        seed=config.seed,
-        report_to=config.report_to,
         disable_tqdm=True,
         **{checkpointing_name(): config.gradient_checkpointing},
-        use_vllm=config.use_vllm,
-        vllm_mode=config.vllm_mode,
-        vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-        vllm_server_base_url=config.vllm_server_base_url,
-        vllm_server_timeout=config.vllm_server_timeout,
         # The rows are already in a seeded random order; TRL's shuffle on top would split a multi-agent task's
         # prompts (which share episodes only when they arrive together), so it is off when there are any.
         shuffle_dataset=not any(env_id in env_ids(multi_agent=True) for env_id in config.env),
         use_cpu=not torch.cuda.is_available(),
         bf16=bf16,
-        chat_template_kwargs=json.loads(config.chat_template_kwargs),
+        chat_template_kwargs=config.chat_template_kwargs,
         warmup_steps=config.warmup_ratio,  # a float below 1 is a share of max_steps
     )
     return GRPOConfig(**{**ours, **trl_args})  # trl_args were set on purpose: they win
@@ -297,7 +245,11 @@ class RecordTraining(TrainerCallback):
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """One run with the flags in ``argv`` (default: ``sys.argv``); returns its summary. Errors propagate: :func:`cli`
     is the command line, which turns them into a message and an exit status."""
-    config, config_dir = load_config(argv)
+    return start(*load_config(argv))
+
+
+def start(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
+    """The run of a loaded config, with its logging set up; returns its summary."""
     configure_logging(config.log_level)
     quiet_libraries(config.progress)
     with logging_redirect_tqdm(loggers=[logger]):  # log records print above the progress bars, not on their line
@@ -330,13 +282,10 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     dataset = build_prompts(config, splits)
     evaluator = Evaluator(config, tokenizer, splits)
     rollout = EpisodeRollout(
-        [
-            EnvSetup(env_id, agent_args=json.loads(config.agent_args), env_args=json.loads(config.env_args))
-            for env_id in config.env
-        ],
-        max_steps=config.max_turns,
+        [EnvSetup(env_id, agent_args=config.agent_args, env_args=config.env_args) for env_id in config.env],
+        max_turns=config.max_turns,
         gamma=config.gamma,
-        chat_template_kwargs=json.loads(config.chat_template_kwargs),
+        chat_template_kwargs=config.chat_template_kwargs,
         token_history=config.token_history,
     )
     advantage_config = AdvantageConfig(
@@ -388,20 +337,15 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     interrupt = StopOnInterrupt(announce=state.is_main_process)
     # interrupt before console: the step Ctrl-C stops after is logged before its checkpoint is saved.
     callbacks = [RecordTraining(output_dir, asdict(config), summary), interrupt, console, steps]
+    # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
+    before = summary.get("evaluation_before") if checkpoint is None else None  # logged at step 0
+    evaluation: dict[str, Any] = {"callbacks": callbacks, "evaluation_before": before}
+    if evaluator.enabled:
+        evaluation |= {"callbacks": [*callbacks, EvalSchedule(config.eval_steps)], "evaluation": evaluator}
     trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=advantage_config,
-        peft_config=peft_config,
-        # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
-        callbacks=[*callbacks, EvalSchedule(config.eval_steps)] if evaluator.enabled else callbacks,
-        max_error_steps=config.max_error_steps,
-        evaluation=evaluator if evaluator.enabled else None,
-        evaluation_before=summary.get("evaluation_before") if checkpoint is None else None,
-    )
+        model, args=args, processing_class=tokenizer, train_dataset=dataset, peft_config=peft_config,
+        rollout=rollout, advantage_config=advantage_config, max_error_steps=config.max_error_steps, **evaluation,
+    )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
     try:
@@ -488,10 +432,12 @@ def cli(argv: list[str] | None = None) -> int:
     ``rllm-gym eval``. ``--debug true`` shows the traceback of an error too."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        main(argv)
+        config, config_dir = load_config(argv)
     except ConfigError as error:
         print(f"rllm-gym train: error: {error}", file=sys.stderr, flush=True)
         return 2
+    try:
+        start(config, config_dir)
     except OutputDirError as error:
         print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
         return 2
@@ -505,7 +451,7 @@ def cli(argv: list[str] | None = None) -> int:
     except Interrupted:
         return 130  # StopOnInterrupt said so when Ctrl-C came
     except Exception as error:
-        if "--debug" in argv:
+        if config.debug:
             raise
         print(f"rllm-gym train: {type(error).__name__}: {error} (--debug shows the traceback)", file=sys.stderr)
         return 1

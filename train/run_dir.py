@@ -106,8 +106,8 @@ class RunFinished(Exception):
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings of a run that a resume must keep (every field but :data:`RUN_ONLY_FIELDS`), JSON text parsed so
-    that two spellings of one value compare equal."""
+    """The settings of a run that a resume must keep (every field but :data:`RUN_ONLY_FIELDS`), the dict fields as
+    dicts (runs recorded before they were parsed once hold them as JSON text) so that both spellings compare equal."""
     values = {name: value for name, value in config.items() if name not in RUN_ONLY_FIELDS}
     for name in JSON_FIELDS:
         if isinstance(values.get(name), str):

@@ -122,7 +122,7 @@ def training_resets(run_seed, calls=1):
     RESETS.clear()
     rollout = EpisodeRollout(
         [EnvSetup("test/SeedRecorder-v0", agent="rllm_gym.agents.math:MathAgent")],
-        max_steps=1,
+        max_turns=1,
         policy_factory=lambda trainer: ScriptedPolicy(["x"], cycle=True),
     )
     trainer = SimpleNamespace(
@@ -133,8 +133,9 @@ def training_resets(run_seed, calls=1):
     )
     prompts = [encode_prompt("test/SeedRecorder-v0", {"id": "a"})] * 4  # a GRPO group of 4 rollouts of one task
     try:
+        generation = rollout.generation_for(trainer)
         for _ in range(calls):
-            rollout(prompts, trainer)
+            rollout.collect(prompts, generation)
     finally:
         rollout.close()
     return list(RESETS)

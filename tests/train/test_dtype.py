@@ -11,13 +11,11 @@ from unittest.mock import patch
 import gymnasium as gym
 import pytest
 import torch
-from datasets import Dataset
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.grpo import TrainConfig, grpo_args, load_model, main
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 from rllm_gym.types import RewardOutput
@@ -38,7 +36,7 @@ class OneTurnEnv(MultiTurnEnv):
 gym.register(id="test/OneTurn-v0", entry_point=OneTurnEnv)
 
 
-def test_a_bf16_step_changes_the_weights_and_the_saved_model_reloads_the_same(tiny_model_dir, tmp_path):
+def test_a_bf16_step_changes_the_weights_and_the_saved_model_reloads_the_same(tiny_model_dir, tmp_path, make_trainer):
     config = TrainConfig(
         model=str(tiny_model_dir), dtype="bf16", prompts_per_step=2, num_generations=4, max_steps=1,
         max_completion_length=8, learning_rate=1e-2, output_dir=str(tmp_path / "run"),
@@ -50,20 +48,13 @@ def test_a_bf16_step_changes_the_weights_and_the_saved_model_reloads_the_same(ti
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     answers = itertools.count()
     policy = ScriptedPolicy(lambda messages: ["ok", "sure thing"][next(answers) % 2], tokenizer=tokenizer)
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=Dataset.from_list(
-            [{"prompt": encode_prompt("test/OneTurn-v0", {"id": "t0", "question": "Say something."})}] * 2
-        ),
-        rollout=EpisodeRollout(
-            [EnvSetup("test/OneTurn-v0", agent="rllm_gym.agents.math:MathAgent")],
-            max_steps=1,
-            policy_factory=lambda trainer: policy,
-        ),
-        advantage_config=AdvantageConfig(estimator="drgrpo"),
+    rows = [{"prompt": encode_prompt("test/OneTurn-v0", {"id": "t0", "question": "Say something."})}] * 2
+    rollout = EpisodeRollout(
+        [EnvSetup("test/OneTurn-v0", agent="rllm_gym.agents.math:MathAgent")],
+        max_turns=1,
+        policy_factory=lambda trainer: policy,
     )
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo")
     trainer.train()
     # With lr 1e-2 an Adam step moves each weight by about 1e-2, more than bf16's spacing (2^-8 relative): a tiny lr
     # (1e-6) would round back to the same bf16 values, and this would fail.
@@ -89,16 +80,16 @@ def test_dtype_and_chat_template_kwargs_reach_the_run_its_checkpoints_and_its_re
         "--chat_template_kwargs", '{"enable_thinking": false}',
     ]  # fmt: skip
     prompts = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
+    original = RLLMGRPOTrainer.collect
 
     def spy(self, inputs):
-        output = original(self, inputs)
+        batch = original(self, inputs)
         assert self.model.dtype == torch.bfloat16  # the first run and the resumed one train in bf16
-        steps = [step for e in self.rollout.last_episodes for t in e.trajectories for step in t.steps]
+        steps = [step for e in batch.episodes for t in e.trajectories for step in t.steps]
         prompts.extend(self.processing_class.decode(step.prompt_ids) for step in steps)
-        return output
+        return batch
 
-    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
+    with patch.object(RLLMGRPOTrainer, "collect", spy):
         main([*flags, "--max_steps", "1"])
         summary = main([*flags, "--max_steps", "2", "--resume", "true"])
     assert summary["config"]["dtype"] == "bf16"

@@ -7,7 +7,6 @@ user can replace by a local folder, and a clear error when that folder is missin
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -26,7 +25,7 @@ LAUNCHERS = {"qwen_math_1gpu.yaml": "single_gpu.yaml", "qwen_math_zero3.yaml": "
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))
 def test_gpu_config_asks_for_vllm_bf16_and_a_qwen_model(name):
     config, _ = load_config(["--config", str(CONFIGS / name)])
-    trl_args = json.loads(config.trl_args)
+    trl_args = config.trl_args
     assert config.env == ["rllm/Math-v0"] and config.max_turns == 1
     assert config.use_vllm and config.vllm_mode == "colocate"
     assert trl_args["bf16"] is True and config.gradient_checkpointing
@@ -42,7 +41,7 @@ def test_batch_divides_among_the_documented_launchers_processes(name):
     text = (CONFIGS / name).read_text()
     assert f"accelerate launch --config_file train/accelerate/{launcher} train/grpo.py" in text.replace("\\\n", "")
     config, _ = load_config(["--config", str(CONFIGS / name)])
-    accumulation = json.loads(config.trl_args)["gradient_accumulation_steps"]
+    accumulation = config.trl_args["gradient_accumulation_steps"]
     accelerate = load_config_from_file(str(REPO / "train" / "accelerate" / launcher))
     rollouts = config.prompts_per_step * config.num_generations
     assert rollouts % (accelerate.num_processes * accumulation) == 0
@@ -91,17 +90,14 @@ gym.register(id="test/ReplyLength-v0", entry_point=ReplyLength)
 
 
 @pytest.mark.parametrize("dtype", ["shipped", "bf16"])
-def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_model_dir, tmp_path):
+def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_model_dir, tmp_path, make_trainer):
     """qwen_math_1gpu.yaml's lr (1e-6) with its dtype setup changes every weight matrix in one step; bf16 weights
     (the earlier setup, dtype: bf16) keep nearly all of theirs, the update rounding away."""
     import itertools
 
-    from datasets import Dataset
-
     from rllm_gym.policies.scripted import ScriptedPolicy
-    from rllm_gym.train.advantages import AdvantageConfig
     from rllm_gym.train.grpo import grpo_args, load_model
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
 
     flags = ["--config", str(CONFIGS / "qwen_math_1gpu.yaml"), "--model", str(tiny_model_dir), "--use_vllm", "false"]
     flags += ["--prompts_per_step", "2", "--num_generations", "4", "--max_steps", "1", "--max_completion_length", "8"]
@@ -116,18 +112,12 @@ def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_mo
     answers = itertools.count()
     policy = ScriptedPolicy(lambda messages: ["a", "bb bb bb", "ccc", "d d"][next(answers) % 4], tokenizer=tokenizer)
     task = encode_prompt("test/ReplyLength-v0", 0)
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": task}] * 2),
-        rollout=EpisodeRollout(
-            [EnvSetup("test/ReplyLength-v0", agent="rllm_gym.agents.math:MathAgent")],
-            max_steps=1,
-            policy_factory=lambda trainer: policy,
-        ),
-        advantage_config=AdvantageConfig(estimator="grpo"),
+    rollout = EpisodeRollout(
+        [EnvSetup("test/ReplyLength-v0", agent="rllm_gym.agents.math:MathAgent")],
+        max_turns=1,
+        policy_factory=lambda trainer: policy,
     )
+    trainer = make_trainer(model, tokenizer, args, [{"prompt": task}] * 2, rollout, estimator="grpo")
     trainer.train()
     matrices = {name: p for name, p in model.named_parameters() if p.ndim == 2}
     moved = sum(int((before[name] != p).sum()) for name, p in matrices.items())

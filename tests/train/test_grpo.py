@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rllm_gym.train.grpo import TrainConfig, load_config, main
+from rllm_gym.train.config_file import ConfigError
+from rllm_gym.train.grpo import TrainConfig, cli, load_config, main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "train" / "configs" / "test_tiny.yaml"
@@ -16,8 +17,50 @@ def test_yaml_then_cli_overrides(tmp_path):
     config, config_dir = load_config(["--config", str(config_file), "--max_steps", "3"])
     assert config.max_steps == 3  # the CLI wins
     assert config.learning_rate == 0.01  # the YAML wins over the default
-    assert json.loads(config.agent_args) == {"system_prompt": "hi"}
+    assert config.agent_args == {"system_prompt": "hi"}
     assert config_dir == tmp_path
+
+
+def test_config_equals_path_reads_the_file_and_a_second_or_empty_config_is_refused(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("max_steps: 7\nenv_args: {size: 4}\n")
+    config, config_dir = load_config([f"--config={config_file}", "--max_steps", "3"])
+    assert (config.max_steps, config.env_args, config_dir) == (3, {"size": 4}, tmp_path)
+    assert load_config([f"--config={config_file}"])[0].max_steps == 7  # the file was read, not skipped
+    with pytest.raises(ConfigError, match=re.escape("--config is given 2 times: give one YAML file")):
+        load_config([f"--config={config_file}", "--config", str(config_file)])
+    with pytest.raises(ConfigError, match=re.escape("--config needs a YAML file: --config train/configs/")):
+        load_config(["--config", "--max_steps", "3"])
+    with pytest.raises(ConfigError, match=re.escape("--config needs a YAML file")):
+        load_config(["--config="])
+
+
+def test_dict_fields_are_dicts_from_yaml_flags_and_defaults_and_trl_flags_land_in_trl_args(tmp_path):
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text("agent_args: {system_prompt: hi}\ntrl_args: {max_grad_norm: 0.5}\nweight_decay: 0.1\n")
+    config, _ = load_config(["--config", str(config_file), "--chat_template_kwargs", '{"enable_thinking": false}'])
+    assert config.agent_args == {"system_prompt": "hi"} and config.env_args == {}
+    assert config.chat_template_kwargs == {"enable_thinking": False}
+    assert config.trl_args == {"max_grad_norm": 0.5, "weight_decay": 0.1}
+    # A flag replaces the YAML's dict; a TRL field's own flag (either spelling) wins over the same key in trl_args.
+    flags = ["--agent_args", '{"system_prompt": "yo"}', "--max-grad-norm", "0.25", "--weight_decay", "0.2"]
+    config, _ = load_config(["--config", str(config_file), *flags])
+    assert config.agent_args == {"system_prompt": "yo"}
+    assert config.trl_args == {"max_grad_norm": 0.25, "weight_decay": 0.2}
+    with pytest.raises(ConfigError, match=re.escape(f"{config_file}: env_args must be a JSON object, e.g. ")):
+        config_file.write_text("env_args: [1]\n")
+        load_config(["--config", str(config_file)])
+
+
+def test_debug_false_shows_no_traceback(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "b", oops}\n')
+    flags = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--tasks", str(tasks)]
+    assert cli([*flags, "--debug", "false"]) == 1  # before: any --debug flag re-raised the error
+    error = capsys.readouterr().err
+    assert f"tasks: {tasks}:1 is not JSON" in error and error.endswith("(--debug shows the traceback)\n")
+    with pytest.raises(ValueError, match="is not JSON"):
+        cli([*flags, "--debug", "true"])
 
 
 def test_unknown_yaml_field_is_named(tmp_path):

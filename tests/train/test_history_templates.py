@@ -4,22 +4,18 @@ every turn is still trained, each from the prompt the model saw, and the mismatc
 
 from __future__ import annotations
 
-import copy
 import itertools
 import shutil
-from unittest.mock import patch
 
 import gymnasium as gym
 import pytest
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
 from rllm_gym.types import RewardOutput
 
 # Like Qwen3's: an earlier assistant turn is rendered without its <think> block.
@@ -58,8 +54,8 @@ class TwoTurnEnv(MultiTurnEnv):
 gym.register(id="test/TwoTurn-v0", entry_point=TwoTurnEnv)
 
 
-def train_one_step(tiny_model_dir, tmp_path, mode, token_history):
-    """One training step on TwoTurn-v0 with the forgetful template: the batch, the rollout and the trainer."""
+def train_one_step(tiny_model_dir, tmp_path, mode, token_history, train_and_record, make_trainer):
+    """One training step on TwoTurn-v0 with the forgetful template: the loss's batch, the rollout's and the trainer."""
     folder = forgetful_model(tiny_model_dir, tmp_path)
     model = AutoModelForCausalLM.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -78,7 +74,7 @@ def train_one_step(tiny_model_dir, tmp_path, mode, token_history):
     policy = ScriptedPolicy(reply, tokenizer=tokenizer, token_history=token_history)
     rollout = EpisodeRollout(
         [EnvSetup("test/TwoTurn-v0", agent="rllm_gym.agents.math:MathAgent")],
-        max_steps=2,
+        max_turns=2,
         policy_factory=lambda trainer: policy,
     )
     prompts = [encode_prompt("test/TwoTurn-v0", {"id": f"t{i}", "question": f"Say something {i}."}) for i in (0, 1)]
@@ -87,32 +83,21 @@ def train_one_step(tiny_model_dir, tmp_path, mode, token_history):
         max_completion_length=12, learning_rate=1e-2, beta=0.0, report_to=[], use_cpu=True, save_strategy="no",
         disable_tqdm=True, logging_steps=1, shuffle_dataset=False,
     )  # fmt: skip
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="drgrpo", mode=mode),
-    )
-    batches = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
-
-    def spy(self, inputs):
-        output = original(self, inputs)
-        batches.append((output, copy.copy(self.rollout)))
-        return output
-
-    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
-        trainer.train()
+    rows = [{"prompt": p} for p in prompts]
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo", mode=mode)
+    batches = train_and_record(trainer)
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())  # one real step ran
     [(output, seen)] = batches
     return output, seen, trainer, tokenizer
 
 
-def test_by_default_the_model_keeps_what_it_sampled_and_a_trajectory_is_one_row(tiny_model_dir, tmp_path):
-    output, seen, trainer, tokenizer = train_one_step(tiny_model_dir, tmp_path, "broadcast", "sampled")
-    sequences, episodes = seen.last_sequences, seen.last_episodes
+def test_by_default_the_model_keeps_what_it_sampled_and_a_trajectory_is_one_row(
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
+):
+    output, seen, trainer, tokenizer = train_one_step(
+        tiny_model_dir, tmp_path, "broadcast", "sampled", train_and_record, make_trainer
+    )
+    sequences, episodes = seen.sequences, seen.episodes
     assert len(sequences) == 8 == output["completion_ids"].size(0) and not any(s.prefix_mismatch for s in sequences)
     thought = 0
     for sequence in sequences:
@@ -136,9 +121,13 @@ def test_by_default_the_model_keeps_what_it_sampled_and_a_trajectory_is_one_row(
 
 
 @pytest.mark.parametrize("mode", ["broadcast", "per_step"])
-def test_with_template_history_turns_are_each_trained_from_their_own_prompt(tiny_model_dir, tmp_path, mode):
-    output, seen, trainer, tokenizer = train_one_step(tiny_model_dir, tmp_path, mode, "template")
-    sequences, episodes = seen.last_sequences, seen.last_episodes
+def test_with_template_history_turns_are_each_trained_from_their_own_prompt(
+    tiny_model_dir, tmp_path, mode, train_and_record, make_trainer
+):
+    output, seen, trainer, tokenizer = train_one_step(
+        tiny_model_dir, tmp_path, mode, "template", train_and_record, make_trainer
+    )
+    sequences, episodes = seen.sequences, seen.episodes
     assert len(episodes) == 8 and len(sequences) == 12 == output["completion_ids"].size(0)
     assert [s.source for s in sequences].count(-1) == 1  # one padding row, nothing of it trained
     mask = output["tool_mask"] * output["completion_mask"]  # what the loss trains

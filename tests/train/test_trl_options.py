@@ -25,7 +25,7 @@ ASKED_FOR = ("gradient_accumulation_steps", "max_grad_norm", "weight_decay", "nu
 def test_the_options_users_reach_for_first_are_fields_or_trl_flags():
     assert set(ASKED_FOR) | {"save_total_limit", "bf16"} <= set(TRL_FIELDS)
     config, _ = load_config(["--warmup_ratio", "0.1"])
-    assert config.warmup_ratio == 0.1 and json.loads(config.trl_args) == {}
+    assert config.warmup_ratio == 0.1 and config.trl_args == {}
 
 
 def test_trl_options_from_yaml_and_flags_reach_the_trainer(tmp_path):
@@ -44,7 +44,7 @@ def test_trl_options_from_yaml_and_flags_reach_the_trainer(tmp_path):
     assert (args.num_iterations, args.epsilon, args.bf16, args.warmup_steps) == (2, 0.3, False, 0.1)
     # prompts_per_step stays per optimizer step: 2 prompts x 2 rollouts in 2 micro-batches of 2.
     assert args.per_device_train_batch_size == 2
-    recorded = json.loads(json.loads((output_dir / "summary.json").read_text())["config"]["trl_args"])
+    recorded = json.loads((output_dir / "summary.json").read_text())["config"]["trl_args"]  # a dict, not JSON text
     assert recorded["gradient_accumulation_steps"] == 2 and recorded["weight_decay"] == 0.01
 
 

@@ -1,24 +1,19 @@
-import copy
 import random
 import re
 from collections import Counter, defaultdict
 from types import SimpleNamespace
-from unittest.mock import patch
 
 import gymnasium as gym
 import pytest
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.trl_rollout import (
     EnvSetup,
     EpisodeRollout,
-    RLLMGRPOTrainer,
     decode_prompt,
     encode_prompt,
     trajectory_to_sequences,
@@ -95,33 +90,10 @@ class ParityEnv(MultiTurnEnv):
 gym.register(id="test/Parity-v0", entry_point=ParityEnv)
 
 
-def train_and_record(trainer):
-    """Train; for every batch, the output the loss got and a copy of the rollout's records of it."""
-    batches = []
-    original = RLLMGRPOTrainer._generate_and_score_completions
-
-    def spy(self, inputs):
-        output = original(self, inputs)
-        batches.append((output, copy.copy(self.rollout)))
-        return output
-
-    with patch.object(RLLMGRPOTrainer, "_generate_and_score_completions", spy):
-        trainer.train()
-    return batches
-
-
-def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model_dir, tmp_path):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(4)]
-    dataset = Dataset.from_list([{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks] * 3)
-    args = GRPOConfig(
+def grpo_args(tmp_path, **kwargs):
+    defaults = dict(
         output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_steps=3,
-        max_completion_length=6,
+        max_completion_length=12,
         learning_rate=1e-2,
         beta=0.0,
         report_to=[],
@@ -130,27 +102,34 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
         disable_tqdm=True,
         gradient_checkpointing=False,
         logging_steps=1,
+        shuffle_dataset=False,
     )
+    return GRPOConfig(**{**defaults, **kwargs})
+
+
+def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
+):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(4)]
+    rows = [{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks] * 3
+    args = grpo_args(
+        tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=3, max_completion_length=6,
+        shuffle_dataset=True,
+    )  # fmt: skip
     # Scripted replies with real token ids (parity gives mixed rewards); the next test trains on the model's own
     # random text, which would re-tokenize differently if the chat were re-rendered.
     replies = random.Random(0)
     policy = ScriptedPolicy(lambda messages: replies.choice(["yes", "no", "maybe", "ok"]), tokenizer=tokenizer)
     rollout = EpisodeRollout(
         [EnvSetup("test/Parity-v0", agent="rllm_gym.agents.math:MathAgent")],
-        max_steps=2,
+        max_turns=2,
         policy_factory=lambda trainer: policy,
     )
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=args,
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="drgrpo"),
-    )
-    batches = [
-        (output, rollout.last_sequences, rollout.last_episodes) for output, rollout in train_and_record(trainer)
-    ]
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo")
+    batches = [(output, batch.sequences, batch.episodes) for output, batch in train_and_record(trainer)]
     assert any(not torch.equal(before[name], p) for name, p in model.named_parameters())
     saw_observations = False
     for output, sequences, episodes in batches:
@@ -171,57 +150,34 @@ def test_a_few_grpo_steps_change_the_model_and_never_train_env_tokens(tiny_model
     assert saw_observations, "two-turn episodes should have observation tokens in their sequences"
 
 
-def grpo_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path),
-        max_completion_length=12,
-        learning_rate=1e-2,
-        beta=0.0,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        shuffle_dataset=False,
-    )
-    return GRPOConfig(**{**defaults, **kwargs})
-
-
 def test_the_trainers_own_model_gives_one_row_of_exactly_its_tokens_per_multi_turn_trajectory(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
 ):
     # Generation by HFPolicy on the training weights: random replies, many cut by the length limit, whose text the
     # tokenizer would spell with other tokens. Token in, token out keeps each trajectory one row all the same.
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [{"id": f"p{i}", "question": f"Say something {i}."} for i in range(2)]
-    dataset = Dataset.from_list([{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks])
+    rows = [{"prompt": encode_prompt("test/Parity-v0", task)} for task in tasks]
     rollout = EpisodeRollout(
-        [EnvSetup("test/Parity-v0", agent="rllm_gym.agents.math:MathAgent")], max_steps=2, stop_on_truncation=False
+        [EnvSetup("test/Parity-v0", agent="rllm_gym.agents.math:MathAgent")], max_turns=2, stop_on_truncation=False
     )
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=grpo_args(
-            tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1, max_completion_length=6
-        ),
-        train_dataset=dataset,
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="drgrpo"),
-    )
+    args = grpo_args(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=1, max_completion_length=6)
+    trainer = make_trainer(model, tokenizer, args, rows, rollout, estimator="drgrpo")
     [(_, seen)] = train_and_record(trainer)
-    trajectories = [e.trajectories[0] for e in seen.last_episodes]
+    trajectories = [e.trajectories[0] for e in seen.episodes]
     assert sum(len(t.steps) for t in trajectories) > len(trajectories)  # a right answer ends an episode early
-    assert len(seen.last_sequences) == 8 and not any(s.prefix_mismatch for s in seen.last_sequences)
-    for sequence in seen.last_sequences:
+    assert len(seen.sequences) == 8 and not any(s.prefix_mismatch for s in seen.sequences)
+    for sequence in seen.sequences:
         last = trajectories[sequence.source].steps[-1]
         assert sequence.prompt_ids + sequence.completion_ids == last.prompt_ids + last.response_ids
     logged = next(entry for entry in trainer.state.log_history if "rollout/rows_per_trajectory" in entry)
     assert logged["rollout/rows_per_trajectory"] == 1.0 and logged["rollout/prefix_mismatch"] == 0
 
 
-def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(tiny_model_dir, tmp_path):
+def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
+    tiny_model_dir, tmp_path, train_and_record, make_trainer
+):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tasks = [{"id": f"q{i}", "question": f"What is {i} + 1?", "ground_truth": str(i + 1)} for i in range(2)]
@@ -235,16 +191,10 @@ def test_solver_judge_roles_share_episodes_and_get_advantages_within_their_role(
         return replies.choice(["\\boxed{1}", "\\boxed{2}", "\\boxed{3}"])
 
     policy = ScriptedPolicy(reply, tokenizer=tokenizer)
-    rollout = EpisodeRollout([EnvSetup("rllm/SolverJudge-v0")], max_steps=3, policy_factory=lambda trainer: policy)
-    trainer = RLLMGRPOTrainer(
-        model=model,
-        processing_class=tokenizer,
-        args=grpo_args(tmp_path, per_device_train_batch_size=24, num_generations=4, max_steps=2),
-        train_dataset=Dataset.from_list(rows * 2),
-        rollout=rollout,
-        advantage_config=AdvantageConfig(estimator="grpo"),
-    )
-    batches = [(output, rollout.last_episodes, rollout.last_slots) for output, rollout in train_and_record(trainer)]
+    rollout = EpisodeRollout([EnvSetup("rllm/SolverJudge-v0")], max_turns=3, policy_factory=lambda trainer: policy)
+    args = grpo_args(tmp_path, per_device_train_batch_size=24, num_generations=4, max_steps=2)
+    trainer = make_trainer(model, tokenizer, args, rows * 2, rollout, estimator="grpo")
+    batches = [(output, batch.episodes, batch.slots) for output, batch in train_and_record(trainer)]
     assert len(batches) == 2
     for output, episodes, slots in batches:
         # 24 rows = 2 tasks x 3 slots x 4 generations, from 8 episodes: each episode trains all three trajectories.
@@ -346,11 +296,12 @@ def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
         processing_class=tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
     )
-    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_steps=2)
-    output = rollout([encode_prompt("rllm/FrozenLake-v0", seed) for seed in range(6)], trainer)
+    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_turns=2)
+    prompts = [encode_prompt("rllm/FrozenLake-v0", seed) for seed in range(6)]
+    batch = rollout.collect(prompts, rollout.generation_for(trainer))
     assert client.calls[0] == 6  # the first turn of all six episodes in one server call
-    assert len(output["completion_ids"]) == 6
-    steps = [step for episode in rollout.last_episodes for step in episode.trajectories[0].steps]
+    assert len(batch.trl_output()["completion_ids"]) == 6
+    steps = [step for episode in batch.episodes for step in episode.trajectories[0].steps]
     assert steps and all(step.model_output.text == "up" and step.logprobs == [-0.25] * 2 for step in steps)
-    assert rollout.last_metrics["vllm_server/server_calls"] == len(client.calls)
+    assert batch.metrics["vllm_server/server_calls"] == len(client.calls)
     rollout.close()

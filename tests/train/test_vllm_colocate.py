@@ -68,22 +68,22 @@ def first_prompt_length(episode) -> int:
 def test_a_prompt_too_long_for_vllm_ends_its_episode_and_not_the_batch(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [encode_prompt(ENV, task) for task in (SMALL, BIG, SMALL, BIG)]
-    rollout = EpisodeRollout([EnvSetup(ENV)], max_steps=1)
-    rollout(prompts, trainer_for(StandInGeneration(tokenizer), tokenizer))
-    small, big = (first_prompt_length(e) for e in rollout.last_episodes[:2])
+    rollout = EpisodeRollout([EnvSetup(ENV)], max_turns=1)
+    first = rollout.collect(prompts, rollout.generation_for(trainer_for(StandInGeneration(tokenizer), tokenizer)))
+    small, big = (first_prompt_length(e) for e in first.episodes[:2])
     assert small < big
     # An engine whose context the big map's first prompt fills: vLLM would refuse it (and with it the batch).
     generation = StandInGeneration(tokenizer, max_model_length=big)
-    output = rollout(prompts, trainer_for(generation, tokenizer))
-    reasons = [episode.termination_reason for episode in rollout.last_episodes]
+    batch = rollout.collect(prompts, rollout.generation_for(trainer_for(generation, tokenizer)))
+    reasons = [episode.termination_reason for episode in batch.episodes]
     assert reasons[1] == reasons[3] == TerminationReason.MAX_PROMPT_LENGTH_EXCEEDED
     assert reasons[0] == reasons[2] != TerminationReason.ERROR
-    for episode in rollout.last_episodes[::2]:  # the small maps' episodes played their turn with vLLM's reply
+    for episode in batch.episodes[::2]:  # the small maps' episodes played their turn with vLLM's reply
         assert episode.trajectories[0].steps[0].model_output.text == "up"
-    assert all(not episode.trajectories[0].steps for episode in rollout.last_episodes[1::2])
+    assert all(not episode.trajectories[0].steps for episode in batch.episodes[1::2])
     assert generation.prompts and max(len(p) for p in generation.prompts) < big  # never sent to vLLM
-    assert rollout.last_metrics["vllm_colocate/prompts_too_long"] == 2
-    assert len(output["prompt_ids"]) == 4  # every prompt slot has its row (the ended ones a masked placeholder)
+    assert batch.metrics["vllm_colocate/prompts_too_long"] == 2
+    assert len(batch.trl_output()["prompt_ids"]) == 4  # every prompt slot has its row (the ended ones a placeholder)
     rollout.close()
 
 
@@ -141,12 +141,13 @@ def test_sleep_mode_syncs_the_weights_once_per_rollout_and_sleeps_after_it(tiny_
     # ZeRO-3 in collectives that processes with different numbers of turns would not all join.
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     generation, engine = sleeping_generation(tokenizer, monkeypatch)
-    rollout = EpisodeRollout([EnvSetup(ENV)], max_steps=3)
+    rollout = EpisodeRollout([EnvSetup(ENV)], max_turns=3)
+    backend = rollout.generation_for(trainer_for(generation, tokenizer))
     for _ in range(2):
         engine.calls.clear()
-        rollout([encode_prompt(ENV, seed) for seed in range(4)], trainer_for(generation, tokenizer))
-        turns = max(len(e.trajectories[0].steps) for e in rollout.last_episodes)
-        assert turns == 3 and all(e.termination_reason != TerminationReason.ERROR for e in rollout.last_episodes)
+        batch = rollout.collect([encode_prompt(ENV, seed) for seed in range(4)], backend)
+        turns = max(len(e.trajectories[0].steps) for e in batch.episodes)
+        assert turns == 3 and all(e.termination_reason != TerminationReason.ERROR for e in batch.episodes)
         assert engine.calls == ["wake weights", "sync", "wake kv_cache", *["generate"] * turns, "sleep"]
         assert generation.enable_sleep_mode and generation._llm_weights_sleeping  # asleep for the training step
     rollout.close()
@@ -172,8 +173,9 @@ def test_colocate_generation_runs_on_the_process_device_after_the_weight_sync(ti
         return original(prompts, images, num_generations)
 
     generation.generate = generate
-    rollout = EpisodeRollout([EnvSetup(ENV)], max_steps=2)
-    rollout([encode_prompt(ENV, seed) for seed in range(4)], trainer_for(generation, tokenizer, device="cuda:1"))
+    rollout = EpisodeRollout([EnvSetup(ENV)], max_turns=2)
+    trainer = trainer_for(generation, tokenizer, device="cuda:1")
+    rollout.collect([encode_prompt(ENV, seed) for seed in range(4)], rollout.generation_for(trainer))
     assert events[0] == ("synchronize", torch.device("cuda:1"))
     generates = events[1:]
     assert len(generates) >= 2 and all(event == ("generate", torch.device("cuda:1")) for event in generates)

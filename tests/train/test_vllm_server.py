@@ -370,14 +370,15 @@ def test_a_prompt_too_long_for_the_server_ends_its_episode_and_not_the_round(tin
             ),
         )  # fmt: skip
 
-    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_steps=1)
-    rollout(prompts, trainer(ReplyClient(reply), None))
-    lengths = [len(e.trajectories[0].steps[0].prompt_ids) for e in rollout.last_episodes]
+    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], max_turns=1)
+    first = rollout.collect(prompts, rollout.generation_for(trainer(ReplyClient(reply), None)))
+    lengths = [len(e.trajectories[0].steps[0].prompt_ids) for e in first.episodes]
     assert lengths[0] < lengths[1]
     client = BoundedClient(reply, context=lengths[1])  # the big map's prompt fills the server's context
-    rollout(prompts, trainer(client, lengths[1]))  # vllm_max_model_length set to the server's --max_model_len
-    reasons = [e.termination_reason.value for e in rollout.last_episodes]
+    # vllm_max_model_length set to the server's --max_model_len
+    batch = rollout.collect(prompts, rollout.generation_for(trainer(client, lengths[1])))
+    reasons = [e.termination_reason.value for e in batch.episodes]
     assert reasons[1] == "max_prompt_length_exceeded" and reasons[0] == reasons[2] != "error"
     assert [len(p) for call in client.calls for p in call["prompts"]] == [lengths[0], lengths[0]]
-    assert rollout.last_metrics["vllm_server/prompts_too_long"] == 1
+    assert batch.metrics["vllm_server/prompts_too_long"] == 1
     rollout.close()
