@@ -6,6 +6,7 @@ import fcntl
 import os
 import struct
 import subprocess
+import sys
 import termios
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,30 @@ import pytest
 
 from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.tiny_model import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+# One thread per process and no progress bars or GPUs: the command-line tests run on 2 shared cores and read stderr.
+QUIET_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run_python(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=QUIET_ENV if env is None else env,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """Runs ``python ARGS...`` (e.g. ``"-m", "rllm_gym.cli", "eval", ...``) as the user would, from the repository
+    with ``QUIET_ENV`` unless ``env=`` is given, and gives the finished process with its text output."""
+    return _run_python
 
 
 @pytest.fixture(scope="session")
