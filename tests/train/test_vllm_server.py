@@ -251,6 +251,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_processes_stay_in_lockstep(tmp_path):
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
     command += [str(REPO / "train" / "accelerate" / "cpu_2.yaml"), "--main_process_port", str(free_port())]
