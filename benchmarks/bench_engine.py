@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import platform
 import time
 from collections.abc import Callable
+
+from _measure import write_json
 
 from rllm_gym.agents.frozenlake import FrozenLakeAgent
 from rllm_gym.engine import AgentExecutionEngine
@@ -246,9 +247,7 @@ def main() -> None:
                 f"at most {r['max_sandbox_in_flight']} sandbox runs in flight, {r['termination_reasons']}, "
                 f"load average {r['load_average']}"
             )
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ an int and returns an int. The goal is a ratio (ours / Gymnasium) of at most 2.0
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 
 import gymnasium as gym
+from _measure import write_json
 
 import rllm_gym  # noqa: F401 - registers rllm/ ids
 
@@ -76,9 +76,7 @@ def main() -> None:
             f"{row['variant']:<20} {row['gymnasium_us_per_step']:>18.2f} {row['rllm_gym_us_per_step']:>17.2f} "
             f"{row['ratio']:>6.2f}"
         )
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

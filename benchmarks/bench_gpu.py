@@ -145,7 +145,7 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(HERE))
-    import bench_grpo  # the CPU benchmark's prompts, reward, step timer and phase clocks
+    import bench_grpo  # the CPU benchmark's prompts and reward, and the step timer and phase clocks it imports
 
     from rllm_gym.train.advantages import AdvantageConfig
     from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx
+from _measure import write_json
 
 from rllm_gym.policies import OpenAIPolicy, SamplingParams
 
@@ -268,9 +269,7 @@ def main() -> None:
             f"{row['raw_httpx_req_per_s']:>8.0f} {ceiling or float('nan'):>8.0f} {row['ideal_req_per_s']:>8.0f} "
             f"{row['policy_vs_raw']:>7.0%}"
         )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

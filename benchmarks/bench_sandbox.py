@@ -18,13 +18,14 @@ cost per run shows next to a run whose own work dominates. Memory per run is the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from _measure import write_json
 
 from rllm_gym.sandbox import Sandbox
 
@@ -120,9 +121,7 @@ def main() -> None:
             results["programs"][name] = {"code": program, "rows": rows}
     results["load_average"] = round(os.getloadavg()[0], 2)
     print(f"isolation: {', '.join(results['isolation'])}; load average {results['load_average']}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _measure import timings_ms
+
 from rllm_gym.envs.tool import ToolEnv
 from rllm_gym.tools import HermesToolParser, JsonBlockToolParser, MultiTool, OpenAIToolParser, ToolCall
 from rllm_gym.types import RewardOutput
@@ -46,13 +48,7 @@ def bench_parsers(seconds: float) -> dict[str, dict[str, float]]:
 
 
 def _latency(function: Callable[[], Any], repeats: int) -> dict[str, float]:
-    function()  # warm-up (imports, sandbox start, BM25 index)
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(1e3 * (time.perf_counter() - start))
-    samples.sort()
+    samples = timings_ms(function, repeats)  # after a warm-up call (imports, sandbox start, BM25 index)
     return {
         "p50_ms": statistics.median(samples),
         "p90_ms": samples[int(0.9 * (len(samples) - 1))],

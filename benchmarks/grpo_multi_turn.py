@@ -3,7 +3,7 @@ with each LLM call's prompt continuing the previous call's prompt and sampled to
 token in, token out: a trajectory is one training row) against the same trainer re-rendering the whole chat every
 call (``token_history="template"``, what the policies did before issue 32: a row splits wherever the tokenizer
 re-spells a sampled reply or the length limit cut one). The two take turns step by step in one process (see
-``bench_grpo.run_interleaved``), so both see the same machine load; the rows per trajectory and turns are TRL's
+``_grpo_common.run_interleaved``), so both see the same machine load; the rows per trajectory and turns are TRL's
 logged ``rollout/`` metrics. ``bench_grpo.py`` runs it after its single-turn table; alone:
 
     python benchmarks/grpo_multi_turn.py --steps 4 --rounds 1
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_grpo import StepTimer, grpo_args, instrument, run_interleaved, summarize
+from _grpo_common import StepTimer, TrainerSettings, grpo_args, instrument, run_interleaved, summarize
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_callback import PrinterCallback
@@ -34,18 +34,15 @@ MULTI_TURN_ENV = "rllm/FrozenLake-v0"
 
 
 @dataclass
-class MultiTurnSettings:
+class MultiTurnSettings(TrainerSettings):
     """The multi-turn step: FrozenLake episodes of up to ``max_turns`` LLM calls; a reply cut by the length limit is
     stepped and the episode goes on (so most episodes take several turns with the tiny model)."""
 
     prompts_per_step: int = 4
     num_generations: int = 4
     max_completion_length: int = 12
-    max_turns: int = 4
-    learning_rate: float = 1e-3
-    loss_type: str = "dapo"
-    seed: int = 0
     warmup: int = 1
+    max_turns: int = 4
 
 
 def build_multi_turn_trainer(
@@ -68,7 +65,7 @@ def build_multi_turn_trainer(
     trainer = RLLMGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(model_path),
         processing_class=AutoTokenizer.from_pretrained(model_path),
-        args=grpo_args(settings, output_dir, max_steps),  # type: ignore[arg-type]  (the fields it reads are here)
+        args=grpo_args(settings, output_dir, max_steps),
         train_dataset=data,
         callbacks=[timer],
         rollout=rollout,

@@ -13,10 +13,10 @@ import base64
 import json
 import pickle
 import statistics
-import time
 from typing import Any
 
 import reasoning_gym
+from _measure import timings_ms, write_json
 
 from rllm_gym.envs.reasoning_gym import ReasoningGymScorer
 from rllm_gym.rewards import reasoning_gym as scoring
@@ -34,13 +34,7 @@ def _task(name: str) -> dict[str, Any]:
 
 
 def _time(score: Any, n: int) -> dict[str, float]:
-    score()  # warm: the sandbox's zygote starts on first use
-    times = []
-    for _ in range(n):
-        start = time.perf_counter()
-        score()
-        times.append(1000 * (time.perf_counter() - start))
-    times.sort()
+    times = timings_ms(score, n)  # after a warm-up call: the sandbox's zygote starts on first use
     return {"median_ms": round(statistics.median(times), 1), "p90_ms": round(times[int(0.9 * (n - 1))], 1)}
 
 
@@ -73,9 +67,7 @@ def main() -> None:
     results["chain_sum/sandbox_cold_import"] = _time(run, max(3, args.answers // 4))
     cold.close()
     print(json.dumps(results, indent=2))
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+    write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,49 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import struct
 import subprocess
+import sys
 import termios
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+import httpx
 import pytest
 
+from rllm_gym.agents.frozenlake import FrozenLakeAgent
+from rllm_gym.engine import AgentExecutionEngine
+from rllm_gym.policies.base import SamplingParams
 from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.tiny_model import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+# One thread per process and no progress bars or GPUs: the command-line tests run on 2 shared cores and read stderr.
+QUIET_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run_python(
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=QUIET_ENV if env is None else env,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess]:
+    """Runs ``python ARGS...`` (e.g. ``"-m", "rllm_gym.cli", "eval", ...``) as the user would, from the repository
+    with ``QUIET_ENV`` unless ``env=`` is given, and gives the finished process with its text output."""
+    return _run_python
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +123,62 @@ def generate_seconds(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], 
         return seconds
 
     return start
+
+
+@pytest.fixture
+def frozenlake_engine() -> Callable[..., AgentExecutionEngine]:
+    """``make(policy, max_turns=N, max_tokens=M)``: the engine on FrozenLake with its agent, sampling at temperature 1
+    with seed 0, as the end-to-end tests of each policy (HF, vLLM, a vLLM server) run their episodes."""
+
+    def make(policy: Any, *, max_turns: int, max_tokens: int) -> AgentExecutionEngine:
+        return AgentExecutionEngine(
+            env_id="rllm/FrozenLake-v0",
+            agent_cls=FrozenLakeAgent,
+            policy=policy,
+            max_turns=max_turns,
+            sampling_params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0),
+        )
+
+    return make
+
+
+@contextmanager
+def _server_process(
+    command: Callable[[int], list[str]], log_path: Path, *, env: dict[str, str], start_s: float, stop_s: float
+) -> Iterator[str]:
+    with socket.socket() as sock:  # a free loopback port: other tests may serve at the same time
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = log_path.open("w")
+    process = subprocess.Popen(command(port), env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_s
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited with {process.returncode}: {log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not come up in {start_s:.0f} s; see {log_path}")
+            time.sleep(0.25)
+        yield f"{url}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=stop_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def server_process() -> Callable[..., Any]:
+    """``with server_process(command, log_path, env=..., start_s=..., stop_s=...) as base_url:`` runs
+    ``command(port)`` (a model server) on a free loopback port, its output in ``log_path``, until its ``/health``
+    answers (an error with the log's tail if it exits or takes over ``start_s``); gives its ``/v1`` URL, and stops it
+    (terminate, then kill after ``stop_s``) on leaving."""
+    return _server_process

@@ -1,4 +1,5 @@
-"""benchmarks/run_all.py: the README's performance table is rendered from benchmarks/results.json, never typed."""
+"""benchmarks/run_all.py and benchmarks/_table.py: the README's performance table is rendered from
+benchmarks/results.json, never typed."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ spec = importlib.util.spec_from_file_location("run_all", ROOT / "benchmarks" / "
 run_all = importlib.util.module_from_spec(spec)
 sys.modules["run_all"] = run_all  # dataclasses look their module up by name
 spec.loader.exec_module(run_all)
+table = importlib.import_module("_table")  # run_all.py's renderers, on the path run_all.py put its folder on
 
 
 def fabricated() -> dict:
@@ -332,7 +334,7 @@ def test_every_benchmark_script_is_run_and_rendered():
     scripts = {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")} - set(run_all.GPU_ONLY)
     assert set(run_all.GPU_ONLY) <= {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")}
     assert {bench.name for bench in run_all.BENCHMARKS} == scripts
-    assert set(run_all.RENDERERS) == scripts
+    assert set(table.RENDERERS) == scripts
 
 
 def test_readme_table_is_the_rendering_of_the_committed_results():
@@ -379,6 +381,7 @@ def test_readme_generalization_sentence_is_the_rendering_of_the_kept_figures():
 def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypatch, generate_seconds):
     """Each trainer's "generate" phase holds every model.generate call of its steps (ours runs them in the rollout,
     before TRL's _generate, which then only hands back rows: timing that read ~0 s) and fits within the step."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # its shared part, _grpo_common.py, lies next to it
     bench_spec = importlib.util.spec_from_file_location("bench_grpo", ROOT / "benchmarks" / "bench_grpo.py")
     bench = importlib.util.module_from_spec(bench_spec)
     monkeypatch.setitem(sys.modules, "bench_grpo", bench)
@@ -387,7 +390,7 @@ def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypa
     settings = bench.Settings(prompts_per_step=2, num_generations=2, max_completion_length=8, warmup=0, steps=2)
     tasks = bench.math_tasks(settings.prompts_per_step * settings.steps, settings.seed)
     data = dict(zip(["ours", "trl"], bench.datasets(tasks), strict=True))
-    timers, trainers = bench.run_interleaved(["ours", "trl"], tiny_model_dir, settings, data, 2)
+    timers, trainers = bench.run_interleaved(["ours", "trl"], tiny_model_dir, settings, data, 2, bench.build_trainer)
     for kind, timer in timers.items():
         generation = sum(phases.get("generate", 0.0) for phases in timer.phases)
         assert 0 < seconds[kind] <= generation <= sum(timer.wall), (kind, seconds[kind], generation)

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
@@ -130,7 +132,9 @@ def bounded(command: str, folder: Path) -> list[str]:
     return words
 
 
-# About a minute on 2 cores (7 bounded trainer runs, 4 evals of the tiny model): not marked slow, it is the guard.
+# About a minute on 2 cores (7 bounded trainer runs, 4 evals of the tiny model): slow, so it runs with the README's
+# test command and in CI (.ci/run), not in a plain `pytest`.
+@pytest.mark.slow
 def test_every_runnable_command_runs_as_written_in_the_documents_order(tmp_path):
     """Each document's commands run in order in a folder of their own (a config header's main-job command, run
     after the README's, would find the README's run there: they are one command written twice, not two runs)."""
@@ -180,3 +184,18 @@ def test_launched_and_served_commands_name_files_that_exist_and_parse():
         elif found == "benchmark":
             assert (REPO / words[1]).is_file(), (source, command)
     assert checked >= 8
+
+
+def test_ci_runs_the_readmes_test_command_and_it_selects_the_slow_tests_too():
+    """.ci/run runs the README's test command, and that command keeps the tests marked slow, which a plain ``pytest``
+    (the ``-m 'not slow'`` in pyproject.toml's addopts) leaves out."""
+    from _pytest.mark.expression import Expression
+
+    [command] = [c for where, c in ALL if where == "README.md" and kind(c) == "pytest" and "tests/" not in c]
+    ci_lines = (REPO / ".ci" / "run").read_text().splitlines()
+    ci = [shlex.join(shlex.split(line)) for line in ci_lines if line.startswith("python -m pytest")]
+    assert f"python -m {command}" in ci, (command, ci)
+    words = shlex.split(command)
+    selects = Expression.compile(words[words.index("-m") + 1]).evaluate
+    assert selects(lambda mark, **kwargs: mark == "slow") and selects(lambda mark, **kwargs: False)
+    assert not Expression.compile("not slow").evaluate(lambda mark, **kwargs: mark == "slow")  # a plain pytest

@@ -196,28 +196,20 @@ AGENTS_ENGINE_TRAIN = [
 ]
 
 
-@pytest.mark.parametrize(("make", "error", "message"), ENVS)
-def test_env_constructors_name_the_bad_argument(make, error, message):
-    _check(make, error, message)
+GROUPS = {
+    "env": ENVS,
+    "reward-data-sandbox-store": REWARDS_DATA_SANDBOX,
+    "tool": TOOLS,
+    "policy-sampling": POLICIES,
+    "agent-engine-workflow-advantage": AGENTS_ENGINE_TRAIN,
+}
 
 
-@pytest.mark.parametrize(("make", "error", "message"), REWARDS_DATA_SANDBOX)
-def test_reward_data_sandbox_and_store_arguments_are_checked(make, error, message):
-    _check(make, error, message)
-
-
-@pytest.mark.parametrize(("make", "error", "message"), TOOLS)
-def test_tool_arguments_are_checked(make, error, message):
-    _check(make, error, message)
-
-
-@pytest.mark.parametrize(("make", "error", "message"), POLICIES)
-def test_policy_and_sampling_arguments_are_checked(make, error, message):
-    _check(make, error, message)
-
-
-@pytest.mark.parametrize(("make", "error", "message"), AGENTS_ENGINE_TRAIN)
-def test_agent_engine_workflow_and_advantage_arguments_are_checked(make, error, message):
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [pytest.param(*case, id=f"{group}-{i}") for group, cases in GROUPS.items() for i, case in enumerate(cases)],
+)
+def test_constructors_name_the_bad_argument(make, error, message):
     _check(make, error, message)
 
 

@@ -2,23 +2,14 @@
 
 from transformers import AutoTokenizer
 
-from rllm_gym.agents.frozenlake import FrozenLakeAgent
-from rllm_gym.engine import AgentExecutionEngine
-from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.types import TerminationReason
 
 
-async def test_tiny_model_episodes_carry_matching_tokens(tiny_model_dir):
+async def test_tiny_model_episodes_carry_matching_tokens(tiny_model_dir, frozenlake_engine):
     policy = HFPolicy(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    engine = AgentExecutionEngine(
-        env_id="rllm/FrozenLake-v0",
-        agent_cls=FrozenLakeAgent,
-        policy=policy,
-        max_turns=2,
-        sampling_params=SamplingParams(temperature=1.0, max_tokens=12, seed=0),
-    )
+    engine = frozenlake_engine(policy, max_turns=2, max_tokens=12)
     episodes = await engine.run(list(range(3)), n_rollouts=2)
     assert len(episodes) == 6
     for episode in episodes:

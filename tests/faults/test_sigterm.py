@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rllm_gym.store import ReadReport, read_episodes
 from rllm_gym.train.grpo import last_checkpoint
 
@@ -75,6 +77,7 @@ def test_last_checkpoint_skips_folders_a_kill_left_half_written(tmp_path):
     assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"
 
 
+@pytest.mark.slow
 def test_sigterm_during_training_then_resume_reaches_max_steps(tmp_path):
     output_dir = tmp_path / "run"
     max_steps = 16

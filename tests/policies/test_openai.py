@@ -27,6 +27,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 # Against a real `transformers serve` process -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_openai_and_hf_agree_on_a_greedy_request(served_model, tiny_model_dir):
     hf = HFPolicy(tiny_model_dir)
     async with OpenAIPolicy(str(tiny_model_dir), served_model, tokenizer=str(tiny_model_dir)) as remote:
@@ -44,6 +45,7 @@ async def test_openai_and_hf_agree_on_a_greedy_request(served_model, tiny_model_
             assert remote_out.logprobs == []
 
 
+@pytest.mark.slow
 async def test_64_concurrent_requests_complete(served_model, tiny_model_dir):
     async with OpenAIPolicy(str(tiny_model_dir), served_model, max_concurrency=64) as policy:
         chats = [[{"role": "user", "content": f"question {i}"}] for i in range(64)]
@@ -54,6 +56,7 @@ async def test_64_concurrent_requests_complete(served_model, tiny_model_dir):
     assert policy.retries == 0
 
 
+@pytest.mark.slow
 async def test_rejected_request_fails_at_once_with_the_server_message(served_model, tiny_model_dir):
     # transformers serve does not accept the vLLM extension `top_k`: a 422 is not retried.
     policy = OpenAIPolicy(str(tiny_model_dir), served_model)

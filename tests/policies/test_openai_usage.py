@@ -69,6 +69,7 @@ def test_usage_counts_keep_only_non_negative_integers(usage, counts):
     assert usage_counts({"usage": usage}) == counts
 
 
+@pytest.mark.slow
 async def test_transformers_serve_usage_gives_the_same_counts_as_local_generation(served_model, tiny_model_dir):
     """Against a real `transformers serve` process, with no tokenizer on our side: its `usage` counts the prompt as
     the model's own chat template does, and the reply as the tokens it generated."""

@@ -1,14 +1,15 @@
 """Stand-ins for TRL's vLLM server path, and the worker that tests/train/test_vllm_server.py launches on 2 processes.
 
-:class:`FakeClient` has ``VLLMClient.generate``'s signature and return shape; its completion for a prompt is
-``[prompt_code(prompt), EOS]``, so a caller can check that it got the completion of ITS prompt. Run as a script
-(under ``accelerate launch``) it plays scenarios in which the processes make different numbers of requests and turns
-through ``ServerVLLMPolicy.run`` and writes ``<out>/rank<i>.json`` for the test to check.
+:class:`FakeClient` takes ``VLLMClient.generate``'s arguments (bound to its signature) and returns its shape; its
+completion for a prompt is ``[prompt_code(prompt), EOS]``, so a caller can check that it got the completion of ITS
+prompt. Run as a script (under ``accelerate launch``) it plays scenarios in which the processes make different numbers
+of requests and turns through ``ServerVLLMPolicy.run`` and writes ``<out>/rank<i>.json`` for the test to check.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import random
 import sys
@@ -39,23 +40,15 @@ class FakeClient:
         self.delay_s = delay_s
         self.threads: set[int] = set()
 
-    def generate(
-        self,
-        prompts: list[str] | list[list[int]],
-        features: list[dict | None] | None = None,
-        n: int = 1,
-        repetition_penalty: float = 1.0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        max_tokens: int = 16,
-        logprobs: int | None = 0,
-        structured_outputs_regex: str | None = None,
-        generation_kwargs: dict | None = None,
-    ) -> dict[str, list[list[int]]]:
-        call = dict(locals())
-        del call["self"]
+    def generate(self, prompts: list[str] | list[list[int]], *args: Any, **kwargs: Any) -> dict[str, list[list[int]]]:
+        # Bound against TRL's own signature (not a copy of it): a caller's unknown or misspelled argument fails here
+        # as it would on the real client, and every recorded call holds all its arguments, defaults included.
+        from trl.generation.vllm_client import VLLMClient
+
+        bound = inspect.signature(VLLMClient.generate).bind(self, prompts, *args, **kwargs)
+        bound.apply_defaults()
+        call = {name: value for name, value in bound.arguments.items() if name != "self"}
+        n = call["n"]
         self.calls.append(call)
         self.threads.add(threading.get_ident())
         if self.delay_s:

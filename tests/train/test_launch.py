@@ -95,6 +95,7 @@ def test_single_process_module_run(tmp_path):
     check_run(output_dir, result.stdout, processes=1)
 
 
+@pytest.mark.slow
 def test_accelerate_launch_two_cpu_processes(tmp_path):
     output_dir = tmp_path / "run"
     # With a held-out task and pass@2 evaluated every 2 steps: each process runs a share and the main one logs.
@@ -113,6 +114,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     assert sorted(path.name for path in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
 
 
+@pytest.mark.slow
 def test_accelerate_launch_deepspeed_zero2_on_cpu(tmp_path):
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
     output_dir = tmp_path / "run"
@@ -127,6 +129,7 @@ def test_accelerate_launch_deepspeed_zero2_on_cpu(tmp_path):
     assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml"])
 def test_launched_runs_train_resume_and_save_in_the_dtype_asked_for(config_file, tmp_path):
     from safetensors import safe_open

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rllm_gym.store import read_episodes
@@ -23,6 +24,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV, timeout=300)
 
 
+@pytest.mark.slow
 def test_model_folders_record_their_training_and_eval_uses_it(tmp_path):
     output_dir = tmp_path / "run"
     trained = run(

@@ -24,6 +24,7 @@ CONFIG = REPO / "train" / "configs" / "reasoning_gym_cpu.yaml"
 ENV_ID = "rllm/ReasoningGym-v0"
 
 
+@pytest.mark.slow
 def test_a_short_grpo_run_on_reasoning_gym_trains_the_model(tmp_path, tiny_model_dir):
     output_dir = tmp_path / "run"
     command = [

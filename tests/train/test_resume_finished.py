@@ -42,6 +42,7 @@ def line_index(stdout: str, start: str) -> int:
     return next(number for number, line in enumerate(stdout.splitlines()) if line.startswith(start))
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_left_as_it_is_refused_with_other_settings_and_extended_with_more_steps(tmp_path):
     output_dir = tmp_path / "run"
     first = train(output_dir, "--max_steps", "2")
@@ -88,6 +89,7 @@ def test_a_finished_run_is_left_as_it_is_refused_with_other_settings_and_extende
     assert "not measured at a checkpoint" not in (output_dir / "checkpoint-2" / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_resume_below_the_step_reached_is_refused(tmp_path):
     output_dir = tmp_path / "run"
     first = train(output_dir, "--max_steps", "2", "--eval_greedy", "false", "--save_steps", "1")
@@ -119,6 +121,7 @@ def test_a_taken_output_dir_is_refused_before_torch_and_trl_load(tmp_path, entry
     assert "rllm_gym" in modules and not modules & {"torch", "trl", "transformers", "accelerate"}
 
 
+@pytest.mark.slow
 def test_eval_draws_no_loading_bar_with_no_progress_even_on_a_terminal(tmp_path):
     import fcntl
     import pty

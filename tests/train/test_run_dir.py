@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rllm_gym.train.run_dir import last_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,7 @@ def steps_printed(stdout: str) -> list[int]:
     return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("step ")]
 
 
+@pytest.mark.slow
 def test_a_second_run_into_the_same_folder_is_refused_then_overwrite_replaces_it(tmp_path):
     output_dir = tmp_path / "run"
     first = train(output_dir, "--max_steps", "1")
@@ -50,6 +53,7 @@ def test_a_second_run_into_the_same_folder_is_refused_then_overwrite_replaces_it
     assert (output_dir / "notes.txt").read_text() == "mine"  # only the run's own files were replaced
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     result = train(tmp_path / "empty", "--resume", "true")
     assert result.returncode == 2
@@ -57,6 +61,7 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_resume_says_where_it_starts_keeps_the_before_score_and_refuses_other_settings(tmp_path):
     output_dir = tmp_path / "run"
     first = train(output_dir, "--max_steps", "2", "--save_steps", "1", "--eval_greedy", "true")
@@ -81,6 +86,7 @@ def test_resume_says_where_it_starts_keeps_the_before_score_and_refuses_other_se
     assert [record["step"] for record in logged if "eval_train/greedy" in record] == [0, 3]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_one_line_and_a_checkpoint_to_resume_from(tmp_path):
     output_dir = tmp_path / "run"
     metrics = output_dir / "metrics.jsonl"

@@ -28,6 +28,7 @@ def test_the_options_users_reach_for_first_are_fields_or_trl_flags():
     assert config.warmup_ratio == 0.1 and config.trl_args == {}
 
 
+@pytest.mark.slow
 def test_trl_options_from_yaml_and_flags_reach_the_trainer(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text(TINY.read_text() + "weight_decay: 0.01\nsave_total_limit: 1\nnum_iterations: 2\n")
@@ -64,6 +65,7 @@ def test_bad_trl_options_are_named(args, message, status, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_help_lists_trl_fields_with_their_help():
     result = subprocess.run(
         [sys.executable, "-m", "rllm_gym.train.grpo", "--help"], capture_output=True, text=True, env=ENV, timeout=120

@@ -41,6 +41,7 @@ print(json.dumps(seen))
 """
 
 
+@pytest.mark.slow
 def test_the_model_loads_partitioned_when_zero3_init_flag_is_set(tmp_path):
     env = {
         **os.environ,
@@ -58,7 +59,8 @@ def test_the_model_loads_partitioned_when_zero3_init_flag_is_set(tmp_path):
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [True]
 
 
-# ~15 s on 2 idle cores: in the default run, so that CI runs it.
+# ~15 s on 2 idle cores and two launched processes: slow, so left out of the default run; .ci/run runs it.
+@pytest.mark.slow
 def test_a_zero3_run_on_cpus_warm_starts_evaluates_and_trains_the_partitioned_model(tmp_path):
     """Two processes on the CPU with ZeRO-3 and zero3_init_flag (train/accelerate/zero2_cpu.yaml at stage 3): the
     model loads partitioned, so the warm start and the evaluation before training, which run before the trainer

@@ -10,8 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rllm_gym.agents.frozenlake import FrozenLakeAgent
-from rllm_gym.engine import AgentExecutionEngine
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.types import TerminationReason
 
@@ -108,15 +106,9 @@ def test_several_event_loops_and_threads_share_the_engine(policy):
     assert results == [first] * 4
 
 
-async def test_episodes_through_the_engine(policy, vllm_model_dir):
+async def test_episodes_through_the_engine(policy, vllm_model_dir, frozenlake_engine):
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
-    engine = AgentExecutionEngine(
-        env_id="rllm/FrozenLake-v0",
-        agent_cls=FrozenLakeAgent,
-        policy=policy,
-        max_turns=3,
-        sampling_params=SamplingParams(temperature=1.0, max_tokens=12, seed=0),
-    )
+    engine = frozenlake_engine(policy, max_turns=3, max_tokens=12)
     episodes = await engine.run(list(range(4)), n_rollouts=2)
     assert len(episodes) == 8
     steps = 0

