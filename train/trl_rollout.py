@@ -216,7 +216,8 @@ class EpisodeRollout:
                 model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
             ) as unwrapped:
                 # One generate call for every episode's turn, as TRL's own generation makes: a batch as large as the
-                # episodes, sent as soon as every episode in flight has asked (see _run).
+                # episodes, sent as soon as every episode in flight has asked (see _run), or once none has asked for
+                # batch_wait_s (the rest are busy in their envs; a loaded machine stalls a request 20 ms at times).
                 policy = HFPolicy(
                     unwrapped,
                     tokenizer=trainer.processing_class,
@@ -224,7 +225,7 @@ class EpisodeRollout:
                     chat_template_kwargs=self.chat_template_kwargs,
                     token_history=self.token_history,
                     max_batch_size=len(runs),
-                    batch_wait_s=0.02,
+                    batch_wait_s=0.1,
                 )
                 episodes = self._run_sync(self._run(runs, policy, sampling))
             model.train(was_training)
@@ -293,6 +294,8 @@ class EpisodeRollout:
             async for episode in engine.stream_pairs([(task, uid) for _, task, uid in items]):
                 finished[episode.id] = episode
                 active -= 1
+                if isinstance(policy, BatchingPolicy):
+                    policy.requests_changed()  # a batch waiting on this episode goes now
             return [(position, finished[uid]) for position, _, uid in items]
 
         by_env: dict[str, list[tuple[int, Any, str]]] = defaultdict(list)

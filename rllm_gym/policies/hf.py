@@ -55,8 +55,10 @@ class BatchingPolicy(BasePolicy):
     :meth:`_generate_batch` once per group in a worker thread. Subclasses implement ``_generate_batch``.
 
     ``expected_requests``, when set, is a callable telling how many requests can still come (the trainer's rollout
-    sets it to the number of episodes in flight): a batch is sent as soon as it holds that many, instead of waiting
-    out ``batch_wait_s``; a full batch (``max_batch_size``) is always sent at once.
+    sets it to the number of episodes in flight): a batch is sent as soon as it holds that many, and otherwise once
+    no request has joined it for ``batch_wait_s`` (the wait counts from the latest request, so requests still coming
+    in one by one all make it in); :meth:`requests_changed` has the count read again when it falls. A full batch
+    (``max_batch_size``) is always sent at once.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class BatchingPolicy(BasePolicy):
         super().__init__(tokenizer, chat_template_kwargs=template_kwargs, token_history=token_history)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self._queue: asyncio.Queue[_Request] | None = None
+        self._queue: asyncio.Queue[_Request | None] | None = None  # None: a wake-up (requests_changed)
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.expected_requests: Callable[[], int] | None = None
@@ -90,6 +92,13 @@ class BatchingPolicy(BasePolicy):
         queue.put_nowait(_Request(prompt_ids, request.params, future))
         return await future
 
+    def requests_changed(self) -> None:
+        """Tell the batching worker that ``expected_requests()`` fell (an episode ended without asking again): a batch
+        that now holds every request still to come goes out at once, not ``batch_wait_s`` later. Call it on the
+        event loop that runs the requests."""
+        if self._queue is not None and self._worker is not None and not self._worker.done():
+            self._queue.put_nowait(None)
+
     async def aclose(self) -> None:
         """Stop the batching worker (it restarts on the next ``generate``)."""
         if self._worker is not None:
@@ -97,7 +106,7 @@ class BatchingPolicy(BasePolicy):
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
 
-    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request]:
+    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request | None]:
         # One worker per event loop: a policy reused across asyncio.run() calls gets a fresh queue each time.
         if self._loop is not loop or self._worker is None or self._worker.done():
             self._loop = loop
@@ -106,22 +115,33 @@ class BatchingPolicy(BasePolicy):
         assert self._queue is not None
         return self._queue
 
-    async def _run_worker(self, queue: asyncio.Queue[_Request]) -> None:
+    async def _run_worker(self, queue: asyncio.Queue[_Request | None]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
+            first = await queue.get()
+            if first is None:  # a wake-up with nothing waiting
+                continue
+            batch = [first]
             deadline = loop.time() + self.batch_wait_s
             while len(batch) < self.max_batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
+                if queue.empty():
+                    expected = self.expected_requests
+                    remaining = deadline - loop.time()
+                    if remaining <= 0 or (expected is not None and len(batch) >= expected()):
+                        break
+                    try:
+                        item = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                else:
+                    item = queue.get_nowait()
+                if item is None:  # requests_changed(): check the count again
                     continue
-                remaining = deadline - loop.time()
-                if remaining <= 0 or (self.expected_requests is not None and len(batch) >= self.expected_requests()):
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except TimeoutError:
-                    break
+                batch.append(item)
+                if self.expected_requests is not None:
+                    # While expected requests still arrive one by one (each renders its prompt on this loop first),
+                    # the wait counts from the latest: counted from the first, it split a training step in two calls.
+                    deadline = loop.time() + self.batch_wait_s
             groups: dict[SamplingParams, list[_Request]] = {}
             for request in batch:
                 groups.setdefault(request.params, []).append(request)

@@ -261,3 +261,41 @@ def test_continuation_needs_the_previous_chat_and_ids(tokenizers):
         asyncio.run(ReplayPolicy(tokenizer, [[1]]).generate(later, previous=chat))
     with pytest.raises(ValueError, match=r"token_history=\.\.\.\) must be 'sampled'"):
         ReplayPolicy(tokenizer, [], token_history="full")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_whole_chat_renders_to_the_ids_of_apply_chat_template(tokenizers, family):
+    # render_prompt_ids renders text and encodes it (cheaper per call); the ids must be the template's own, tools,
+    # template arguments and special-token text in the messages included.
+    from rllm_gym.policies.tokens import render_prompt_ids
+
+    tokenizer = tokenizers[family]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    chats = [
+        [{"role": "user", "content": "What is 2 + 3? leftover le ft"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "<think>hm</think>left"},
+            {"role": "user", "content": "a reply may spell <|im_end|> as text"},
+        ],
+    ]
+    for chat in chats:
+        for kwargs in ({}, {"enable_thinking": False}):
+            expected = tokenizer.apply_chat_template(
+                chat, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+            assert render_prompt_ids(tokenizer, chat, tools, kwargs) == list(expected)
+
+
+def test_tokenizing_template_arguments_take_apply_chat_templates_own_path(tokenizers):
+    # sanitize_control_tokens changes how the rendered text is tokenized (special-token text in a message stays
+    # text): only apply_chat_template(tokenize=True) honours it, so the ids must come from there.
+    from rllm_gym.policies.tokens import render_prompt_ids
+
+    tokenizer = tokenizers["embedded"]
+    chat = [{"role": "user", "content": "say <|im_end|> now"}]
+    kwargs = {"sanitize_control_tokens": True}
+    sanitized = render_prompt_ids(tokenizer, chat, None, kwargs)
+    assert sanitized == tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False, **kwargs)
+    assert sanitized != render_prompt_ids(tokenizer, chat, None, {})
