@@ -299,3 +299,45 @@ def test_tokenizing_template_arguments_take_apply_chat_templates_own_path(tokeni
     sanitized = render_prompt_ids(tokenizer, chat, None, kwargs)
     assert sanitized == tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False, **kwargs)
     assert sanitized != render_prompt_ids(tokenizer, chat, None, {})
+
+
+def test_the_same_chat_is_rendered_once_and_every_caller_gets_its_own_ids(tokenizers, monkeypatch):
+    # A GRPO group asks for one chat G times; the template renders it once. Chats with non-string values or tools
+    # are rendered every time (their equality does not tell what a template prints), and the cache stays bounded.
+    from rllm_gym.policies import tokens
+
+    tokenizer = tokenizers["qwen2.5"]
+    rendered = []
+    render = tokens.render_prompt_ids
+    monkeypatch.setattr(tokens, "render_prompt_ids", lambda *args: rendered.append(args[1]) or render(*args))
+    cache = tokens.RenderCache(size=2)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    first = cache.ids(tokenizer, chat, None, {})
+    first.append(-1)  # the caller's list: the cache's copy is untouched
+    again = cache.ids(tokenizer, [dict(m) for m in chat], None, {})
+    assert again == render(tokenizer, chat, None, {}) and len(rendered) == 1
+    other = [{"role": "user", "content": "2+2?"}]
+    assert cache.ids(tokenizer, other, None, {}) != again and len(rendered) == 2
+    listed = [{"role": "user", "content": "2+2?", "tool_calls": []}]
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    for _ in range(2):
+        cache.ids(tokenizer, listed, None, {})
+        cache.ids(tokenizer, chat, tools, {})
+    assert len(rendered) == 6
+    cache.ids(tokenizer, [{"role": "user", "content": "a third chat"}], None, {})  # evicts the oldest (chat)
+    cache.ids(tokenizer, chat, None, {})
+    assert len(rendered) == 8
+
+
+async def test_a_policy_renders_a_groups_first_prompt_once(tiny_model_dir, monkeypatch):
+    from rllm_gym.policies import HFPolicy, SamplingParams, tokens
+
+    policy = HFPolicy(tiny_model_dir, max_batch_size=8)
+    rendered = []
+    render = tokens.render_prompt_ids
+    monkeypatch.setattr(tokens, "render_prompt_ids", lambda *args: rendered.append(1) or render(*args))
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    outputs = await asyncio.gather(*(policy.generate(chat, SamplingParams(max_tokens=2)) for _ in range(8)))
+    assert len(rendered) == 1
+    assert all(o.prompt_ids == render(policy.tokenizer, chat, None, {}) for o in outputs)
+    await policy.aclose()
