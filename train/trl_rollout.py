@@ -226,6 +226,7 @@ class EpisodeRollout:
                     token_history=self.token_history,
                     max_batch_size=len(runs),
                     batch_wait_s=0.1,
+                    generate_on_loop=True,  # every episode waits on the batch; see BatchingPolicy
                 )
                 episodes = self._run_sync(self._run(runs, policy, sampling))
             model.train(was_training)

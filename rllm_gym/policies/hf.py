@@ -59,6 +59,11 @@ class BatchingPolicy(BasePolicy):
     no request has joined it for ``batch_wait_s`` (the wait counts from the latest request, so requests still coming
     in one by one all make it in); :meth:`requests_changed` has the count read again when it falls. A full batch
     (``max_batch_size``) is always sent at once.
+
+    ``generate_on_loop=True`` runs each batch on the event loop's own thread instead of a worker thread: the loop
+    stalls while the model generates (env calls already in the env pool go on). The trainer's rollout does so, where
+    every episode waits on the same batch anyway: in ``benchmarks/bench_grpo.py`` the loss and backward that follow
+    a step's generation ran ~0.2 s slower per step when that generation had run in another thread.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class BatchingPolicy(BasePolicy):
         max_batch_size: int,
         batch_wait_s: float,
         token_history: TokenHistory = "sampled",
+        generate_on_loop: bool = False,
     ):
         name = type(self).__name__
         if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
@@ -77,6 +83,9 @@ class BatchingPolicy(BasePolicy):
         super().__init__(tokenizer, chat_template_kwargs=template_kwargs, token_history=token_history)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        if not isinstance(generate_on_loop, bool):
+            raise ValueError(f"{name}(generate_on_loop=...) must be True or False, got {generate_on_loop!r}")
+        self.generate_on_loop = generate_on_loop
         self._queue: asyncio.Queue[_Request | None] | None = None  # None: a wake-up (requests_changed)
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -150,7 +159,11 @@ class BatchingPolicy(BasePolicy):
                 if not live:
                     continue
                 try:
-                    outputs = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in live], params)
+                    prompts = [r.prompt_ids for r in live]
+                    if self.generate_on_loop:
+                        outputs = self._generate_batch(prompts, params)
+                    else:
+                        outputs = await asyncio.to_thread(self._generate_batch, prompts, params)
                 except Exception as error:  # the whole batch failed: every caller gets the error
                     for request in live:
                         if not request.future.done():
@@ -180,6 +193,8 @@ class HFPolicy(BatchingPolicy):
             the chat template renders the whole chat each call (what it does to earlier turns included).
         max_batch_size: the most requests one ``generate`` call runs together.
         batch_wait_s: how long the queue waits after the first request for others to join its batch.
+        generate_on_loop: run ``generate`` on the event loop's thread rather than a worker thread (see
+            :class:`BatchingPolicy`).
 
     Example::
 
@@ -199,6 +214,7 @@ class HFPolicy(BatchingPolicy):
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         token_history: TokenHistory = "sampled",
+        generate_on_loop: bool = False,
     ) -> None:
         if model is None:
             from rllm_gym.tiny_model import default_model_path
@@ -228,6 +244,7 @@ class HFPolicy(BatchingPolicy):
             max_batch_size,
             batch_wait_s,
             token_history,
+            generate_on_loop,
         )
         self.device = torch.device(device)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)

@@ -218,3 +218,26 @@ async def test_a_batch_goes_out_when_the_expected_count_falls_to_what_it_holds(t
     assert loop.time() - start < 20
     assert policy.batch_sizes == [2]
     await policy.aclose()
+
+
+async def test_generate_on_loop_runs_the_batch_on_the_loops_thread_with_the_same_outputs(tiny_model_dir):
+    import threading
+
+    params = SamplingParams(temperature=0, max_tokens=4)
+    chats = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    outputs, threads = {}, {}
+    for on_loop in (False, True):
+        policy = HFPolicy(tiny_model_dir, generate_on_loop=on_loop)
+        generate = policy._generate_batch
+
+        def recorded(prompts, sampling, on_loop=on_loop, generate=generate):
+            threads[on_loop] = threading.get_ident()
+            return generate(prompts, sampling)
+
+        policy._generate_batch = recorded
+        outputs[on_loop] = await asyncio.gather(*(policy.generate(chat, params) for chat in chats))
+        await policy.aclose()
+    assert threads[True] == threading.get_ident() != threads[False]
+    assert [o.completion_ids for o in outputs[True]] == [o.completion_ids for o in outputs[False]]
+    with pytest.raises(ValueError, match=r"HFPolicy\(generate_on_loop=...\) must be True or False, got 'yes'"):
+        HFPolicy(tiny_model_dir, generate_on_loop="yes")
