@@ -240,3 +240,35 @@ async def test_a_kept_env_pool_serves_several_runs_and_stays_open():
     assert pool.busy == 0 and 1 <= len(pool._threads) <= 3  # the same threads, not new ones per run
     assert pool.submit(lambda: 7).result(timeout=10) == 7  # the engine did not shut the caller's pool
     pool.shutdown()
+
+
+@pytest.mark.parametrize("build_s, on_loop", [(0.0, True), (0.01, False)])
+def test_workflows_that_build_fast_are_built_on_the_loop_and_slow_ones_in_threads(build_s, on_loop):
+    # A workflow whose env steps are not inline (cheap_to_build False) but that builds in microseconds is built on
+    # the event loop: a thread hop per build cost more than the build. A slow one still goes to the env threads.
+    import time
+
+    from rllm_gym.engine import Workflow
+    from rllm_gym.types import Episode
+
+    built: list[int] = []
+
+    class Timed(Workflow):
+        def __init__(self, policy, **kwargs):
+            super().__init__(policy, **kwargs)
+            if build_s:
+                time.sleep(build_s)
+            built.append(threading.get_ident())
+
+        async def run(self, task, uid):
+            await asyncio.sleep(0)
+            return Episode(id=uid, task=task)
+
+    async def run():
+        engine = AgentWorkflowEngine(Timed, ScriptedPolicy(["x"], cycle=True), n_parallel=8, env_workers=4)
+        episodes = await engine.run(list(range(8)))
+        return episodes, threading.get_ident()
+
+    episodes, loop_thread = asyncio.run(run())
+    assert len(episodes) == 8 and len(built) == 8
+    assert all((ident == loop_thread) == on_loop for ident in built[1:])
