@@ -101,7 +101,9 @@ class _TrainerModel(Generation):
         with unwrap_model_for_generation(
             model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
         ) as unwrapped:
-            # A batch as large as the episodes, sent as soon as every episode in flight has asked (see EpisodeRollout).
+            # A batch as large as the episodes, sent as soon as every episode in flight has asked (see EpisodeRollout),
+            # or once none has asked for batch_wait_s (the rest are busy in their envs; a loaded machine stalls a
+            # request 20 ms at times).
             yield HFPolicy(
                 unwrapped,
                 tokenizer=trainer.processing_class,
@@ -109,7 +111,8 @@ class _TrainerModel(Generation):
                 chat_template_kwargs=self.chat_template_kwargs,
                 token_history=self.token_history,
                 max_batch_size=count,
-                batch_wait_s=0.02,
+                batch_wait_s=0.1,
+                generate_on_loop=True,  # every episode waits on the batch; see BatchingPolicy
             )
         model.train(was_training)
 

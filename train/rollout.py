@@ -236,6 +236,8 @@ class EpisodeRollout:
             async for episode in engine.stream_pairs([(task, uid, seed) for _, task, uid, seed in items]):
                 finished[episode.id] = episode
                 active -= 1
+                if isinstance(policy, BatchingPolicy):
+                    policy.requests_changed()  # a batch waiting on this episode goes now
             return [(position, finished[uid]) for position, _, uid, _ in items]
 
         by_env: dict[str, list[tuple[int, Any, str, int | None]]] = defaultdict(list)

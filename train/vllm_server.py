@@ -33,16 +33,9 @@ from typing import Any, TypeVar
 import torch
 
 from rllm_gym.engine.workflow import TerminationEvent
-from rllm_gym.policies.base import (
-    Messages,
-    PolicyError,
-    SamplingParams,
-    build_model_output,
-    check_request,
-    merge_template_kwargs,
-)
-from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for
-from rllm_gym.types import ModelOutput, Step, TerminationReason
+from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, build_model_output
+from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.types import ModelOutput, TerminationReason
 
 __all__ = ["ServerVLLMPolicy", "prompt_too_long", "sampled_logprobs"]
 
@@ -97,7 +90,7 @@ def _seconds(owner: str, name: str, value: Any) -> float:
     return float(value)
 
 
-class ServerVLLMPolicy:
+class ServerVLLMPolicy(BasePolicy):
     """A policy on the vLLM server of TRL's ``vllm_mode="server"``, kept in step across training processes.
 
     Every ``generate`` must be awaited inside :meth:`run`, which drives the rounds (see the module docstring) and
@@ -150,11 +143,9 @@ class ServerVLLMPolicy:
             )
         self.batch_wait_s = _seconds("ServerVLLMPolicy", "batch_wait_s", batch_wait_s)
         self.max_wait_s = _seconds("ServerVLLMPolicy", "max_wait_s", max_wait_s)
+        super().__init__(tokenizer, chat_template_kwargs=chat_template_kwargs, token_history=token_history)
         self.generation = generation
         self.accelerator = accelerator
-        self.tokenizer = tokenizer
-        self.template_kwargs = merge_template_kwargs(None, chat_template_kwargs)
-        self.token_history = check_token_history(token_history, "ServerVLLMPolicy")
         self.eos_token_ids = {int(i) for i in eos_token_ids if i is not None}
         self._pending: list[_Request] = []
         self._first_at = 0.0
@@ -179,16 +170,7 @@ class ServerVLLMPolicy:
         kwargs.setdefault("max_prompt_tokens", None if context is None else context - 1)
         return cls(trainer.vllm_generation, trainer.accelerator, tokenizer, eos, **kwargs)
 
-    async def generate(
-        self,
-        messages: Messages | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_ids: Sequence[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        previous: Step | None = None,
-    ) -> ModelOutput:
-        check_request(messages, prompt_ids, previous)
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
         loop = asyncio.get_running_loop()
         if not self._driving or loop is not self._loop:
             # Without the driver no round would ever carry this request, and the other processes would wait on it.
@@ -196,11 +178,7 @@ class ServerVLLMPolicy:
                 "ServerVLLMPolicy.generate() must be awaited inside `await policy.run(coroutine)` on the same event "
                 "loop, which keeps the training processes in step"
             )
-        if prompt_ids is None:
-            # Token in, token out, as every policy does (rllm_gym.policies.tokens).
-            prompt_ids = prompt_ids_for(
-                self.tokenizer, messages, tools, self.template_kwargs, previous, self.token_history
-            )
+        prompt_ids = self.prompt_token_ids(request)  # token in, token out, as every policy (rllm_gym.policies.tokens)
         if self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             self.too_long += 1
             raise prompt_too_long(len(prompt_ids), self.max_prompt_tokens, "the server's vllm_max_model_length")

@@ -19,7 +19,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for, render_prompt_ids
+from rllm_gym.policies.tokens import (
+    RenderCache,
+    TokenHistory,
+    check_token_history,
+    prompt_ids_for,
+    render_prompt_ids,
+)
 from rllm_gym.tools.parsers import HermesToolParser
 from rllm_gym.types import ModelOutput, Step, ToolCall
 
@@ -307,6 +313,7 @@ class BasePolicy(ABC):
         self.tokenizer = tokenizer
         self.template_kwargs = merge_template_kwargs(enable_thinking, chat_template_kwargs)
         self.token_history = check_token_history(token_history, type(self).__name__)
+        self.rendered = RenderCache()  # whole chats rendered lately (the G first calls of a GRPO group share one)
 
     async def generate(
         self,
@@ -329,9 +336,16 @@ class BasePolicy(ABC):
     def prompt_token_ids(self, request: PolicyRequest) -> list[int]:
         """The request's prompt ids: as given; or, with ``token_history="sampled"`` (the default), the previous call's
         prompt and completion ids continued by the new messages; or the chat rendered whole by the chat template
-        (the first call, ``token_history="template"``, or a chat that dropped earlier messages)."""
+        (the first call, ``token_history="template"``, or a chat that dropped earlier messages), once per distinct
+        chat of plain strings (:class:`~rllm_gym.policies.tokens.RenderCache`)."""
         if request.prompt_ids is not None:
             return request.prompt_ids
         return prompt_ids_for(
-            self.tokenizer, request.messages, request.tools, self.template_kwargs, request.previous, self.token_history
+            self.tokenizer,
+            request.messages,
+            request.tools,
+            self.template_kwargs,
+            request.previous,
+            self.token_history,
+            self.rendered,
         )

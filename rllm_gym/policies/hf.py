@@ -55,8 +55,15 @@ class BatchingPolicy(BasePolicy):
     :meth:`_generate_batch` once per group in a worker thread. Subclasses implement ``_generate_batch``.
 
     ``expected_requests``, when set, is a callable telling how many requests can still come (the trainer's rollout
-    sets it to the number of episodes in flight): a batch is sent as soon as it holds that many, instead of waiting
-    out ``batch_wait_s``; a full batch (``max_batch_size``) is always sent at once.
+    sets it to the number of episodes in flight): a batch is sent as soon as it holds that many, and otherwise once
+    no request has joined it for ``batch_wait_s`` (the wait counts from the latest request, so requests still coming
+    in one by one all make it in); :meth:`requests_changed` has the count read again when it falls. A full batch
+    (``max_batch_size``) is always sent at once.
+
+    ``generate_on_loop=True`` runs each batch on the event loop's own thread instead of a worker thread: the loop
+    stalls while the model generates (env calls already in the env pool go on). The trainer's rollout does so, where
+    every episode waits on the same batch anyway: in ``benchmarks/bench_grpo.py`` the loss and backward that follow
+    a step's generation ran ~0.2 s slower per step when that generation had run in another thread.
     """
 
     def __init__(
@@ -66,6 +73,7 @@ class BatchingPolicy(BasePolicy):
         max_batch_size: int,
         batch_wait_s: float,
         token_history: TokenHistory = "sampled",
+        generate_on_loop: bool = False,
     ):
         name = type(self).__name__
         if not isinstance(max_batch_size, int) or isinstance(max_batch_size, bool) or max_batch_size < 1:
@@ -75,7 +83,10 @@ class BatchingPolicy(BasePolicy):
         super().__init__(tokenizer, chat_template_kwargs=template_kwargs, token_history=token_history)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self._queue: asyncio.Queue[_Request] | None = None
+        if not isinstance(generate_on_loop, bool):
+            raise ValueError(f"{name}(generate_on_loop=...) must be True or False, got {generate_on_loop!r}")
+        self.generate_on_loop = generate_on_loop
+        self._queue: asyncio.Queue[_Request | None] | None = None  # None: a wake-up (requests_changed)
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.expected_requests: Callable[[], int] | None = None
@@ -90,6 +101,13 @@ class BatchingPolicy(BasePolicy):
         queue.put_nowait(_Request(prompt_ids, request.params, future))
         return await future
 
+    def requests_changed(self) -> None:
+        """Tell the batching worker that ``expected_requests()`` fell (an episode ended without asking again): a batch
+        that now holds every request still to come goes out at once, not ``batch_wait_s`` later. Call it on the
+        event loop that runs the requests."""
+        if self._queue is not None and self._worker is not None and not self._worker.done():
+            self._queue.put_nowait(None)
+
     async def aclose(self) -> None:
         """Stop the batching worker (it restarts on the next ``generate``)."""
         if self._worker is not None:
@@ -97,7 +115,7 @@ class BatchingPolicy(BasePolicy):
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
 
-    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request]:
+    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[_Request | None]:
         # One worker per event loop: a policy reused across asyncio.run() calls gets a fresh queue each time.
         if self._loop is not loop or self._worker is None or self._worker.done():
             self._loop = loop
@@ -106,22 +124,33 @@ class BatchingPolicy(BasePolicy):
         assert self._queue is not None
         return self._queue
 
-    async def _run_worker(self, queue: asyncio.Queue[_Request]) -> None:
+    async def _run_worker(self, queue: asyncio.Queue[_Request | None]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = [await queue.get()]
+            first = await queue.get()
+            if first is None:  # a wake-up with nothing waiting
+                continue
+            batch = [first]
             deadline = loop.time() + self.batch_wait_s
             while len(batch) < self.max_batch_size:
-                if not queue.empty():
-                    batch.append(queue.get_nowait())
+                if queue.empty():
+                    expected = self.expected_requests
+                    remaining = deadline - loop.time()
+                    if remaining <= 0 or (expected is not None and len(batch) >= expected()):
+                        break
+                    try:
+                        item = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                else:
+                    item = queue.get_nowait()
+                if item is None:  # requests_changed(): check the count again
                     continue
-                remaining = deadline - loop.time()
-                if remaining <= 0 or (self.expected_requests is not None and len(batch) >= self.expected_requests()):
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), remaining))
-                except TimeoutError:
-                    break
+                batch.append(item)
+                if self.expected_requests is not None:
+                    # While expected requests still arrive one by one (each renders its prompt on this loop first),
+                    # the wait counts from the latest: counted from the first, it split a training step in two calls.
+                    deadline = loop.time() + self.batch_wait_s
             groups: dict[SamplingParams, list[_Request]] = {}
             for request in batch:
                 groups.setdefault(request.params, []).append(request)
@@ -130,7 +159,11 @@ class BatchingPolicy(BasePolicy):
                 if not live:
                     continue
                 try:
-                    outputs = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in live], params)
+                    prompts = [r.prompt_ids for r in live]
+                    if self.generate_on_loop:
+                        outputs = self._generate_batch(prompts, params)
+                    else:
+                        outputs = await asyncio.to_thread(self._generate_batch, prompts, params)
                 except Exception as error:  # the whole batch failed: every caller gets the error
                     for request in live:
                         if not request.future.done():
@@ -160,6 +193,8 @@ class HFPolicy(BatchingPolicy):
             the chat template renders the whole chat each call (what it does to earlier turns included).
         max_batch_size: the most requests one ``generate`` call runs together.
         batch_wait_s: how long the queue waits after the first request for others to join its batch.
+        generate_on_loop: run ``generate`` on the event loop's thread rather than a worker thread (see
+            :class:`BatchingPolicy`).
 
     Example::
 
@@ -179,6 +214,7 @@ class HFPolicy(BatchingPolicy):
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         token_history: TokenHistory = "sampled",
+        generate_on_loop: bool = False,
     ) -> None:
         if model is None:
             from rllm_gym.tiny_model import default_model_path
@@ -208,6 +244,7 @@ class HFPolicy(BatchingPolicy):
             max_batch_size,
             batch_wait_s,
             token_history,
+            generate_on_loop,
         )
         self.device = torch.device(device)
         self.eos_token_ids = _eos_token_ids(self.model, self.tokenizer)

@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rllm_gym.policies.base import Messages, PolicyError, SamplingParams, build_model_output, check_request
-from rllm_gym.policies.tokens import TokenHistory, check_token_history, prompt_ids_for
+from rllm_gym.policies.base import BasePolicy, Messages, PolicyError, PolicyRequest, SamplingParams, build_model_output
+from rllm_gym.policies.tokens import TokenHistory, prompt_ids_for
 from rllm_gym.types import ModelOutput, Step
 
 __all__ = ["ScriptedPolicy"]
@@ -20,7 +20,7 @@ __all__ = ["ScriptedPolicy"]
 Reply = str | ModelOutput
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(BasePolicy):
     """A policy that plays a script.
 
     Args:
@@ -58,32 +58,23 @@ class ScriptedPolicy:
         self._replies = replies if callable(replies) else list(replies)
         if not callable(replies) and not self._replies:
             raise ValueError("ScriptedPolicy(replies=[]) has nothing to say: give at least one reply")
+        super().__init__(tokenizer, token_history=token_history)
         self.cycle = cycle
-        self.tokenizer = tokenizer
         self.fake_logprob = fake_logprob
-        self.token_history = check_token_history(token_history, "ScriptedPolicy")
         self.calls: list[Messages] = []
         self._index = 0
 
-    async def generate(
-        self,
-        messages: Messages | None = None,
-        sampling_params: SamplingParams | None = None,
-        *,
-        prompt_ids: Sequence[int] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        previous: Step | None = None,
-    ) -> ModelOutput:
-        check_request(messages, prompt_ids, previous)
-        params = sampling_params or SamplingParams()
-        messages = messages if messages is not None else [{"role": "user", "content": "", "prompt_ids": prompt_ids}]
+    async def _generate(self, request: PolicyRequest) -> ModelOutput:
+        messages = request.messages
+        if messages is None:
+            messages = [{"role": "user", "content": "", "prompt_ids": request.prompt_ids}]
         self.calls.append(list(messages))  # a copy: the caller's chat keeps growing
         reply = await self._next_reply(messages)
         if isinstance(reply, ModelOutput):
             return reply
         if not isinstance(reply, str):
             raise PolicyError(f"ScriptedPolicy replies must be str or ModelOutput, got {type(reply).__name__}")
-        return self._to_output(reply, messages, prompt_ids, params, previous)
+        return self._to_output(reply, messages, request.prompt_ids, request.params, request.previous)
 
     async def _next_reply(self, messages: Messages) -> Reply:
         if callable(self._replies):

@@ -259,3 +259,35 @@ def test_max_steps_is_a_deprecated_alias_of_max_turns():
     assert workflow.max_turns == 4
     with pytest.raises(ValueError, match=re.escape("got max_turns=2 and max_steps=3: pass only max_turns")):
         frozen_engine(ScriptedPolicy(["x"]), max_turns=2, max_steps=3)
+
+
+@pytest.mark.parametrize("build_s, on_loop", [(0.0, True), (0.01, False)])
+def test_workflows_that_build_fast_are_built_on_the_loop_and_slow_ones_in_threads(build_s, on_loop):
+    # A workflow whose env steps are not inline (cheap_to_build False) but that builds in microseconds is built on
+    # the event loop: a thread hop per build cost more than the build. A slow one still goes to the env threads.
+    import time
+
+    from rllm_gym.engine import Workflow
+    from rllm_gym.types import Episode
+
+    built: list[int] = []
+
+    class Timed(Workflow):
+        def __init__(self, policy, **kwargs):
+            super().__init__(policy, **kwargs)
+            if build_s:
+                time.sleep(build_s)
+            built.append(threading.get_ident())
+
+        async def run(self, task, uid):
+            await asyncio.sleep(0)
+            return Episode(id=uid, task=task)
+
+    async def run():
+        engine = AgentWorkflowEngine(Timed, ScriptedPolicy(["x"], cycle=True), n_parallel=8, env_workers=4)
+        episodes = await engine.run(list(range(8)))
+        return episodes, threading.get_ident()
+
+    episodes, loop_thread = asyncio.run(run())
+    assert len(episodes) == 8 and len(built) == 8
+    assert all((ident == loop_thread) == on_loop for ident in built[1:])

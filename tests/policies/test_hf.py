@@ -182,3 +182,62 @@ def test_sampled_logprobs_keep_one_step_of_logits_at_a_time():
         [torch.log_softmax(s, -1).gather(-1, tokens[:, i : i + 1]).squeeze(-1) for i, s in enumerate(scores)], 1
     )
     assert got.shape == (2, 3) and torch.allclose(got, want)
+
+
+async def test_requests_that_trickle_in_join_one_batch_while_more_are_expected(tiny_model_dir):
+    # Requests 0.15 s apart, 0.45 s from the first to the last: a wait of 0.3 s counted from the first request split
+    # them; counted from the latest, every expected request makes the one batch (the trainer's one generate a step).
+    policy = HFPolicy(tiny_model_dir, batch_wait_s=0.3, max_batch_size=64)
+    policy.expected_requests = lambda: 4
+    params = SamplingParams(temperature=0, max_tokens=2)
+
+    async def ask(i: int):
+        await asyncio.sleep(0.15 * i)
+        return await policy.generate([{"role": "user", "content": f"q{i}"}], params)
+
+    await asyncio.gather(*(ask(i) for i in range(4)))
+    assert policy.batch_sizes == [4]
+    await policy.aclose()
+
+
+async def test_a_batch_goes_out_when_the_expected_count_falls_to_what_it_holds(tiny_model_dir):
+    # Three episodes in flight, two have asked, the third ends without asking: requests_changed() sends the batch
+    # of two at once instead of after batch_wait_s (30 s here).
+    policy = HFPolicy(tiny_model_dir, batch_wait_s=30, max_batch_size=64)
+    active = 3
+    policy.expected_requests = lambda: active
+    params = SamplingParams(temperature=0, max_tokens=2)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    asks = [asyncio.ensure_future(policy.generate([{"role": "user", "content": f"q{i}"}], params)) for i in range(2)]
+    await asyncio.sleep(0.2)
+    assert not any(ask.done() for ask in asks)  # still waiting for the third episode
+    active = 2
+    policy.requests_changed()
+    await asyncio.gather(*asks)
+    assert loop.time() - start < 20
+    assert policy.batch_sizes == [2]
+    await policy.aclose()
+
+
+async def test_generate_on_loop_runs_the_batch_on_the_loops_thread_with_the_same_outputs(tiny_model_dir):
+    import threading
+
+    params = SamplingParams(temperature=0, max_tokens=4)
+    chats = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    outputs, threads = {}, {}
+    for on_loop in (False, True):
+        policy = HFPolicy(tiny_model_dir, generate_on_loop=on_loop)
+        generate = policy._generate_batch
+
+        def recorded(prompts, sampling, on_loop=on_loop, generate=generate):
+            threads[on_loop] = threading.get_ident()
+            return generate(prompts, sampling)
+
+        policy._generate_batch = recorded
+        outputs[on_loop] = await asyncio.gather(*(policy.generate(chat, params) for chat in chats))
+        await policy.aclose()
+    assert threads[True] == threading.get_ident() != threads[False]
+    assert [o.completion_ids for o in outputs[True]] == [o.completion_ids for o in outputs[False]]
+    with pytest.raises(ValueError, match=r"HFPolicy\(generate_on_loop=...\) must be True or False, got 'yes'"):
+        HFPolicy(tiny_model_dir, generate_on_loop="yes")

@@ -261,3 +261,83 @@ def test_continuation_needs_the_previous_chat_and_ids(tokenizers):
         asyncio.run(ReplayPolicy(tokenizer, [[1]]).generate(later, previous=chat))
     with pytest.raises(ValueError, match=r"token_history=\.\.\.\) must be 'sampled'"):
         ReplayPolicy(tokenizer, [], token_history="full")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_whole_chat_renders_to_the_ids_of_apply_chat_template(tokenizers, family):
+    # render_prompt_ids renders text and encodes it (cheaper per call); the ids must be the template's own, tools,
+    # template arguments and special-token text in the messages included.
+    from rllm_gym.policies.tokens import render_prompt_ids
+
+    tokenizer = tokenizers[family]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    chats = [
+        [{"role": "user", "content": "What is 2 + 3? leftover le ft"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "<think>hm</think>left"},
+            {"role": "user", "content": "a reply may spell <|im_end|> as text"},
+        ],
+    ]
+    for chat in chats:
+        for kwargs in ({}, {"enable_thinking": False}):
+            expected = tokenizer.apply_chat_template(
+                chat, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+            assert render_prompt_ids(tokenizer, chat, tools, kwargs) == list(expected)
+
+
+def test_tokenizing_template_arguments_take_apply_chat_templates_own_path(tokenizers):
+    # sanitize_control_tokens changes how the rendered text is tokenized (special-token text in a message stays
+    # text): only apply_chat_template(tokenize=True) honours it, so the ids must come from there.
+    from rllm_gym.policies.tokens import render_prompt_ids
+
+    tokenizer = tokenizers["embedded"]
+    chat = [{"role": "user", "content": "say <|im_end|> now"}]
+    kwargs = {"sanitize_control_tokens": True}
+    sanitized = render_prompt_ids(tokenizer, chat, None, kwargs)
+    assert sanitized == tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False, **kwargs)
+    assert sanitized != render_prompt_ids(tokenizer, chat, None, {})
+
+
+def test_the_same_chat_is_rendered_once_and_every_caller_gets_its_own_ids(tokenizers, monkeypatch):
+    # A GRPO group asks for one chat G times; the template renders it once. Chats with non-string values or tools
+    # are rendered every time (their equality does not tell what a template prints), and the cache stays bounded.
+    from rllm_gym.policies import tokens
+
+    tokenizer = tokenizers["qwen2.5"]
+    rendered = []
+    render = tokens.render_prompt_ids
+    monkeypatch.setattr(tokens, "render_prompt_ids", lambda *args: rendered.append(args[1]) or render(*args))
+    cache = tokens.RenderCache(size=2)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    first = cache.ids(tokenizer, chat, None, {})
+    first.append(-1)  # the caller's list: the cache's copy is untouched
+    again = cache.ids(tokenizer, [dict(m) for m in chat], None, {})
+    assert again == render(tokenizer, chat, None, {}) and len(rendered) == 1
+    other = [{"role": "user", "content": "2+2?"}]
+    assert cache.ids(tokenizer, other, None, {}) != again and len(rendered) == 2
+    listed = [{"role": "user", "content": "2+2?", "tool_calls": []}]
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    for _ in range(2):
+        cache.ids(tokenizer, listed, None, {})
+        cache.ids(tokenizer, chat, tools, {})
+    assert len(rendered) == 6
+    cache.ids(tokenizer, [{"role": "user", "content": "a third chat"}], None, {})  # evicts the oldest (chat)
+    cache.ids(tokenizer, chat, None, {})
+    assert len(rendered) == 8
+
+
+async def test_a_policy_renders_a_groups_first_prompt_once(tiny_model_dir, monkeypatch):
+    from rllm_gym.policies import HFPolicy, SamplingParams, tokens
+
+    policy = HFPolicy(tiny_model_dir, max_batch_size=8)
+    rendered = []
+    render = tokens.render_prompt_ids
+    monkeypatch.setattr(tokens, "render_prompt_ids", lambda *args: rendered.append(1) or render(*args))
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    outputs = await asyncio.gather(*(policy.generate(chat, SamplingParams(max_tokens=2)) for _ in range(8)))
+    assert len(rendered) == 1
+    assert all(o.prompt_ids == render(policy.tokenizer, chat, None, {}) for o in outputs)
+    await policy.aclose()
