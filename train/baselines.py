@@ -15,7 +15,7 @@ from typing import Any
 import rllm_gym
 from rllm_gym.envs.frozenlake import FrozenLakeEnv, best_fixed_moves
 
-__all__ = ["blind_baselines", "task_maps"]
+__all__ = ["blind_baselines", "describe_blind_baselines", "task_maps"]
 
 
 def task_maps(env_id: str, env_args: dict[str, Any], tasks: list[Any]) -> list[list[str]] | None:
@@ -54,3 +54,14 @@ def blind_baselines(
     if not shares:
         return {}
     return {"heldout_blind_baseline": shares, "heldout_blind_moves": sequences}
+
+
+def describe_blind_baselines(summary: dict[str, Any]) -> list[str]:
+    """The console's line per env on its blind baseline (none when the summary has none): what the greedy success on
+    held-out tasks must beat to show that the policy reads the observation."""
+    moves = summary.get("heldout_blind_moves", {})
+    return [
+        f"blind baseline on the held-out tasks ({env_id}): the best fixed moves ({', '.join(moves.get(env_id, []))}) "
+        f"solve {share:.3f}"
+        for env_id, share in summary.get("heldout_blind_baseline", {}).items()
+    ]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from rllm_gym.envs.frozenlake import best_fixed_moves
-from rllm_gym.train.baselines import blind_baselines, task_maps
+from rllm_gym.train.baselines import blind_baselines, describe_blind_baselines, task_maps
 from rllm_gym.train.model_record import model_card, training_record
 
 CONFIGS = Path(__file__).resolve().parents[2] / "train" / "configs"
@@ -24,6 +24,10 @@ def test_the_blind_baseline_of_the_heldout_lakes_is_the_best_fixed_move_sequence
     moves, solved = best_fixed_moves([task["map"] for task in tasks], 10)
     assert found == {"heldout_blind_baseline": {LAKE: solved / 64}, "heldout_blind_moves": {LAKE: moves}}
     assert solved == 29  # the figure the README quotes for these 64 lakes
+    assert describe_blind_baselines(found) == [
+        f"blind baseline on the held-out tasks ({LAKE}): the best fixed moves ({', '.join(moves)}) solve 0.453"
+    ]
+    assert describe_blind_baselines({}) == []
     # The turn limit bounds the sequence: with 5 moves no lake (6 moves from corner to corner) is solved.
     assert blind_baselines([LAKE], "{}", {LAKE: tasks}, 5)["heldout_blind_baseline"] == {LAKE: 0.0}
 
