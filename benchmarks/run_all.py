@@ -175,11 +175,14 @@ def replace_between(readme: str, start: str, end: str, text: str, where: str) ->
     return f"{head}{start}{text}{end}{tail}"
 
 
-def run_training(config: str, timeout_s: float, curve: Path, what: str) -> tuple[dict, list[dict], float, dict]:
-    """``python -m rllm_gym.train.grpo --config config`` in a fresh interpreter and a temporary output folder: its
-    summary, its metrics.jsonl records, the command's wall time and the machine; its figure is copied to ``curve``."""
+def run_training(
+    config: str, timeout_s: float, curve: Path | None, what: str, flags: tuple[str, ...] = ()
+) -> tuple[dict, list[dict], float, dict]:
+    """``python -m rllm_gym.train.grpo --config config *flags`` in a fresh interpreter and a temporary output folder:
+    its summary, its metrics.jsonl records, the command's wall time and the machine; its figure is copied to
+    ``curve`` (when given)."""
     with tempfile.TemporaryDirectory(prefix="rllm-gym-run-") as tmp:
-        command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", config, "--output_dir", tmp]
+        command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", config, *flags, "--output_dir", tmp]
         about = machine()
         start = time.perf_counter()
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -190,8 +193,9 @@ def run_training(config: str, timeout_s: float, curve: Path, what: str) -> tuple
         print(done.stdout.rstrip(), flush=True)
         summary = json.loads((Path(tmp) / "summary.json").read_text())
         records = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
-        curve.parent.mkdir(exist_ok=True)
-        shutil.copyfile(Path(tmp) / "reward_curve.png", curve)
+        if curve is not None:
+            curve.parent.mkdir(exist_ok=True)
+            shutil.copyfile(Path(tmp) / "reward_curve.png", curve)
     return summary, records, wall_s, about
 
 
@@ -204,9 +208,9 @@ def sentence_command(
     markers: tuple[str, str],
     timeout_s: float,
 ) -> int:
-    """The command line of a script whose README sentence is rendered from a kept run (demo_cpu.py,
-    generalize_cpu.py): run it (``run(timeout)``) and keep its figures in ``kept``, or ``--render-only`` from them,
-    or ``--check`` that the README's sentence between ``markers`` is their rendering (exit 1 if not)."""
+    """The command line of a script whose README sentence is rendered from kept runs (demo_cpu.py): run them
+    (``run(timeout)``) and keep their figures in ``kept``, or ``--render-only`` from them, or ``--check`` that the
+    README's sentence between ``markers`` is their rendering (exit 1 if not)."""
     parser = argparse.ArgumentParser(description=description)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render-only", action="store_true", help="re-render the README from the kept figures")

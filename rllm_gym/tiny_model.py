@@ -51,9 +51,8 @@ TOKENIZER_FILE = "tiny_tokenizer.json"  # in the rllm_gym package; written by tr
 DEFAULT_SEED = 0
 VOCAB_SIZE = 1024
 # The model's sizes by name: "tiny" is the default (0.14M parameters, fast enough for every test); "small" (0.55M) has
-# the capacity to learn a skill that generalizes, such as reading any FrozenLake grid (train/configs/
-# frozenlake_generalize_cpu.yaml: the tiny one stalls near 60% on held-out lakes there), and still builds in about a
-# second.
+# the capacity to learn a skill that generalizes, such as reading any FrozenLake grid (the main job, train/configs/
+# demo_cpu.yaml: the tiny one stays at the blind policy's level there), and still builds in about a second.
 SHAPES = {
     "tiny": {
         "hidden_size": 64,

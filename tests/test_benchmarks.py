@@ -359,23 +359,53 @@ def script(name: str):
 def test_readme_main_job_sentence_is_the_rendering_of_the_kept_demo_summary():
     demo = script("demo_cpu")
     assert demo.main(["--check"]) == 0, "README differs: run `python benchmarks/demo_cpu.py --render-only`"
-    summary = json.loads(demo.SUMMARY.read_text())
-    sentence = demo.render(summary)
-    assert f"{summary['train_seconds']:.0f} s of training" in sentence and demo.CURVE.is_file()
+    kept = json.loads(demo.SUMMARY.read_text())
+    sentence = demo.render(kept)
+    assert [run["seed"] for run in kept["runs"]] == [0, 1, 2] and demo.CURVE.is_file()
+    # The kept runs are the shipped config's, on the same held-out lakes, with the blind baseline computed on them.
+    shipped = yaml.safe_load((ROOT / demo.CONFIG).read_text())
+    for run in kept["runs"]:
+        config = run["summary"]["config"]
+        for key in ("tasks", "model_shape", "max_steps", "learning_rate", "prompts_per_step", "num_generations"):
+            assert config[key] == shipped[key], (run["seed"], key)
+        assert [Path(path).name for path in config["eval_tasks"]] == shipped["eval_tasks"]  # from any folder
+        assert run["summary"]["heldout_blind_baseline"] == {demo.ENV_ID: kept["blind_baseline"]}
+    assert kept["n_heldout"] == 64 and kept["blind_baseline"] == 29 / 64 and "solves 29/64" in sentence
+    low, high = demo.heldout_range(kept)
+    assert f"every seed within {low}/64 to {high}/64" in sentence
+    slowest = max(run["summary"]["train_seconds"] for run in kept["runs"])
+    assert f"at most {slowest:.0f} s)" in sentence
 
 
-def test_readme_generalization_sentence_is_the_rendering_of_the_kept_figures():
-    generalize = script("generalize_cpu")
-    assert generalize.main(["--check"]) == 0, "README differs: run `python benchmarks/generalize_cpu.py --render-only`"
-    results = json.loads(generalize.RESULTS.read_text())
-    assert {"heldout_before", "heldout_after", "best_fixed_sequence", "train_seconds", "evaluations"} <= set(results)
-    assert results["evaluations"][0]["step"] == 0 and results["evaluations"][-1]["heldout"] == results["heldout_after"]
-    assert results["heldout_lakes"] == 64 and generalize.CURVE.is_file()
-    # The kept figures are the shipped config's: the same held-out lakes, the blind baseline computed on them.
-    maps, max_turns = generalize.heldout_lakes(ROOT / generalize.CONFIG)
-    assert len(maps) == 64 and results["summary"]["config"]["max_turns"] == max_turns
-    for key in ("tasks", "eval_tasks", "model_shape", "max_steps", "learning_rate"):
-        assert results["summary"]["config"][key] == yaml.safe_load((ROOT / generalize.CONFIG).read_text())[key], key
+def test_the_demo_sentence_gives_the_median_and_range_over_seeds():
+    demo = script("demo_cpu")
+
+    def run(seed, before, after, train, wall):
+        summary = {
+            "config": {"eval_limit": 64},
+            "heldout_before": {demo.ENV_ID: before / 64},
+            "heldout_after": {demo.ENV_ID: after / 64},
+            "greedy_after": {demo.ENV_ID: after / 64},
+            "train_seconds": train,
+        }
+        return {"seed": seed, "wall_s": wall, "summary": summary, "machine": {"load_average_start": 0.2}}
+
+    kept = {
+        "measured_by": "`python benchmarks/demo_cpu.py`",
+        "n_heldout": 64,
+        "blind_baseline": 29 / 64,
+        "blind_moves": ["right", "down"],
+        "machine": {"date": "2026-11-25T14:00:00+00:00", "cpu_count": 2},
+        "runs": [run(0, 0, 50, 200.0, 260.0), run(1, 0, 41, 210.0, 275.5), run(2, 1, 45, 190.0, 250.0)],
+    }
+    sentence = demo.render(kept)
+    assert "0/64 (median; 0/64 to 1/64) before training and 45/64 (median; 41/64 to 50/64) after" in sentence
+    assert "every seed within 41/64 to 50/64" in sentence and "solves 29/64" in sentence
+    assert "200 s of training (median; at most 210 s), 4:20 for the whole command (median; at most 4:36)" in sentence
+    assert demo.heldout_range(kept) == (41, 50) and demo.median_seed(kept) == 2
+    assert "shared" not in sentence
+    kept["runs"][1]["machine"]["load_average_start"] = 7.4  # a busy machine: its seconds say so
+    assert demo.render(kept).endswith("(load average up to 7 at a run's start): the seconds are inflated.")
 
 
 def test_bench_grpo_times_our_generation_in_the_rollout(tiny_model_dir, monkeypatch, generate_seconds):

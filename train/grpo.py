@@ -47,6 +47,7 @@ from rllm_gym.engine.report import describe_errors
 from rllm_gym.log import configure_logging, logger
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.baselines import blind_baselines, describe_blind_baselines
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
 from rllm_gym.train.config_file import ConfigError
 from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say
@@ -327,7 +328,10 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         summary.update(scores(summary["evaluation_before"], "before", config.env))
         if state.is_main_process:
             say(describe_scores(summary["evaluation_before"], "before" + (" (recorded)" if recorded else "")))
-    if state.is_main_process:
+    if state.is_main_process:  # the figure a policy blind to the observation reaches on the held-out tasks
+        summary.update(blind_baselines(config.env, config.env_args, evaluator.heldout_tasks, config.max_turns))
+        for line in describe_blind_baselines(summary):
+            say(line)
         kept = ("config", "split", "warm_start_loss", "evaluation_before")
         write_run_record(output_dir, {key: summary[key] for key in kept if key in summary})
 

@@ -69,6 +69,9 @@ def training_record(config: dict[str, Any], *, steps: int, scores: dict[str, Any
         "greedy_after": scores.get("greedy_after"),
         "heldout_before": scores.get("heldout_before"),
         "heldout_after": scores.get("heldout_after"),
+        # What a policy blind to the observation reaches on the held-out tasks (train/baselines.py), when defined.
+        "heldout_blind_baseline": scores.get("heldout_blind_baseline"),
+        "heldout_blind_moves": scores.get("heldout_blind_moves"),
         # A run extended after it finished (a resume with a larger max_steps): where each earlier end left it.
         "earlier": [
             {key: part.get(key) for key in ("steps", "greedy_after", "heldout_after")}
@@ -109,6 +112,19 @@ def _scores(scores: dict[str, float] | None, missing: str) -> str:
     if not scores:
         return missing
     return ", ".join(f"{env_id} {value:.3f}" for env_id, value in scores.items())
+
+
+def _blind(record: dict[str, Any]) -> str:
+    """The card's line on the blind baseline: what a policy that ignores the observation solves of the held-out
+    tasks (the best fixed sequence of moves on FrozenLake), or why there is none."""
+    shares = record.get("heldout_blind_baseline")
+    if not shares:
+        return "none defined for these envs and tasks (train/baselines.py)"
+    moves = record.get("heldout_blind_moves") or {}
+    return "; ".join(
+        f"{env_id} {share:.3f}" + (f" (the fixed moves {', '.join(moves[env_id])})" if env_id in moves else "")
+        for env_id, share in shares.items()
+    )
 
 
 def _arguments(values: dict[str, Any], owner: str) -> str:
@@ -152,6 +168,7 @@ def model_card(name: str, record: dict[str, Any]) -> str:
         f"- Greedy success on training tasks, after training: {after}",
         f"- Greedy success on held-out tasks (never trained on), before training: {heldout_before}",
         f"- Greedy success on held-out tasks (never trained on), after training: {heldout_after}",
+        f"- Blind baseline on the held-out tasks: {_blind(record)}",
         *[
             f"- Earlier, when the run ended at step {part['steps']} (it was extended since): greedy success "
             f"{_scores(part['greedy_after'], 'not measured')} on training tasks, "
