@@ -103,3 +103,25 @@ def test_the_engine_grades_a_math_verify_answer_off_its_event_loop(reply: str, o
     assert (env_thread == [loop_thread]) is on_loop
     assert all(thread != loop_thread for thread in pool.threads)
     assert bool(pool.threads) is not on_loop
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "42 <think> and then the reply was cut",  # unclosed <think>: a format error, not the "42" before it
+        '<tool_call>{"name": "f", "arguments": {}}</tool_call> 42',  # no tools here: the markup is text
+        "<think>it is 41</think> \\boxed{42}",
+        "it is 41</think> so \\boxed{42}",  # the template opened the block
+        "\\boxed{42}",
+    ],
+)
+def test_an_episode_grades_the_whole_reply_as_a_reward_function_on_the_completion_does(reply: str) -> None:
+    from rllm_gym.rewards.math import math_reward_fn
+
+    task = {"question": "What is 6 * 7?", "ground_truth": "42"}
+    workflow = SingleTurnWorkflow(ScriptedPolicy([reply]), env="rllm/Math-v0", agent_cls=MathAgent)
+    episode = asyncio.run(workflow.run_with_termination_handling(task, "t:0"))
+    (step,) = episode.trajectories[0].steps
+    expected = math_reward_fn(task, reply)
+    assert step.action == reply
+    assert (step.reward, step.info["extracted_answer"]) == (expected.reward, expected.metadata["extracted_answer"])
