@@ -126,6 +126,20 @@ class MathEnv(MultiTurnEnv):
             )
         return task
 
+    def inline_call(self, method: str, *args: Any, **kwargs: Any) -> bool:
+        """Whether this call takes microseconds and never blocks, so the engine may run it on its event loop
+        (:func:`rllm_gym.engine.workflow.inline_call`): a reset (the tasks are in memory or generated), and a step
+        that the math grader decides on its exact, word or numeric path. A step that needs math-verify (a worker
+        process, up to ``time_limit`` seconds) or a custom ``reward_fn`` (of unknown cost) runs in the executor."""
+        if method == "reset":
+            return True
+        if method != "step" or len(args) != 1 or kwargs or not isinstance(self.reward_fn, MathGrader):
+            return False
+        if self._done or self.task is None:
+            return True  # step raises at once
+        action = args[0] if self.action_space.contains(args[0]) else ""  # as _grade grades an invalid action
+        return not self.reward_fn.needs_math_verify(self.task, action)
+
     def step_info(self, reward_output: RewardOutput) -> dict[str, Any]:
         metadata = reward_output.metadata
         assert self.task is not None

@@ -29,7 +29,15 @@ from rllm_gym.engine.common import call_in_executor, max_turns_of
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
 
-__all__ = ["MultiTurnWorkflow", "SingleTurnWorkflow", "TerminationEvent", "Workflow", "make_env", "reset_kwargs"]
+__all__ = [
+    "MultiTurnWorkflow",
+    "SingleTurnWorkflow",
+    "TerminationEvent",
+    "Workflow",
+    "inline_call",
+    "make_env",
+    "reset_kwargs",
+]
 
 _DEFAULT_SAMPLING = SamplingParams()  # frozen: one instance serves every workflow
 INLINE_STEP_KEY = "rllm_gym.inline_step"  # env metadata: reset/step take microseconds, call them on the loop
@@ -51,6 +59,17 @@ def inline_steps(env: gym.Env) -> bool:
         with contextlib.suppress(AttributeError):  # an env with __slots__ is asked every time
             env._rllm_gym_inline = inline
     return inline
+
+
+def inline_call(env: gym.Env, method: str, *args: Any, **kwargs: Any) -> bool:
+    """Whether ``env.<method>(*args, **kwargs)`` is bounded to microseconds and may run on the event loop: every
+    call of an env that declares ``INLINE_STEP_KEY``, or this one call when the env answers True from its optional
+    ``inline_call(method, *args, **kwargs)`` (Math-v0: a reset, or a step its grader decides without math-verify).
+    Wrappers are not asked: the gymnasium ones (TimeLimit, order and passive checks) add microseconds."""
+    if inline_steps(env):
+        return True
+    decide = getattr(env.unwrapped, "inline_call", None)
+    return bool(decide(method, *args, **kwargs)) if callable(decide) else False
 
 
 def make_env(env: str | Callable[..., gym.Env], env_args: dict[str, Any] | None = None) -> gym.Env:
@@ -169,10 +188,11 @@ class Workflow(ABC):
         return output
 
     async def call_env(self, env: gym.Env, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call ``env.<method>(...)``: inline when the env's metadata declares microsecond steps
-        (``"rllm_gym.inline_step": True``), otherwise in the executor so a slow env never blocks the event loop."""
+        """Call ``env.<method>(...)``: inline when the call is bounded to microseconds (:func:`inline_call`: the env's
+        metadata declares microsecond steps, ``"rllm_gym.inline_step": True``, or the env says so for this call),
+        otherwise in the executor so a slow env never blocks the event loop."""
         fn = getattr(env, method)
-        if inline_steps(env):
+        if inline_call(env, method, *args, **kwargs):
             return fn(*args, **kwargs)
         return await call_in_executor(self.executor, lambda: fn(*args, **kwargs))
 

@@ -417,8 +417,8 @@ class MathGrader:
         if self.pool is not None and not isinstance(self.pool, MathVerifyPool):
             raise ValueError(f"MathGrader pool must be a MathVerifyPool or None (shared), got {self.pool!r}")
 
-    def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
-        """``(is_correct, path)`` for a bare answer against one reference answer."""
+    def _cheap_verdict(self, answer: str, ground_truth: str) -> tuple[bool, str] | None:
+        """``(is_correct, path)`` when the exact, word and numeric paths decide (microseconds), else None."""
         (norm_answer, answer_words), (norm_gold, gold_words) = _normalize(answer), _normalize(ground_truth)
         if norm_answer and norm_answer == norm_gold:
             return True, "exact"
@@ -429,17 +429,43 @@ class MathGrader:
             return verdict, "numeric"
         if not self.use_math_verify:
             return False, "exact"
+        return None
+
+    def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
+        """``(is_correct, path)`` for a bare answer against one reference answer."""
+        cheap = self._cheap_verdict(answer, ground_truth)
+        if cheap is not None:
+            return cheap
+        (norm_answer, answer_words), (norm_gold, gold_words) = _normalize(answer), _normalize(ground_truth)
         if answer_words or gold_words:  # what the words said is in the normalized forms; math-verify gets those
             answer, ground_truth = norm_answer, norm_gold
         gold, answer = exact_scientific(ground_truth), exact_scientific(answer)
         verdict, outcome = (self.pool or shared_pool()).verify(gold, answer, self.time_limit)
         return verdict, "math_verify" if outcome == "ok" else outcome
 
-    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
-        golds = _ground_truths(task_info)
+    def _extract(self, action: str) -> tuple[str | None, str | None]:
         answer, error = extract_answer(action)
         if answer is not None and len(answer) > self.max_answer_chars:
             answer, error = None, f"the answer is longer than {self.max_answer_chars} characters"
+        return answer, error
+
+    def needs_math_verify(self, task_info: dict[str, Any], action: str) -> bool:
+        """Whether grading ``action`` would ask math-verify (a worker process, up to ``time_limit`` seconds); when
+        False, :meth:`__call__` decides in microseconds on the exact, word and numeric paths, never blocking."""
+        answer, _ = self._extract(action)
+        if answer is None:
+            return False
+        for gold in _ground_truths(task_info):  # in __call__'s order: the first correct reference ends the search
+            cheap = self._cheap_verdict(answer, gold)
+            if cheap is None:
+                return True
+            if cheap[0]:
+                return False
+        return False
+
+    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+        golds = _ground_truths(task_info)
+        answer, error = self._extract(action)
         metadata: dict[str, Any] = {"extracted_answer": answer, "ground_truth": golds[0], "format_error": False}
         if answer is None:
             metadata.update(format_error=True, path="format_error", error=error)

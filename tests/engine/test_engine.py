@@ -229,12 +229,15 @@ async def test_engine_for_plays_single_and_multi_agent_ids():
 async def test_a_kept_env_pool_serves_several_runs_and_stays_open():
     from rllm_gym.agents.math import MathAgent
     from rllm_gym.engine import EnvThreadPool
+    from rllm_gym.rewards.math import math_reward_fn
 
     pool = EnvThreadPool(max_workers=3, thread_name_prefix="kept")
     policy = ScriptedPolicy(lambda messages: "\\boxed{2}")
+    # A grader of its own: Math-v0 then steps in the pool (its own grader's exact answers step on the loop).
+    env_args = {"reward_fn": lambda task, action: math_reward_fn(task, action)}
     for _ in range(2):
         engine = AgentExecutionEngine(
-            env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_turns=1, executor=pool
+            env_id="rllm/Math-v0", agent_cls=MathAgent, policy=policy, max_turns=1, executor=pool, env_args=env_args
         )
         episodes = await engine.run(list(range(6)))
         assert all(e.termination_reason.value != "error" for e in episodes)

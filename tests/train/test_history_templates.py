@@ -39,7 +39,8 @@ def forgetful_model(tiny_model_dir, tmp_path):
 
 
 def long_answer(task_info, action):
-    right = len(action) > 2
+    # The MathAgent's action is the whole reply: what follows its reasoning is graded.
+    right = len(action.rpartition("</think>")[2]) > 2
     return RewardOutput(reward=float(right), is_correct=right)
 
 
