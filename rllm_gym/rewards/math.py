@@ -433,8 +433,7 @@ class MathGrader:
 
     def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
         """``(is_correct, path)`` for a bare answer against one reference answer."""
-        cheap = self._cheap_verdict(answer, ground_truth)
-        if cheap is not None:
+        if (cheap := self._cheap_verdict(answer, ground_truth)) is not None:
             return cheap
         (norm_answer, answer_words), (norm_gold, gold_words) = _normalize(answer), _normalize(ground_truth)
         if answer_words or gold_words:  # what the words said is in the normalized forms; math-verify gets those
