@@ -10,11 +10,12 @@ Each seed runs in a fresh interpreter, one after the other (the job's own second
 would share the cores). The kept files: ``demo_cpu_summary.json`` (per seed the job's own ``summary.json``, its
 evaluations, the command's wall time and the machine; the blind baseline on the held-out lakes; the whole benchmark's
 time) and ``demo_cpu_reward_curve.png`` (seed 0's reward and evaluation curve). ``tests/test_demo_cpu.py`` runs the
-median seed again and fails when its held-out success leaves the range rendered here.
+median seed again and fails when its held-out success falls below the floor rendered here (:func:`claimed_floor`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -29,6 +30,7 @@ from run_all import run_training, sentence_command  # noqa: E402  (shared with t
 CONFIG = "train/configs/demo_cpu.yaml"
 COMMAND = f"python -m rllm_gym.train.grpo --config {CONFIG}"
 SEEDS = (0, 1, 2)
+TARGET = 0.60  # held-out greedy success the main job is meant to reach for every seed (issue 33)
 ENV_ID = "rllm/FrozenLake-v0"
 SUMMARY = HERE / "results" / "demo_cpu_summary.json"
 CURVE = HERE / "results" / "demo_cpu_reward_curve.png"
@@ -102,6 +104,14 @@ def heldout_range(results: dict[str, Any]) -> tuple[int, int]:
     return min(after), max(after)
 
 
+def claimed_floor(results: dict[str, Any]) -> int:
+    """The held-out lakes the README claims any run of the kept seeds solves, and ``tests/test_demo_cpu.py`` holds a
+    fresh run to: the issue's target (``TARGET`` of them) when every kept seed reached it, else the lowest kept
+    result. Below the lowest measured result on purpose: another CPU's kernels round differently, and the run's
+    outcome moves by a few lakes with them."""
+    return min(min(solved(results, "heldout_after")), math.ceil(TARGET * results["n_heldout"]))
+
+
 def median_seed(results: dict[str, Any]) -> int:
     """The seed whose held-out result is the median of the kept ones (the CI guard's run: room on both sides)."""
     after = solved(results, "heldout_after")
@@ -133,7 +143,8 @@ def render(results: dict[str, Any]) -> str:
     shared = (
         f" The cores were shared with other work (load average up to {load:.0f} at a run's start): the seconds are "
         "inflated."
-        if load > results["machine"]["cpu_count"] / 2
+        # Above the cores: a seed's own run leaves up to about one per core in the 1-minute average at the next start.
+        if load > results["machine"]["cpu_count"]
         else ""
     )
     return (
@@ -143,7 +154,8 @@ def render(results: dict[str, Any]) -> str:
         f"{spread(solved(results, 'heldout_before'), n)} before training and "
         f"{spread(solved(results, 'heldout_after'), n)} after, every seed within {low}/{n} to {high}/{n}, where the "
         f"best fixed move sequence, blind to the grid ({', '.join(results['blind_moves'])}), solves "
-        f"{round(results['blind_baseline'] * n)}/{n}; on {m} of the lakes it trained on "
+        f"{round(results['blind_baseline'] * n)}/{n} (CI runs `--seed {median_seed(results)}` again and fails below "
+        f"{claimed_floor(results)}/{n} or at the blind baseline); on {m} of the lakes it trained on "
         f"{spread(solved(results, 'greedy_after'), m)} after; {statistics.median(train_s):.0f} s of training "
         f"(median; at most {max(train_s):.0f} s), {clock(statistics.median(wall_s))} for the whole command (median; "
         f"at most {clock(max(wall_s))})." + shared

@@ -403,6 +403,10 @@ def test_the_demo_sentence_gives_the_median_and_range_over_seeds():
     assert "every seed within 41/64 to 50/64" in sentence and "solves 29/64" in sentence
     assert "200 s of training (median; at most 210 s), 4:20 for the whole command (median; at most 4:36)" in sentence
     assert demo.heldout_range(kept) == (41, 50) and demo.median_seed(kept) == 2
+    assert "(CI runs `--seed 2` again and fails below 39/64 or at the blind baseline)" in sentence  # the 0.60 target
+    kept["runs"][1]["summary"]["heldout_after"][demo.ENV_ID] = 30 / 64  # a seed below the target: the claim drops
+    assert "fails below 30/64 or at the blind baseline" in demo.render(kept)
+    kept["runs"][1]["summary"]["heldout_after"][demo.ENV_ID] = 41 / 64
     assert "shared" not in sentence
     kept["runs"][1]["machine"]["load_average_start"] = 7.4  # a busy machine: its seconds say so
     assert demo.render(kept).endswith("(load average up to 7 at a run's start): the seconds are inflated.")

@@ -1,5 +1,5 @@
 """CI guards the README's claim about the main job (issue 33): the main command, run again for the seed whose kept
-result is the median of benchmarks/demo_cpu.py's seeds, must end with greedy held-out success inside the range the
+result is the median of benchmarks/demo_cpu.py's seeds, must end with greedy held-out success at or above the floor the
 README states (rendered from the kept summary, which the README must show), above the blind baseline, and say both
 in summary.json and the model card. About 5 minutes on 2 cores: marked slow (``pytest -m slow``; `.ci/run` runs it).
 """
@@ -27,14 +27,16 @@ def demo_script():
 
 
 @pytest.mark.slow
-def test_the_main_job_ends_inside_the_range_the_readme_states(tmp_path):
+def test_the_main_job_reaches_the_held_out_floor_the_readme_states(tmp_path):
     demo = demo_script()
     kept = json.loads(demo.SUMMARY.read_text())
-    # The range below is the README's: its sentence is the rendering of this kept summary.
+    # The floor below is the README's: its sentence is the rendering of this kept summary.
     assert demo.main(["--check"]) == 0, "README differs from the kept summary: python benchmarks/demo_cpu.py"
-    low, high = demo.heldout_range(kept)
-    assert f"every seed within {low}/{kept['n_heldout']} to {high}/{kept['n_heldout']}" in demo.README.read_text()
-    seed = demo.median_seed(kept)
+    seed, floor, n = demo.median_seed(kept), demo.claimed_floor(kept), kept["n_heldout"]
+    assert (
+        f"CI runs `--seed {seed}` again and fails below {floor}/{n} or at the blind baseline"
+        in demo.README.read_text()
+    )
 
     out = tmp_path / "run"
     command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", demo.CONFIG, "--seed", str(seed)]
@@ -45,11 +47,10 @@ def test_the_main_job_ends_inside_the_range_the_readme_states(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     summary = json.loads((out / "summary.json").read_text())
-    n = kept["n_heldout"]
     solved = round(summary["heldout_after"][ENV_ID] * n)
     blind = summary["heldout_blind_baseline"][ENV_ID]
     assert blind == kept["blind_baseline"]
-    assert low <= solved <= high, f"--seed {seed}: {solved}/{n} held-out lakes, the README states {low} to {high}"
+    assert solved >= floor, f"--seed {seed}: {solved}/{n} held-out lakes, the README states at least {floor}/{n}"
     assert solved > round(blind * n), f"{solved}/{n} is not above the blind baseline {round(blind * n)}/{n}"
     card = (out / "final" / "README.md").read_text()
     assert f"after training: {ENV_ID} {summary['heldout_after'][ENV_ID]:.3f}" in card
