@@ -12,7 +12,12 @@ with judges. Estimators, for the rewards ``r_1..r_n`` of one group:
 
 A group of one trajectory gets advantage 0 from the group estimators (nothing to compare with). Multi-turn:
 ``broadcast`` gives each step its trajectory's advantage; ``per_step`` groups the steps of a group by step index and
-compares their ``mc_return`` (the engine's discounted return-to-go; with ``gamma=0`` it is the step's own reward).
+compares their ``mc_return`` (the engine's discounted return-to-go; with ``gamma=0`` it is the step's own reward);
+``state`` gives each step its trajectory's advantage (as ``broadcast``) plus a step-level one: the steps of a group
+that acted on the same observation (an anchor state, whichever turn it came at) are compared by their ``mc_return``
+with the same estimator, a state met once adding nothing (GiGPO: Feng et al. 2025, "Group-in-Group Policy
+Optimization for LLM Agent Training"). With ``gamma < 1`` a move that reaches the goal sooner, or that does not walk
+into a hole, is told apart from the others taken from the same state: credit goes to the step that earned it.
 Trajectories of episodes whose termination reason is in ``exclude_termination`` are masked: they enter no group
 statistic, get advantage 0 and a False mask. With ``drop_uniform_groups``, a group whose rewards are all equal (no
 signal) is dropped the same way and counted.
@@ -38,7 +43,7 @@ __all__ = [
 ]
 
 ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce")
-MODES = ("broadcast", "per_step")
+MODES = ("broadcast", "per_step", "state")
 
 
 @dataclass(frozen=True)
@@ -127,12 +132,19 @@ def _trajectory_reward(trajectory: Trajectory) -> float:
     return float(sum(step.reward for step in trajectory.steps))
 
 
+def _anchor(observation: object) -> str:
+    """The key of an anchor state: the observation a step acted on (its text, or its repr)."""
+    return observation if isinstance(observation, str) else repr(observation)
+
+
 def compute_advantages(episodes: Sequence[Episode], config: AdvantageConfig | None = None) -> AdvantageResult:
     """Advantages for every step of every trajectory; also written to each ``Step.advantage``."""
     config = config or AdvantageConfig()
     result = AdvantageResult()
     # Samples: (group key, trajectory, step index or None for the whole trajectory, value, included)
     samples: dict[str, list[tuple[Trajectory, int | None, float]]] = defaultdict(list)
+    # mode "state": (group key, anchor state) -> the steps taken from it, added on top of the trajectory advantages
+    state_groups: dict[tuple[str, str], list[tuple[Trajectory, int, float]]] = defaultdict(list)
     masked = 0
     trajectories: list[Trajectory] = []
     for episode in episodes:
@@ -147,11 +159,14 @@ def compute_advantages(episodes: Sequence[Episode], config: AdvantageConfig | No
                 masked += 1
                 continue
             key = f"{episode.task_id}:{trajectory.name}"
-            if config.mode == "broadcast":
+            if config.mode != "per_step":
                 samples[key].append((trajectory, None, _trajectory_reward(trajectory)))
-            else:
+            if config.mode == "per_step":
                 for index, step in enumerate(trajectory.steps):
                     samples[f"{key}:{index}"].append((trajectory, index, float(step.mc_return)))
+            elif config.mode == "state":
+                for index, step in enumerate(trajectory.steps):
+                    state_groups[(key, _anchor(step.observation))].append((trajectory, index, float(step.mc_return)))
 
     baselines: dict[str, float] = {}
     if config.estimator == "reinforce":
@@ -180,6 +195,20 @@ def compute_advantages(episodes: Sequence[Episode], config: AdvantageConfig | No
             for i in indices:
                 entry.advantages[i] = advantage
                 entry.mask[i] = True
+    anchored = 0
+    for group in state_groups.values():
+        # Only trained steps enter a state's statistic (not those of masked or dropped trajectories).
+        live = [(result.by_uid[trajectory.uid], index, value) for trajectory, index, value in group]
+        live = [(entry, index, value) for entry, index, value in live if entry.mask[index]]
+        if len(live) < 2:
+            continue  # a state met once: nothing to compare it with
+        values = [value for _, _, value in live]
+        advantages = group_advantages(
+            values, config.estimator, norm_by_std=config.norm_by_std, eps=config.eps, baseline=_mean(values)
+        )
+        anchored += len(live)
+        for (entry, index, _), advantage in zip(live, advantages, strict=True):
+            entry.advantages[index] += advantage
 
     for trajectory in trajectories:
         entry = result.by_uid[trajectory.uid]
@@ -190,6 +219,7 @@ def compute_advantages(episodes: Sequence[Episode], config: AdvantageConfig | No
     result.metrics = {
         "groups/total": float(len(samples)),
         "groups/dropped_uniform": float(dropped),
+        "groups/anchored_steps": float(anchored),
         "trajectories/total": float(len(trajectories)),
         "trajectories/masked": float(masked),
         "advantages/mean": _mean(trained) if trained else 0.0,

@@ -143,7 +143,12 @@ class TrainConfig:
         default="grpo", metadata={"help": f"Advantage estimator, one of {list(ESTIMATORS)} (see train/advantages.py)."}
     )
     advantage_mode: str = field(
-        default="broadcast", metadata={"help": f"Multi-turn advantages, one of {list(MODES)}."}
+        default="broadcast",
+        metadata={
+            "help": f"Multi-turn advantages, one of {list(MODES)}: broadcast gives every step its trajectory's; "
+            "per_step compares steps by turn index; state adds to broadcast a comparison of the discounted returns "
+            "(gamma < 1) of steps taken from the same observation (GiGPO, Feng et al. 2025; see train/advantages.py)."
+        },
     )
     norm_adv_by_std: bool = field(default=True, metadata={"help": "Divide GRPO advantages by the group std."})
     drop_uniform_groups: bool = field(default=False, metadata={"help": "Drop groups whose rewards are all equal."})
@@ -151,7 +156,7 @@ class TrainConfig:
         default_factory=list,
         metadata={"help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded."},
     )
-    gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (used by per_step)."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (per_step, state)."})
     loss_type: str = field(
         default="dapo",
         metadata={"help": "TRL loss aggregation: grpo, dr_grpo, dapo, bnpo (Liu et al. 2025 for dr_grpo)."},

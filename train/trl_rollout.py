@@ -7,9 +7,9 @@ process shares, ``rollout/padding_rows``), lets TRL build the batch from them (i
 batch's rows), then gathers the episodes of every process, computes
 :func:`~rllm_gym.train.advantages.compute_advantages` over the groups ``{task_id}:{trajectory.name}`` (so roles are
 compared only with themselves), and replaces TRL's advantages with ours, per row (``broadcast``) or per token
-(``per_step``); masked trajectories get ``env_mask`` 0 throughout. ``rollout/prefix_mismatch`` is the share of
-trajectories split into several rows, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when none is) and
-``rollout/text_rendered`` the share of LLM calls a server rendered from text. Tested with TRL 1.16 (the
+(``per_step``, ``state``); masked trajectories get ``env_mask`` 0 throughout. ``rollout/prefix_mismatch`` is the
+share of trajectories split into several rows, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when none
+is) and ``rollout/text_rendered`` the share of LLM calls a server rendered from text. Tested with TRL 1.16 (the
 ``rollout_func`` hook is experimental there, hence the pinned range in pyproject.toml).
 """
 

@@ -96,10 +96,66 @@ def test_excluded_terminations_are_masked_and_left_out_of_the_statistics():
     ("kwargs", "message"),
     [
         ({"estimator": "ppo"}, "estimator must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce'], got 'ppo'"),
-        ({"mode": "each"}, "mode must be one of ['broadcast', 'per_step'], got 'each'"),
+        ({"mode": "each"}, "mode must be one of ['broadcast', 'per_step', 'state'], got 'each'"),
         ({"exclude_termination": ("crashed",)}, "exclude_termination has unknown reasons ['crashed']"),
     ],
 )
 def test_bad_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         AdvantageConfig(**kwargs)
+
+
+def visited(reward, states, returns):
+    """A trajectory through the observations ``states`` with the discounted returns ``returns``."""
+    steps = [Step(observation=state, mc_return=value) for state, value in zip(states, returns, strict=True)]
+    return Trajectory(reward=reward, steps=steps)
+
+
+def test_state_mode_adds_a_step_advantage_among_steps_from_the_same_observation():
+    # Three rollouts of one task from state "a": two reach the goal (via "b", one after a detour through "b" twice),
+    # one walks into a hole from "a" at once. Returns discounted by 0.9.
+    direct = visited(1.0, ["a", "b"], [0.9, 1.0])
+    hole = visited(0.0, ["a"], [0.0])
+    detour = visited(1.0, ["a", "b", "b"], [0.81, 0.9, 1.0])
+    episodes = [episode("t", i, trajectory) for i, trajectory in enumerate([direct, hole, detour])]
+    result = compute_advantages(episodes, AdvantageConfig(estimator="drgrpo", mode="state"))
+    episode_level = {1.0: 1 / 3, 0.0: -2 / 3}  # rewards 1, 0, 1: mean 2/3
+    mean_a = (0.9 + 0.0 + 0.81) / 3
+    mean_b = (1.0 + 0.9 + 1.0) / 3
+    assert result.by_uid[direct.uid].advantages == pytest.approx(
+        [episode_level[1.0] + 0.9 - mean_a, episode_level[1.0] + 1.0 - mean_b]
+    )
+    assert result.by_uid[hole.uid].advantages == pytest.approx([episode_level[0.0] + 0.0 - mean_a])
+    assert result.by_uid[detour.uid].advantages == pytest.approx(
+        [episode_level[1.0] + 0.81 - mean_a, episode_level[1.0] + 0.9 - mean_b, episode_level[1.0] + 1.0 - mean_b]
+    )
+    assert result.metrics["groups/anchored_steps"] == 6.0
+    # The step into the hole is told apart from the moves that reached the goal taken from the same state.
+    assert result.by_uid[hole.uid].advantages[0] < min(result.by_uid[direct.uid].advantages)
+
+
+def test_state_mode_leaves_states_met_once_and_other_tasks_alone():
+    one = visited(1.0, ["a", "b"], [0.9, 1.0])
+    other_task = visited(0.0, ["a", "c"], [0.0, 0.0])
+    episodes = [episode("t", 0, one), episode("u", 0, other_task)]
+    result = compute_advantages(episodes, AdvantageConfig(mode="state"))
+    # Each task is a group of one trajectory: no episode-level signal, and no state is shared within a task.
+    assert result.by_uid[one.uid].advantages == [0.0, 0.0]
+    assert result.by_uid[other_task.uid].advantages == [0.0, 0.0]
+    assert result.metrics["groups/anchored_steps"] == 0.0
+
+
+def test_state_mode_leaves_dropped_and_excluded_trajectories_untrained():
+    a = visited(1.0, ["a", "b"], [0.9, 1.0])
+    b = visited(1.0, ["a", "b"], [0.9, 1.0])
+    timed_out = visited(0.0, ["a"], [0.0])
+    episodes = [
+        episode("t", 0, a),
+        episode("t", 1, b),
+        episode("t", 2, timed_out, reason=TerminationReason.MAX_TURNS_EXCEEDED),
+    ]
+    config = AdvantageConfig(mode="state", drop_uniform_groups=True, exclude_termination=("max_turns_exceeded",))
+    result = compute_advantages(episodes, config)
+    for trajectory in (a, b, timed_out):
+        entry = result.by_uid[trajectory.uid]
+        assert entry.mask == [False] * len(trajectory.steps) and entry.advantages == [0.0] * len(trajectory.steps)
