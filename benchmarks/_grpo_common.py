@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -93,13 +94,14 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
         trainer._generate = timed("generate", trainer._generate)
         trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)
     else:
-        # The trainer's collect (the rollout's episodes and rows); the batches it returned are kept for the checks.
+        # The trainer's collect (the rollout's episodes and rows); the latest batch is kept for the checks. Only the
+        # latest: every step's episodes kept alive made each garbage collection of our steps (and only ours) longer.
         collect = timed("generate", trainer.collect)
         trainer.collected = []
 
         def recorded(prompts: list[Any]) -> Any:
             batch = collect(prompts)
-            trainer.collected.append(batch)
+            trainer.collected[:] = [batch]
             return batch
 
         trainer.collect = recorded
@@ -131,10 +133,15 @@ class Turns:
 
 class StepTimer(TrainerCallback):
     """Wall and CPU seconds of every optimizer step (generation, rewards, loss, backward, update); with ``turns``,
-    hands the machine to the other trainer after each step."""
+    hands the machine to the other trainer after each step.
 
-    def __init__(self, name: str, turns: Turns | None = None) -> None:
-        self.name, self.turns = name, turns
+    With ``seed``, torch's global generator is seeded with ``seed + k`` (untimed) before step ``k``: both trainers
+    of a comparison then sample step ``k``'s completions from the same random stream. Without it their streams part
+    after the first step (our HFPolicy samples in a forked generator, TRL in the global one), so each graded other
+    completions: another count of math-verify calls (30-200 ms each on the tiny model's garbage), another step."""
+
+    def __init__(self, name: str, turns: Turns | None = None, seed: int | None = None) -> None:
+        self.name, self.turns, self.seed = name, turns, seed
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self.phases: list[dict[str, float]] = []
@@ -142,6 +149,8 @@ class StepTimer(TrainerCallback):
         self._wall = self._cpu = 0.0
 
     def _start(self) -> None:
+        if self.seed is not None:
+            torch.manual_seed(self.seed + len(self.wall))
         RUNNING["kind"] = self.name
         STEP_PHASES.clear()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
@@ -202,7 +211,7 @@ def run_interleaved(
     kind's trainer from (kind, model_path, settings, data, output_dir, max_steps, timer), as
     ``bench_grpo.build_trainer`` does."""
     turns = Turns(kinds)
-    timers = {kind: StepTimer(kind, turns) for kind in kinds}
+    timers = {kind: StepTimer(kind, turns, settings.seed) for kind in kinds}
     errors: dict[str, BaseException] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as output_root:
         # Built one after another in this thread (construction is not timed), then run in turns.

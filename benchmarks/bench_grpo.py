@@ -5,9 +5,12 @@ the same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and 
 token), with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without
 gradient checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env,
 the agent, the engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as
-conversational ``prompt`` messages and a reward function calling :func:`~rllm_gym.rewards.math.math_reward_fn` on
-the completion text. The two run in one process, each in its own thread, taking turns one optimizer step at a time
-(garbage collected between turns, untimed), so both see the same machine load; rounds alternate who starts. The
+conversational ``prompt`` messages and a reward function grading the completion text as
+:func:`~rllm_gym.rewards.math.math_reward_fn` does (the same default grader, on math-verify workers of its own, so
+neither trainer finds answers the other graded in the workers' caches). The two run in one process, each in its own
+thread, taking turns one optimizer step at a time (garbage collected between turns, untimed), so both see the same
+machine load; rounds alternate who starts. Before step ``k`` both seed torch with ``seed + k``, so they sample the
+same completions and grade the same answers (the math-verify calls are counted per trainer to show it). The
 first ``--warmup`` steps of each run are dropped and the ratio is of the median seconds per step (issue 9's goal:
 ours/TRL <= 1.15). A table splits each step into phases (generation, model.generate, rewards, loss, backward).
 What-ifs: ``--hf-max-batch N`` (our HFPolicy's cap on requests per generate call) and ``--no-math-verify``;
@@ -72,7 +75,7 @@ import rllm_gym.envs  # noqa: F401  (registers the env ids with gymnasium)
 from rllm_gym.agents.math import MathAgent
 from rllm_gym.data import MathTaskGenerator
 from rllm_gym.policies.hf import HFPolicy
-from rllm_gym.rewards.math import MathGrader, MathVerifyPool, math_reward_fn, shared_pool
+from rllm_gym.rewards.math import MathGrader, MathVerifyPool, shared_pool
 from rllm_gym.tiny_model import build_tiny_model
 from rllm_gym.train import trl_rollout
 from rllm_gym.train.advantages import AdvantageConfig
@@ -81,6 +84,10 @@ from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer
 ENV_ID = "rllm/Math-v0"
 GOAL = 1.15
 NO_MATH_VERIFY = MathGrader(use_math_verify=False)
+# TRL's reward function grades with math_reward_fn's grader on workers of its own: with one pool for both trainers,
+# whichever graded an answer second found it in the workers' caches (sympy's, the parsed references) and got it in
+# a tenth of the time, so the trainer that went first in a step paid for both.
+TRL_GRADER = MathGrader(pool=MathVerifyPool(max_workers=shared_pool().max_workers))
 
 
 @dataclass
@@ -119,9 +126,10 @@ def datasets(tasks: list[dict[str, Any]]) -> tuple[Dataset, Dataset]:
 
 
 def trl_math_reward(completions: list[Any], ground_truth: list[str], **kwargs: Any) -> list[float]:
-    """TRL reward function equivalent to the env's: math_reward_fn on the completion's text."""
+    """TRL reward function equivalent to the env's: math_reward_fn's grader on the completion's text (its own
+    math-verify workers, see ``TRL_GRADER``)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [math_reward_fn({"ground_truth": gt}, text).reward for text, gt in zip(texts, ground_truth, strict=True)]
+    return [TRL_GRADER({"ground_truth": gt}, text).reward for text, gt in zip(texts, ground_truth, strict=True)]
 
 
 def trl_math_reward_no_math_verify(completions: list[Any], ground_truth: list[str], **kwargs: Any) -> list[float]:
@@ -131,10 +139,13 @@ def trl_math_reward_no_math_verify(completions: list[Any], ground_truth: list[st
 
 
 def warm_math_verify() -> None:
-    """Start every math-verify worker of the shared pool now: starting one (a sympy import, seconds on a loaded
-    machine) inside a timed step would charge whichever trainer first graded a symbolic-looking answer."""
-    pool = shared_pool()
-    threads = [threading.Thread(target=pool.verify, args=("1", "1", 60.0)) for _ in range(pool.max_workers)]
+    """Start every math-verify worker of both pools (ours, shared, and TRL's) now: starting one (a sympy import,
+    seconds on a loaded machine) inside a timed step would charge whichever trainer first graded a symbolic-looking
+    answer."""
+    pools = [shared_pool(), TRL_GRADER.pool]
+    threads = [
+        threading.Thread(target=pool.verify, args=("1", "1", 60.0)) for pool in pools for _ in range(pool.max_workers)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
