@@ -108,11 +108,16 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
 
 
 class Turns:
-    """A baton between two trainers in threads: only the holder runs; a finished trainer gives it up for good."""
+    """A baton between two trainers in threads: only the holder runs; a finished trainer gives it up for good.
+
+    The steps go A, B, B, A, A, B, ...: each trainer goes first in every other pair of steps and follows its own step
+    as often as the other's. Strictly alternating (A, B, A, B) let one trainer lead every pair of a round, so an
+    order effect (the issue saw one; bench_grpo.py's rounds then read 1.19x and 0.90x) fell on one side per round."""
 
     def __init__(self, names: list[str]) -> None:
         self.events = {name: threading.Event() for name in names}
-        self.other = {names[0]: names[1], names[1]: names[0]}
+        self.order = [names[0], names[1], names[1], names[0]]
+        self.position = 0  # steps taken by both, so far
         self.finished: set[str] = set()
         self.events[names[0]].set()
 
@@ -121,14 +126,19 @@ class Turns:
         self.events[name].clear()
 
     def hand_over(self, name: str) -> None:
-        """Let the other trainer run one step (unless it has finished) and wait for the baton to come back."""
-        if self.other[name] not in self.finished:
-            self.events[self.other[name]].set()
+        """Let the trainer whose turn it is run one step (unless it has finished) and wait for the baton to come
+        back; when the next turn is this trainer's own, go on at once."""
+        self.position += 1
+        following = self.order[self.position % len(self.order)]
+        if following != name and following not in self.finished:
+            self.events[following].set()
             self.wait(name)
 
     def finish(self, name: str) -> None:
         self.finished.add(name)
-        self.events[self.other[name]].set()
+        for other, event in self.events.items():
+            if other != name:
+                event.set()
 
 
 class StepTimer(TrainerCallback):

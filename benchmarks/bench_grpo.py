@@ -1,21 +1,22 @@
 """Seconds per GRPO step of rllm-gym's trainer against TRL's plain GRPOTrainer, on the same single-turn math task.
 
-Both trainers train the same tiny model (built offline into a temporary folder) from the same weights and seed, on
-the same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and the math agent; checked token for
-token), with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without
-gradient checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env,
-the agent, the engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as
-conversational ``prompt`` messages and a reward function grading the completion text as
-:func:`~rllm_gym.rewards.math.math_reward_fn` does (the same default grader, on math-verify workers of its own, so
-neither trainer finds answers the other graded in the workers' caches). The two run in one process, each in its own
-thread, taking turns one optimizer step at a time (garbage collected between turns, untimed), so both see the same
-machine load; rounds alternate who starts. Before step ``k`` both seed torch with ``seed + k``, so they sample the
-same completions and grade the same answers (the math-verify calls are counted per trainer to show it). The
-first ``--warmup`` steps of each run are dropped and the ratio is of the median seconds per step (issue 9's goal:
-ours/TRL <= 1.15). A table splits each step into phases (generation, model.generate, rewards, loss, backward).
-What-ifs: ``--hf-max-batch N`` (our HFPolicy's cap on requests per generate call) and ``--no-math-verify``;
-``--threads 1`` steadies timings on a CPU shared with other jobs; ``--profile N`` cProfiles N steps of each, all
-threads.
+Both trainers train the same tiny model (built offline into a temporary folder) from the same weights and seed, on the
+same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and the math agent; checked token for token),
+with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without gradient
+checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env, the agent, the
+engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as conversational
+``prompt`` messages and a reward function grading the completion text as :func:`~rllm_gym.rewards.math.math_reward_fn`
+does (the same default grader, on math-verify workers of its own, so neither trainer finds answers the other graded in
+the workers' caches). The two run in one process, each in its own thread, taking turns one optimizer step at a time
+(garbage collected between turns, untimed), so both see the same machine load; the steps go A, B, B, A, A, B, ... (each
+goes first in every other pair) and rounds alternate who is A. Before step ``k`` both seed torch with ``seed + k``, so
+they sample the same completions and grade the same answers (the math-verify calls are counted per trainer to show it).
+The first ``--warmup`` steps of each run are dropped and the ratio is of the median seconds per step (issue 9's goal:
+ours/TRL <= 1.15); also reported: each round's ratio and the paired ratio, the median over steps ``k`` of ours/TRL for
+step ``k`` (the two ran one right after the other, so a load that changes during the run cancels out). A table splits
+each step into phases (generation, model.generate, rewards, loss, backward). What-ifs: ``--hf-max-batch N`` (our
+HFPolicy's cap on requests per generate call) and ``--no-math-verify``; ``--threads 1`` steadies timings on a CPU
+shared with other jobs; ``--profile N`` cProfiles N steps of each, all threads.
 
     python benchmarks/bench_grpo.py --quick                  # about 15 s on 2 cores
     python benchmarks/bench_grpo.py --json grpo.json         # full run, about a minute
@@ -302,6 +303,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
     cpu: dict[str, list[float]] = {"ours": [], "trl": []}
     phases: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
     lengths: dict[str, list[float]] = {"ours": [], "trl": []}
+    round_ratios: list[float] = []
     profiles: dict[str, pstats.Stats] = {}
     probes = Probes(args.hf_max_batch)
     with tempfile.TemporaryDirectory(prefix="bench-grpo-model-") as model_dir:
@@ -317,6 +319,10 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
             with probes:
                 timers, trainers = run_interleaved(kinds, model_path, settings, data, max_steps, build_trainer)
             check_same_prompts(trainers["ours"], expected_prompts)
+            round_ratios.append(
+                statistics.median(timers["ours"].wall[settings.warmup :])
+                / statistics.median(timers["trl"].wall[settings.warmup :])
+            )
             for kind, timer in timers.items():
                 wall[kind] += timer.wall[settings.warmup :]
                 cpu[kind] += timer.cpu[settings.warmup :]
@@ -340,6 +346,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
         "trl_cpu": cpu_rows["trl"],
         "ratio": rows["ours"]["median_s"] / rows["trl"]["median_s"],
         "cpu_ratio": cpu_rows["ours"]["median_s"] / cpu_rows["trl"]["median_s"],
+        "paired_ratio": statistics.median(ours / plain for ours, plain in zip(wall["ours"], wall["trl"], strict=True)),
+        "round_ratios": round_ratios,
         "goal": GOAL,
         "step_seconds": wall,
         "phases_median_s": {
@@ -383,6 +391,11 @@ def print_report(result: dict[str, Any], profiles: dict[str, pstats.Stats], prof
     print(
         f"ratio ours/TRL: {result['ratio']:.3f}x wall (median), {result['cpu_ratio']:.3f}x CPU -- "
         f"{verdict} the goal <= {GOAL}x"
+    )
+    print(
+        f"paired (median over steps of ours/TRL on the same step): {result['paired_ratio']:.3f}x; each round: "
+        + ", ".join(f"{ratio:.3f}x" for ratio in result["round_ratios"])
+        + " (rounds alternate who goes first)"
     )
     print(f"\nwhere a step's time goes (median seconds per step){'':>8}{'ours':>8}{'TRL':>8}{'ours-TRL':>10}")
     for phase, label in PHASES.items():
