@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -93,24 +94,30 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
         trainer._generate = timed("generate", trainer._generate)
         trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)
     else:
-        # The trainer's collect (the rollout's episodes and rows); the batches it returned are kept for the checks.
+        # The trainer's collect (the rollout's episodes and rows); the latest batch is kept for the checks. Only the
+        # latest: every step's episodes kept alive made each garbage collection of our steps (and only ours) longer.
         collect = timed("generate", trainer.collect)
         trainer.collected = []
 
         def recorded(prompts: list[Any]) -> Any:
             batch = collect(prompts)
-            trainer.collected.append(batch)
+            trainer.collected[:] = [batch]
             return batch
 
         trainer.collect = recorded
 
 
 class Turns:
-    """A baton between two trainers in threads: only the holder runs; a finished trainer gives it up for good."""
+    """A baton between two trainers in threads: only the holder runs; a finished trainer gives it up for good.
+
+    The steps go A, B, B, A, A, B, ...: each trainer goes first in every other pair of steps and follows its own step
+    as often as the other's. Strictly alternating (A, B, A, B) let one trainer lead every pair of a round, so an
+    order effect (the issue saw one; bench_grpo.py's rounds then read 1.19x and 0.90x) fell on one side per round."""
 
     def __init__(self, names: list[str]) -> None:
         self.events = {name: threading.Event() for name in names}
-        self.other = {names[0]: names[1], names[1]: names[0]}
+        self.order = [names[0], names[1], names[1], names[0]]
+        self.position = 0  # steps taken by both, so far
         self.finished: set[str] = set()
         self.events[names[0]].set()
 
@@ -119,22 +126,32 @@ class Turns:
         self.events[name].clear()
 
     def hand_over(self, name: str) -> None:
-        """Let the other trainer run one step (unless it has finished) and wait for the baton to come back."""
-        if self.other[name] not in self.finished:
-            self.events[self.other[name]].set()
+        """Let the trainer whose turn it is run one step (unless it has finished) and wait for the baton to come
+        back; when the next turn is this trainer's own, go on at once."""
+        self.position += 1
+        following = self.order[self.position % len(self.order)]
+        if following != name and following not in self.finished:
+            self.events[following].set()
             self.wait(name)
 
     def finish(self, name: str) -> None:
         self.finished.add(name)
-        self.events[self.other[name]].set()
+        for other, event in self.events.items():
+            if other != name:
+                event.set()
 
 
 class StepTimer(TrainerCallback):
     """Wall and CPU seconds of every optimizer step (generation, rewards, loss, backward, update); with ``turns``,
-    hands the machine to the other trainer after each step."""
+    hands the machine to the other trainer after each step.
 
-    def __init__(self, name: str, turns: Turns | None = None) -> None:
-        self.name, self.turns = name, turns
+    With ``seed``, torch's global generator is seeded with ``seed + k`` (untimed) before step ``k``: both trainers
+    of a comparison then sample step ``k``'s completions from the same random stream. Without it their streams part
+    after the first step (our HFPolicy samples in a forked generator, TRL in the global one), so each graded other
+    completions: another count of math-verify calls (30-200 ms each on the tiny model's garbage), another step."""
+
+    def __init__(self, name: str, turns: Turns | None = None, seed: int | None = None) -> None:
+        self.name, self.turns, self.seed = name, turns, seed
         self.wall: list[float] = []
         self.cpu: list[float] = []
         self.phases: list[dict[str, float]] = []
@@ -142,6 +159,8 @@ class StepTimer(TrainerCallback):
         self._wall = self._cpu = 0.0
 
     def _start(self) -> None:
+        if self.seed is not None:
+            torch.manual_seed(self.seed + len(self.wall))
         RUNNING["kind"] = self.name
         STEP_PHASES.clear()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
@@ -202,7 +221,7 @@ def run_interleaved(
     kind's trainer from (kind, model_path, settings, data, output_dir, max_steps, timer), as
     ``bench_grpo.build_trainer`` does."""
     turns = Turns(kinds)
-    timers = {kind: StepTimer(kind, turns) for kind in kinds}
+    timers = {kind: StepTimer(kind, turns, settings.seed) for kind in kinds}
     errors: dict[str, BaseException] = {}
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as output_root:
         # Built one after another in this thread (construction is not timed), then run in turns.

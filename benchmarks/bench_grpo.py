@@ -1,18 +1,22 @@
 """Seconds per GRPO step of rllm-gym's trainer against TRL's plain GRPOTrainer, on the same single-turn math task.
 
-Both trainers train the same tiny model (built offline into a temporary folder) from the same weights and seed, on
-the same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and the math agent; checked token for
-token), with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without
-gradient checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env,
-the agent, the engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as
-conversational ``prompt`` messages and a reward function calling :func:`~rllm_gym.rewards.math.math_reward_fn` on
-the completion text. The two run in one process, each in its own thread, taking turns one optimizer step at a time
-(garbage collected between turns, untimed), so both see the same machine load; rounds alternate who starts. The
-first ``--warmup`` steps of each run are dropped and the ratio is of the median seconds per step (issue 9's goal:
-ours/TRL <= 1.15). A table splits each step into phases (generation, model.generate, rewards, loss, backward).
-What-ifs: ``--hf-max-batch N`` (our HFPolicy's cap on requests per generate call) and ``--no-math-verify``;
-``--threads 1`` steadies timings on a CPU shared with other jobs; ``--profile N`` cProfiles N steps of each, all
-threads.
+Both trainers train the same tiny model (built offline into a temporary folder) from the same weights and seed, on the
+same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and the math agent; checked token for token),
+with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without gradient
+checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env, the agent, the
+engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as conversational
+``prompt`` messages and a reward function grading the completion text as :func:`~rllm_gym.rewards.math.math_reward_fn`
+does (the same default grader, on math-verify workers of its own, so neither trainer finds answers the other graded in
+the workers' caches). The two run in one process, each in its own thread, taking turns one optimizer step at a time
+(garbage collected between turns, untimed), so both see the same machine load; the steps go A, B, B, A, A, B, ... (each
+goes first in every other pair) and rounds alternate who is A. Before step ``k`` both seed torch with ``seed + k``, so
+they sample the same completions and grade the same answers (the math-verify calls are counted per trainer to show it).
+The first ``--warmup`` steps of each run are dropped and the ratio is of the median seconds per step (issue 9's goal:
+ours/TRL <= 1.15); also reported: each round's ratio and the paired ratio, the median over steps ``k`` of ours/TRL for
+step ``k`` (the two ran one right after the other, so a load that changes during the run cancels out). A table splits
+each step into phases (generation, model.generate, rewards, loss, backward). What-ifs: ``--hf-max-batch N`` (our
+HFPolicy's cap on requests per generate call) and ``--no-math-verify``; ``--threads 1`` steadies timings on a CPU
+shared with other jobs; ``--profile N`` cProfiles N steps of each, all threads.
 
     python benchmarks/bench_grpo.py --quick                  # about 15 s on 2 cores
     python benchmarks/bench_grpo.py --json grpo.json         # full run, about a minute
@@ -72,7 +76,7 @@ import rllm_gym.envs  # noqa: F401  (registers the env ids with gymnasium)
 from rllm_gym.agents.math import MathAgent
 from rllm_gym.data import MathTaskGenerator
 from rllm_gym.policies.hf import HFPolicy
-from rllm_gym.rewards.math import MathGrader, MathVerifyPool, math_reward_fn, shared_pool
+from rllm_gym.rewards.math import MathGrader, MathVerifyPool, shared_pool
 from rllm_gym.tiny_model import build_tiny_model
 from rllm_gym.train import trl_rollout
 from rllm_gym.train.advantages import AdvantageConfig
@@ -81,6 +85,10 @@ from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer
 ENV_ID = "rllm/Math-v0"
 GOAL = 1.15
 NO_MATH_VERIFY = MathGrader(use_math_verify=False)
+# TRL's reward function grades with math_reward_fn's grader on workers of its own: with one pool for both trainers,
+# whichever graded an answer second found it in the workers' caches (sympy's, the parsed references) and got it in
+# a tenth of the time, so the trainer that went first in a step paid for both.
+TRL_GRADER = MathGrader(pool=MathVerifyPool(max_workers=shared_pool().max_workers))
 
 
 @dataclass
@@ -119,9 +127,10 @@ def datasets(tasks: list[dict[str, Any]]) -> tuple[Dataset, Dataset]:
 
 
 def trl_math_reward(completions: list[Any], ground_truth: list[str], **kwargs: Any) -> list[float]:
-    """TRL reward function equivalent to the env's: math_reward_fn on the completion's text."""
+    """TRL reward function equivalent to the env's: math_reward_fn's grader on the completion's text (its own
+    math-verify workers, see ``TRL_GRADER``)."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [math_reward_fn({"ground_truth": gt}, text).reward for text, gt in zip(texts, ground_truth, strict=True)]
+    return [TRL_GRADER({"ground_truth": gt}, text).reward for text, gt in zip(texts, ground_truth, strict=True)]
 
 
 def trl_math_reward_no_math_verify(completions: list[Any], ground_truth: list[str], **kwargs: Any) -> list[float]:
@@ -131,10 +140,13 @@ def trl_math_reward_no_math_verify(completions: list[Any], ground_truth: list[st
 
 
 def warm_math_verify() -> None:
-    """Start every math-verify worker of the shared pool now: starting one (a sympy import, seconds on a loaded
-    machine) inside a timed step would charge whichever trainer first graded a symbolic-looking answer."""
-    pool = shared_pool()
-    threads = [threading.Thread(target=pool.verify, args=("1", "1", 60.0)) for _ in range(pool.max_workers)]
+    """Start every math-verify worker of both pools (ours, shared, and TRL's) now: starting one (a sympy import,
+    seconds on a loaded machine) inside a timed step would charge whichever trainer first graded a symbolic-looking
+    answer."""
+    pools = [shared_pool(), TRL_GRADER.pool]
+    threads = [
+        threading.Thread(target=pool.verify, args=("1", "1", 60.0)) for pool in pools for _ in range(pool.max_workers)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -291,6 +303,7 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
     cpu: dict[str, list[float]] = {"ours": [], "trl": []}
     phases: dict[str, list[dict[str, float]]] = {"ours": [], "trl": []}
     lengths: dict[str, list[float]] = {"ours": [], "trl": []}
+    round_ratios: list[float] = []
     profiles: dict[str, pstats.Stats] = {}
     probes = Probes(args.hf_max_batch)
     with tempfile.TemporaryDirectory(prefix="bench-grpo-model-") as model_dir:
@@ -306,6 +319,10 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
             with probes:
                 timers, trainers = run_interleaved(kinds, model_path, settings, data, max_steps, build_trainer)
             check_same_prompts(trainers["ours"], expected_prompts)
+            round_ratios.append(
+                statistics.median(timers["ours"].wall[settings.warmup :])
+                / statistics.median(timers["trl"].wall[settings.warmup :])
+            )
             for kind, timer in timers.items():
                 wall[kind] += timer.wall[settings.warmup :]
                 cpu[kind] += timer.cpu[settings.warmup :]
@@ -329,6 +346,8 @@ def measure(args: argparse.Namespace, settings: Settings) -> tuple[dict[str, Any
         "trl_cpu": cpu_rows["trl"],
         "ratio": rows["ours"]["median_s"] / rows["trl"]["median_s"],
         "cpu_ratio": cpu_rows["ours"]["median_s"] / cpu_rows["trl"]["median_s"],
+        "paired_ratio": statistics.median(ours / plain for ours, plain in zip(wall["ours"], wall["trl"], strict=True)),
+        "round_ratios": round_ratios,
         "goal": GOAL,
         "step_seconds": wall,
         "phases_median_s": {
@@ -372,6 +391,11 @@ def print_report(result: dict[str, Any], profiles: dict[str, pstats.Stats], prof
     print(
         f"ratio ours/TRL: {result['ratio']:.3f}x wall (median), {result['cpu_ratio']:.3f}x CPU -- "
         f"{verdict} the goal <= {GOAL}x"
+    )
+    print(
+        f"paired (median over steps of ours/TRL on the same step): {result['paired_ratio']:.3f}x; each round: "
+        + ", ".join(f"{ratio:.3f}x" for ratio in result["round_ratios"])
+        + " (rounds alternate who goes first)"
     )
     print(f"\nwhere a step's time goes (median seconds per step){'':>8}{'ours':>8}{'TRL':>8}{'ours-TRL':>10}")
     for phase, label in PHASES.items():

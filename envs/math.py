@@ -114,6 +114,8 @@ class MathEnv(MultiTurnEnv):
         else:
             tasks = load_dataset(dataset, split=split)
         super().__init__(reward_fn, tasks, max_turns=max_turns, render_mode=render_mode)
+        # The verdict inline_call reached for the step about to run: (action, task, grade, invalid), or None.
+        self._cheap_grade: tuple[Any, dict[str, Any], RewardOutput, bool] | None = None
 
     def validate_task(self, task: Any) -> dict[str, Any]:
         if isinstance(task, dict) and "question" not in task and "problem" in task:
@@ -130,15 +132,29 @@ class MathEnv(MultiTurnEnv):
         """Whether this call takes microseconds and never blocks, so the engine may run it on its event loop
         (:func:`rllm_gym.engine.workflow.inline_call`): a reset (the tasks are in memory or generated), and a step
         that the math grader decides on its exact, word or numeric path. A step that needs math-verify (a worker
-        process, up to ``time_limit`` seconds) or a custom ``reward_fn`` (of unknown cost) runs in the executor."""
+        process, up to ``time_limit`` seconds) or a custom ``reward_fn`` (of unknown cost) runs in the executor.
+
+        The verdict of a step decided here is kept for that step (the same action object, on the same task), so the
+        reply is not extracted and graded twice."""
+        self._cheap_grade = None
         if method == "reset":
             return True
         if method != "step" or len(args) != 1 or kwargs or not isinstance(self.reward_fn, MathGrader):
             return False
         if self._done or self.task is None:
             return True  # step raises at once
-        action = args[0] if self.action_space.contains(args[0]) else ""  # as _grade grades an invalid action
-        return not self.reward_fn.needs_math_verify(self.task, action)
+        invalid = not self.action_space.contains(args[0])
+        graded = self.reward_fn.grade_cheaply(self.task, "" if invalid else args[0])  # as _grade grades it
+        if graded is None:
+            return False
+        self._cheap_grade = (args[0], self.task, graded, invalid)
+        return True
+
+    def _grade(self, action: Any) -> tuple[RewardOutput, bool]:
+        kept, self._cheap_grade = self._cheap_grade, None
+        if kept is not None and kept[0] is action and kept[1] is self.task:
+            return kept[2], kept[3]
+        return super()._grade(action)
 
     def step_info(self, reward_output: RewardOutput) -> dict[str, Any]:
         metadata = reward_output.metadata

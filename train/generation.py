@@ -91,7 +91,14 @@ class Generation:
 
 
 class _TrainerModel(Generation):
-    """The trainer's own model, one ``generate`` call for every episode's turn (as TRL's own generation makes)."""
+    """The trainer's own model, one ``generate`` call for every episode's turn (as TRL's own generation makes).
+
+    Its HFPolicy is kept from call to call while the model object and the episode count stay the same, so that the
+    rollout keeps its engines and their workflows too (see :class:`~rllm_gym.train.rollout.EpisodeRollout`)."""
+
+    def __init__(self, trainer: Any, **kwargs: Any):
+        super().__init__(trainer, **kwargs)
+        self._kept: tuple[Any, int, HFPolicy] | None = None  # (model, count, its policy) of the latest call
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:
@@ -101,20 +108,29 @@ class _TrainerModel(Generation):
         with unwrap_model_for_generation(
             model, trainer.accelerator, gather_deepspeed3_params=trainer.args.ds3_gather_for_generation
         ) as unwrapped:
-            # A batch as large as the episodes, sent as soon as every episode in flight has asked (see EpisodeRollout),
-            # or once none has asked for batch_wait_s (the rest are busy in their envs; a loaded machine stalls a
-            # request 20 ms at times).
-            yield HFPolicy(
-                unwrapped,
-                tokenizer=trainer.processing_class,
-                device=str(trainer.accelerator.device),
-                chat_template_kwargs=self.chat_template_kwargs,
-                token_history=self.token_history,
-                max_batch_size=count,
-                batch_wait_s=0.1,
-                generate_on_loop=True,  # every episode waits on the batch; see BatchingPolicy
-            )
+            yield self._hf_policy(unwrapped, count)
         model.train(was_training)
+
+    def _hf_policy(self, model: Any, count: int) -> HFPolicy:
+        """``model``'s policy for ``count`` episodes, in eval mode: the latest call's when it had the same two."""
+        if self._kept is not None and self._kept[0] is model and self._kept[1] == count:
+            model.eval()  # what building the policy does; the call before put the model back in training mode
+            return self._kept[2]
+        # A batch as large as the episodes, sent as soon as every episode in flight has asked (see EpisodeRollout),
+        # or once none has asked for batch_wait_s (the rest are busy in their envs; a loaded machine stalls a
+        # request 20 ms at times).
+        policy = HFPolicy(
+            model,
+            tokenizer=self.trainer.processing_class,
+            device=str(self.trainer.accelerator.device),
+            chat_template_kwargs=self.chat_template_kwargs,
+            token_history=self.token_history,
+            max_batch_size=count,
+            batch_wait_s=0.1,
+            generate_on_loop=True,  # every episode waits on the batch; see BatchingPolicy
+        )
+        self._kept = (model, count, policy)
+        return policy
 
 
 class _Colocate(Generation):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rllm_gym.engine import EnvThreadPool, engine_for, reset_seed
+from rllm_gym.engine import AgentWorkflowEngine, EnvThreadPool, engine_for, reset_seed
 from rllm_gym.engine.common import default_env_workers
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy
@@ -100,7 +100,9 @@ class EpisodeRollout:
     set of episodes, not K (``train/grpo.py`` keeps a task's slots next to each other in the data for that).
 
     One event loop and one env thread pool serve every call (their threads are reused from step to step; a pool left
-    with a hung env call is replaced). ``calls`` numbers the calls, for episode ids.
+    with a hung env call is replaced), and each env's engine with its workflows (envs and agents) serves every call
+    with the same policy, sampling parameters and pool (the trainer's own model keeps its policy from step to step).
+    ``calls`` numbers the calls, for episode ids.
     """
 
     def __init__(
@@ -130,6 +132,8 @@ class EpisodeRollout:
         self.calls = 0
         self._runner: asyncio.Runner | None = None
         self._pool: EnvThreadPool | None = None
+        # env id -> ((policy, sampling, pool), engine): the engine the next call with the same three reuses.
+        self._engines: dict[str, tuple[tuple[Any, SamplingParams, EnvThreadPool | None], AgentWorkflowEngine]] = {}
 
     def generation_for(self, trainer: Any) -> Generation:
         """The generation backend of ``trainer`` with this rollout's policy settings (see train/generation.py)."""
@@ -148,6 +152,28 @@ class EpisodeRollout:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        self._engines.clear()
+
+    def _engine(self, env_id: str, policy: Any, sampling: SamplingParams) -> AgentWorkflowEngine:
+        """The engine that runs ``env_id``'s episodes of a call: the previous call's (its workflows kept, see
+        :class:`~rllm_gym.engine.AgentWorkflowEngine`) when it had the same policy object, sampling parameters and
+        env pool, else a new one."""
+        key = (policy, sampling, self._pool)
+        kept = self._engines.get(env_id)
+        if kept is not None and kept[0][0] is policy and kept[0][1] == sampling and kept[0][2] is self._pool:
+            return kept[1]
+        setup = self.envs[env_id]
+        # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
+        single_agent = env_id not in env_ids(multi_agent=True)
+        options = {"stop_on_truncation": self.stop_on_truncation} if single_agent else {}
+        settings = {"n_parallel": self.n_parallel, "gamma": self.gamma, "timeout_s": self.timeout_s, **options}
+        engine = engine_for(
+            env_id, policy, agent=setup.agent, agent_args=setup.agent_args, env_args=setup.env_args,
+            max_turns=self.max_turns, sampling_params=sampling, executor=self._pool, **settings,
+            tune_interpreter=True,  # the trainer's process: keeps the loop's pauses short (engine docs)
+        )  # fmt: skip
+        self._engines[env_id] = (key, engine)
+        return engine
 
     def _run_sync(self, coroutine: Any) -> Any:
         if self._runner is None:
@@ -222,16 +248,7 @@ class EpisodeRollout:
 
         async def run_env(env_id: str, items: list[tuple[int, Any, str, int | None]]) -> list[tuple[int, Episode]]:
             nonlocal active
-            setup = self.envs[env_id]
-            # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
-            single_agent = env_id not in env_ids(multi_agent=True)
-            options = {"stop_on_truncation": self.stop_on_truncation} if single_agent else {}
-            settings = {"n_parallel": self.n_parallel, "gamma": self.gamma, "timeout_s": self.timeout_s, **options}
-            engine = engine_for(
-                env_id, policy, agent=setup.agent, agent_args=setup.agent_args, env_args=setup.env_args,
-                max_turns=self.max_turns, sampling_params=sampling, executor=self._pool, **settings,
-                tune_interpreter=True,  # the trainer's process: keeps the loop's pauses short (engine docs)
-            )  # fmt: skip
+            engine = self._engine(env_id, policy, sampling)
             finished = {}
             async for episode in engine.stream_pairs([(task, uid, seed) for _, task, uid, seed in items]):
                 finished[episode.id] = episode

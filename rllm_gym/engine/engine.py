@@ -70,6 +70,9 @@ class AgentWorkflowEngine:
     process that runs mostly the engine (``rllm-gym eval`` and the trainer do).
     ``executor``: an :class:`EnvThreadPool` (or any executor) for env calls that the caller keeps across runs, instead
     of a pool each run starts and shuts down (the trainer passes one: thread starts were a tenth of its rollout time).
+    With one, the workflows a run leaves in good order (not abandoned mid-call) are kept for the next run of this
+    engine, as workflows already serve episode after episode within a run: the trainer's steps reuse them instead of
+    building an env and an agent per episode every step.
     """
 
     def __init__(
@@ -121,10 +124,23 @@ class AgentWorkflowEngine:
         self.tune_interpreter = tune_interpreter
         self.executor = executor
         self._executor: Executor | None = None
+        self._idle: list[Workflow] = []  # workflows an earlier run left in good order (with a caller-kept executor)
+        self._cheap_to_build: bool | None = None  # measured on the first workflow this engine built
         self._logged_errors: set[tuple[str, str]] = set()  # each distinct error is a warning once, then debug
 
     def _new_workflow(self) -> Workflow:
         return self.workflow_cls(policy=self.policy, executor=self._executor, **self.workflow_args)
+
+    def _first_workflow(self) -> Workflow:
+        """A run's first workflow: one an earlier run left, or a new one (bad workflow arguments fail here, before
+        any episode starts), whose build time says whether the others are built on the loop."""
+        if self._idle:
+            return self._idle.pop()
+        started = time.perf_counter()
+        workflow = self._new_workflow()
+        if self._cheap_to_build is None:
+            self._cheap_to_build = workflow.cheap_to_build or time.perf_counter() - started < _CHEAP_BUILD_S
+        return workflow
 
     async def _run_with_retry(self, workflow: Workflow, spec: EpisodeSpec) -> tuple[Episode, Workflow]:
         attempts = 0
@@ -200,13 +216,13 @@ class AgentWorkflowEngine:
         self._executor = self.executor or EnvThreadPool(
             max_workers=self.env_workers, thread_name_prefix="rllm-gym-env"
         )
-        started = time.perf_counter()
-        first = self._new_workflow()  # bad workflow arguments fail here, before any episode starts
-        cheap = first.cheap_to_build or time.perf_counter() - started < _CHEAP_BUILD_S
+        first = self._first_workflow()
         builders = asyncio.Semaphore(_BUILDERS)
 
         async def worker(workflow: Workflow | None) -> None:
-            if workflow is None and cheap:
+            if workflow is None and self._idle:
+                workflow = self._idle.pop()
+            elif workflow is None and self._cheap_to_build:
                 workflow = self._new_workflow()
             elif workflow is None:
                 # Built in a thread: thousands of env constructors (data files, sandboxes) must not stall the loop.
@@ -218,6 +234,8 @@ class AgentWorkflowEngine:
                 while not work.empty():
                     episode, workflow = await self._run_with_retry(workflow, work.get_nowait())
                     await results.put(episode)
+                if not owned:  # its env calls run in the caller's executor, which the next run uses too
+                    self._idle.append(workflow)
             finally:
                 await results.put(_DONE)
 

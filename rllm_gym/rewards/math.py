@@ -6,7 +6,8 @@ when both answers are plain numbers (integers, decimals, fractions, percentages,
 expressions, sets, intervals, tuples, equations). Near misses are judged relative to the magnitude of the values: a
 decimal counts as equal to a more precise value only when it is that value correctly rounded and carries at least
 ``significant_digits`` significant digits (6 by default), so ``0.333333`` is 1/3 but twice 1e-5 is never 1e-5.
-The numeric path lives in :mod:`rllm_gym.rewards.numbers`.
+The numeric path lives in :mod:`rllm_gym.rewards.numbers`, normalization (:func:`normalize_answer`) in
+:mod:`rllm_gym.rewards._math_normalize`.
 
 math-verify times itself out with ``signal.alarm``, which only works in a main thread, so it runs in a small pool
 of worker processes (:class:`MathVerifyPool`) that the caller can kill: grading is safe from any thread and from an
@@ -33,6 +34,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.rewards._math_normalize import _normalize, normalize_answer
 from rllm_gym.rewards.numbers import exact_scientific, numeric_verdict, parse_number
 from rllm_gym.types import RewardOutput
 
@@ -121,88 +123,6 @@ def extract_answer(text: str) -> tuple[str | None, str | None]:
     ):
         return bare, None  # a reply that is just the answer, not a sentence
     return None, "no final answer found: put it in \\boxed{...}, after '####', or after 'The answer is'"
-
-
-# Normalization
-
-
-_DROP = re.compile(r"\\left|\\right|\\!|\\,|\\;|\\:|\\ |~|\\displaystyle|\^\s*\{?\\circ\}?|\\\$|\s+")
-_ASSIGNMENT = re.compile(r"^[A-Za-z]\s*=(?!=)")
-_NUMERIC_START = re.compile(r"^[+-]?(?:\d|\.\d|\\d?frac)")
-# Words after a number: ``\text{...}``-style groups and bare words of two or more letters (or one with a period, as
-# in ``5 m.``); a word right after a backslash or a digit (``2\pi``, ``3x``) is part of the expression.
-_TRAILING_WORDS = re.compile(
-    r"(?:\s*\\(?:text|textbf|textit|mbox|mathrm|operatorname)\s*\{[^{}]*\}|\s+[A-Za-z]{2,}\.?|\s+[A-Za-z]\.)+\s*$"
-)
-_WORD = re.compile(r"[A-Za-z]+|[^A-Za-z\s.,]")
-_PLAIN_DECIMAL = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?$")
-_SCALES = {"hundred": 2, "thousand": 3, "million": 6, "billion": 9, "trillion": 12}  # powers of ten
-_DOZEN = "dozen"  # a scale too: "2 dozen" is 24, never 2
-# Words that make a number say something else ("3 is not it", "5 or more", "about 7"): an answer ending in one is
-# not that number. Any other short run of words after a number is read as its unit ("10 cm", "5 apples each").
-_MEANING_WORDS = frozenset(
-    """is are was were be been being am isn aren wasn not no none nor never neither either or and but than more less
-    fewer greater smaller larger bigger higher lower plus minus times divided over under above below least most only
-    approximately approx about around roughly nearly almost exactly if then so because since which who what when
-    where why how can cannot could would should may might will must do does did has have had it its this that these
-    those there here i you he she we they me him her us them my your his our their wrong incorrect correct false true
-    maybe possibly probably perhaps undefined infinite infinity impossible other else between to from out up down off
-    away except without answer solution solutions""".split()  # noqa: SIM905 (a word list reads better as prose)
-)
-_MAX_UNIT_WORDS = 4
-
-
-def _read_trailing_words(text: str) -> tuple[str, str]:
-    """``(text, how)``: the answer with words after its number read, and how they were read: ``""`` (none),
-    ``"unit"`` (dropped: ``10\\text{ cm}`` -> ``10``), ``"scale"`` (applied: ``7 thousand`` -> ``7e3``),
-    ``"percent"`` (``50 percent`` -> ``50%``) or ``"words"`` (they change the meaning: the text is left as it is)."""
-    if not text or not (text[-1].isalpha() or text[-1] in "}.") or not _NUMERIC_START.match(text):
-        return text, ""  # words end in a letter, a period or a brace: most numbers are decided here
-    found = _TRAILING_WORDS.search(text)
-    if found is None or found.start() == 0:
-        return text, ""
-    core = text[: found.start()].rstrip()
-    words = [word.lower() for word in _WORD.findall(re.sub(r"\\[A-Za-z]+\s*\{", " ", found.group(0)))]
-    words = [word for word in words if word not in "{}"]
-    if not words:
-        return core, "unit"  # an empty \text{}
-    exponent, dozens = 0, 0
-    while words and (words[0] in _SCALES or words[0] == _DOZEN):
-        word = words.pop(0)
-        exponent, dozens = exponent + _SCALES.get(word, 0), dozens + (word == _DOZEN)
-    scaled = exponent or dozens
-    if words[:2] in (["percent"], ["per", "cent"]) and len(words) == (1 if words[0] == "percent" else 2):
-        return (core + "%", "percent") if not scaled else (text, "words")
-    if len(words) > _MAX_UNIT_WORDS or any(not word.isalpha() or word in _MEANING_WORDS for word in words):
-        return text, "words"
-    if not scaled:
-        return core, "unit"
-    if not _PLAIN_DECIMAL.match(core):
-        return text, "words"  # a scale word after an expression: not read here
-    if dozens:  # exact: 12**k times the number (never longer than the words it replaces)
-        value = Fraction(core.replace(",", "")) * 12**dozens * 10**exponent
-        return (str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"), "scale"
-    return f"{core.replace(',', '')}e{exponent}", "scale"
-
-
-def _normalize(answer: str) -> tuple[str, str]:
-    text = answer.strip().rstrip(".").strip("$").strip().rstrip(".")
-    text = re.sub(r"\\text\{\s*\}", "", text)
-    if text.startswith(("\\$", "$")):  # "\$1.2 million": the number, and its words, start after the dollar sign
-        text = text.removeprefix("\\").removeprefix("$").lstrip()
-    text, how = _read_trailing_words(text)
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = _DROP.sub("", text)
-    return _ASSIGNMENT.sub("", text), how
-
-
-def normalize_answer(answer: str) -> str:
-    """A canonical string for cheap exact matching: no ``$``, spacing macros, ``\\left``/``\\right``, degree signs,
-    dollar signs, or a leading single-letter assignment (``x = 3`` -> ``3``); ``\\dfrac``/``\\tfrac`` become
-    ``\\frac``. Words after a number are read: a unit is dropped (``10\\text{ cm}``, ``18 dollars``), a scale word
-    applied (``7 thousand`` -> ``7e3``, ``10\\text{ million}`` -> ``10e6``), ``percent`` becomes ``%``; words that
-    change the meaning (``3\\text{ is not it}``) are kept, so the answer is not that number."""
-    return _normalize(answer)[0]
 
 
 # The math-verify worker pool
@@ -417,30 +337,31 @@ class MathGrader:
         if self.pool is not None and not isinstance(self.pool, MathVerifyPool):
             raise ValueError(f"MathGrader pool must be a MathVerifyPool or None (shared), got {self.pool!r}")
 
-    def _cheap_verdict(self, answer: str, ground_truth: str) -> tuple[bool, str] | None:
-        """``(is_correct, path)`` when the exact, word and numeric paths decide (microseconds), else None."""
+    def _cheap_verdict(self, answer: str, ground_truth: str) -> tuple[tuple[bool, str] | None, str, str]:
+        """``(verdict, answer, gold)``: the verdict ``(is_correct, path)`` when the exact, word and numeric paths
+        decide (microseconds), else None with the two strings math-verify is to compare (each normalized once)."""
         (norm_answer, answer_words), (norm_gold, gold_words) = _normalize(answer), _normalize(ground_truth)
         if norm_answer and norm_answer == norm_gold:
-            return True, "exact"
+            return (True, "exact"), answer, ground_truth
         if "words" in (answer_words, gold_words):  # math-verify would read "3 is not it" as 3
-            return False, "words"
+            return (False, "words"), answer, ground_truth
         verdict = numeric_verdict(norm_gold, norm_answer, self.significant_digits)
         if verdict is not None:
-            return verdict, "numeric"
+            return (verdict, "numeric"), answer, ground_truth
         if not self.use_math_verify:
-            return False, "exact"
-        return None
+            return (False, "exact"), answer, ground_truth
+        if answer_words or gold_words:  # what the words said is in the normalized forms; math-verify gets those
+            answer, ground_truth = norm_answer, norm_gold
+        return None, exact_scientific(answer), exact_scientific(ground_truth)
+
+    def _math_verify(self, answer: str, gold: str) -> tuple[bool, str]:
+        verdict, outcome = (self.pool or shared_pool()).verify(gold, answer, self.time_limit)
+        return verdict, "math_verify" if outcome == "ok" else outcome
 
     def grade_answer(self, answer: str, ground_truth: str) -> tuple[bool, str]:
         """``(is_correct, path)`` for a bare answer against one reference answer."""
-        if (cheap := self._cheap_verdict(answer, ground_truth)) is not None:
-            return cheap
-        (norm_answer, answer_words), (norm_gold, gold_words) = _normalize(answer), _normalize(ground_truth)
-        if answer_words or gold_words:  # what the words said is in the normalized forms; math-verify gets those
-            answer, ground_truth = norm_answer, norm_gold
-        gold, answer = exact_scientific(ground_truth), exact_scientific(answer)
-        verdict, outcome = (self.pool or shared_pool()).verify(gold, answer, self.time_limit)
-        return verdict, "math_verify" if outcome == "ok" else outcome
+        verdict, answer, gold = self._cheap_verdict(answer, ground_truth)
+        return verdict if verdict is not None else self._math_verify(answer, gold)
 
     def _extract(self, action: str) -> tuple[str | None, str | None]:
         answer, error = extract_answer(action)
@@ -448,21 +369,8 @@ class MathGrader:
             answer, error = None, f"the answer is longer than {self.max_answer_chars} characters"
         return answer, error
 
-    def needs_math_verify(self, task_info: dict[str, Any], action: str) -> bool:
-        """Whether grading ``action`` would ask math-verify (a worker process, up to ``time_limit`` seconds); when
-        False, :meth:`__call__` decides in microseconds on the exact, word and numeric paths, never blocking."""
-        answer, _ = self._extract(action)
-        if answer is None:
-            return False
-        for gold in _ground_truths(task_info):  # in __call__'s order: the first correct reference ends the search
-            cheap = self._cheap_verdict(answer, gold)
-            if cheap is None:
-                return True
-            if cheap[0]:
-                return False
-        return False
-
-    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+    def _grade(self, task_info: dict[str, Any], action: str, cheap_only: bool) -> RewardOutput | None:
+        """:meth:`__call__`'s verdict; with ``cheap_only``, None as soon as a reference needs math-verify."""
         golds = _ground_truths(task_info)
         answer, error = self._extract(action)
         metadata: dict[str, Any] = {"extracted_answer": answer, "ground_truth": golds[0], "format_error": False}
@@ -470,8 +378,13 @@ class MathGrader:
             metadata.update(format_error=True, path="format_error", error=error)
             return RewardOutput(reward=self.format_error_reward, is_correct=False, metadata=metadata)
         is_correct, path = False, "exact"
-        for gold in golds:
-            is_correct, path = self.grade_answer(answer, gold)
+        for gold in golds:  # the first correct reference ends the search
+            verdict, verify_answer, verify_gold = self._cheap_verdict(answer, gold)
+            if verdict is None:
+                if cheap_only:
+                    return None
+                verdict = self._math_verify(verify_answer, verify_gold)
+            is_correct, path = verdict
             if is_correct:
                 break
         metadata["path"] = path.partition(":")[0]
@@ -479,6 +392,21 @@ class MathGrader:
             metadata["error"] = path.partition(": ")[2]
         reward = self.correct_reward if is_correct else self.incorrect_reward
         return RewardOutput(reward=reward, is_correct=is_correct, metadata=metadata)
+
+    def grade_cheaply(self, task_info: dict[str, Any], action: str) -> RewardOutput | None:
+        """What :meth:`__call__` returns when the exact, word and numeric paths decide it (microseconds, never
+        blocking), or None when grading ``action`` asks math-verify (a worker process, up to ``time_limit`` s)."""
+        return self._grade(task_info, action, cheap_only=True)
+
+    def needs_math_verify(self, task_info: dict[str, Any], action: str) -> bool:
+        """Whether grading ``action`` would ask math-verify (a worker process, up to ``time_limit`` seconds); when
+        False, :meth:`__call__` decides in microseconds on the exact, word and numeric paths, never blocking."""
+        return self.grade_cheaply(task_info, action) is None
+
+    def __call__(self, task_info: dict[str, Any], action: str) -> RewardOutput:
+        graded = self._grade(task_info, action, cheap_only=False)
+        assert graded is not None  # only cheap_only grading stops short
+        return graded
 
     async def agrade(self, task_info: dict[str, Any], action: str) -> RewardOutput:
         """:meth:`__call__` off the event loop, so a slow answer never blocks other coroutines."""

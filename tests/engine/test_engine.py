@@ -294,3 +294,24 @@ def test_workflows_that_build_fast_are_built_on_the_loop_and_slow_ones_in_thread
     episodes, loop_thread = asyncio.run(run())
     assert len(episodes) == 8 and len(built) == 8
     assert all((ident == loop_thread) == on_loop for ident in built[1:])
+
+
+@pytest.mark.parametrize("keeps_executor", [True, False])
+async def test_workflows_serve_the_next_run_only_with_an_executor_the_caller_keeps(keeps_executor, monkeypatch):
+    from rllm_gym.engine import EnvThreadPool
+
+    built = []
+    new_workflow = AgentWorkflowEngine._new_workflow
+    monkeypatch.setattr(AgentWorkflowEngine, "_new_workflow", lambda self: built.append(1) or new_workflow(self))
+    executor = EnvThreadPool(max_workers=4, thread_name_prefix="test-env") if keeps_executor else None
+    engine = frozen_engine(solver_policy(), n_parallel=3, executor=executor)
+    counts, runs = [], []
+    for _ in range(2):
+        before = len(built)
+        runs.append([(e.id, e.is_correct, len(e.trajectories[0].steps)) for e in await engine.run([{"map": MAP}] * 3)])
+        counts.append(len(built) - before)
+    assert runs[0] == runs[1] and all(correct and turns == 6 for _, correct, turns in runs[0])
+    # Without one, each run's env pool is shut down at its end: workflows holding it are not kept.
+    assert counts[0] >= 1 and counts[1] == (0 if keeps_executor else counts[0])
+    if executor is not None:
+        executor.shutdown()

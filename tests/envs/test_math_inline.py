@@ -54,8 +54,12 @@ def test_needs_math_verify_says_exactly_whether_grading_asks_math_verify(gold: o
     grader = MathGrader(pool=pool)
     task = {"question": "q", "ground_truth": gold}
     predicted = grader.needs_math_verify(task, reply)
-    grader(task, reply)
-    assert predicted == bool(pool.threads)
+    cheap = grader.grade_cheaply(task, reply)
+    assert not pool.threads  # neither asks math-verify
+    graded = grader(task, reply)
+    assert predicted == bool(pool.threads) == (cheap is None)
+    if cheap is not None:  # the cheap verdict is __call__'s, to the metadata
+        assert cheap == graded
     assert not MathGrader(pool=pool, use_math_verify=False).needs_math_verify(task, reply)
 
 
@@ -125,3 +129,36 @@ def test_an_episode_grades_the_whole_reply_as_a_reward_function_on_the_completio
     expected = math_reward_fn(task, reply)
     assert step.action == reply
     assert (step.reward, step.info["extracted_answer"]) == (expected.reward, expected.metadata["extracted_answer"])
+
+
+class CountingGrader(MathGrader):
+    """The math grader, counting the replies it grades (cheaply or not)."""
+
+    def _grade(self, task_info: dict, action: str, cheap_only: bool) -> RewardOutput | None:
+        object.__setattr__(self, "graded", getattr(self, "graded", 0) + 1)
+        return super()._grade(task_info, action, cheap_only)
+
+
+@pytest.mark.parametrize("reply", REPLIES)
+def test_a_step_decided_inline_is_graded_once_and_as_a_fresh_env_grades_it(reply: str) -> None:
+    task = {"question": "q", "ground_truth": ["41", "42"]}
+    grader = CountingGrader(pool=RecordingPool())
+    env, fresh = MathEnv(reward_fn=grader), MathEnv(reward_config={"pool": RecordingPool()})
+    env.reset(options={"task": task})
+    fresh.reset(options={"task": task})
+    on_loop = inline_call(env, "step", reply)
+    graded_inline = grader.graded
+    assert env.step(reply)[1:] == fresh.step(reply)[1:]
+    assert grader.graded == graded_inline + (0 if on_loop else 1)  # the inline verdict is not graded again
+
+
+def test_a_kept_inline_verdict_serves_only_the_step_of_that_action_on_that_task() -> None:
+    grader = CountingGrader(pool=RecordingPool())
+    env = MathEnv(reward_fn=grader, max_turns=3)
+    env.reset(options={"task": {"question": "q", "ground_truth": "42"}})
+    assert inline_call(env, "step", "\\boxed{41}")
+    assert env.step("\\boxed{42}")[1] == 1.0  # another action: graded itself, not with the 41's verdict
+    env.reset(options={"task": {"question": "q", "ground_truth": "7"}})
+    assert inline_call(env, "step", "\\boxed{7}")
+    env.reset(options={"task": {"question": "q", "ground_truth": "8"}})
+    assert env.step("\\boxed{7}")[1] == 0.0  # another task since: graded against it

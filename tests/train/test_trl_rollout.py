@@ -305,3 +305,37 @@ def test_server_mode_rollout_goes_through_the_lockstep_policy(tiny_model_dir):
     assert steps and all(step.model_output.text == "up" and step.logprobs == [-0.25] * 2 for step in steps)
     assert batch.metrics["vllm_server/server_calls"] == len(client.calls)
     rollout.close()
+
+
+def test_the_trainers_own_model_keeps_its_policy_and_workflows_from_step_to_step(
+    tiny_model_dir, tmp_path, train_and_record, make_trainer, monkeypatch
+):
+    from rllm_gym.engine import AgentWorkflowEngine
+    from rllm_gym.policies.hf import HFPolicy
+
+    built: Counter[str] = Counter()
+    init, new_workflow, generate = HFPolicy.__init__, AgentWorkflowEngine._new_workflow, HFPolicy._generate_batch
+    training_while_generating = []
+    monkeypatch.setattr(HFPolicy, "__init__", lambda self, *a, **k: built.update(["policy"]) or init(self, *a, **k))
+    monkeypatch.setattr(
+        HFPolicy,
+        "_generate_batch",
+        lambda self, *a: training_while_generating.append(self.model.training) or generate(self, *a),
+    )
+    monkeypatch.setattr(
+        AgentWorkflowEngine, "_new_workflow", lambda self: built.update(["workflow"]) or new_workflow(self)
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tasks = [{"id": f"m{i}", "question": f"What is {i} + 1?", "ground_truth": str(i + 1)} for i in range(2)]
+    rows = [{"prompt": encode_prompt("rllm/Math-v0", task)} for task in tasks] * 3
+    args = grpo_args(tmp_path, per_device_train_batch_size=8, num_generations=4, max_steps=3, max_completion_length=4)
+    trainer = make_trainer(model, tokenizer, args, rows, EpisodeRollout([EnvSetup("rllm/Math-v0")], max_turns=1))
+    steps = train_and_record(trainer)
+    assert len(steps) == 3 and built["policy"] == 1  # one HFPolicy for the run
+    assert training_while_generating == [False] * 3  # the model in eval mode for every step's generation
+    assert model.training  # and back in training mode after it
+    assert 1 <= built["workflow"] <= 8  # the first step's workflows (at most one per episode) serve every step
+    for _, batch in steps:
+        assert len(batch.episodes) == 8
+        assert all(e.termination_reason.value != "error" for e in batch.episodes)
