@@ -96,6 +96,30 @@ def _training_view(episode: Episode, slot: int) -> Episode:
     )
 
 
+@contextmanager
+def _completion_positions_only() -> Iterator[None]:
+    """While inside, TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes the log-probabilities and
+    entropies of the scored positions only (labels not -100: the completion), as it does where its Triton kernel runs.
+
+    TRL 1.16 couples the two: off CUDA/XPU it runs its PyTorch kernel over every position of every row, prompt and
+    padding included, then zeroes what is not scored. Our rows are long prompts with replies of a few tokens (the main
+    job: ~46 prompt tokens, 2 reply tokens), so that was most of the LM head's forward and backward on a CPU: ~0.4 s of
+    a ~1.6 s step. The kernel itself still takes its own device check (the PyTorch one here); only the choice of rows
+    changes, and every scored position gets the same value from it. Restored on exit; a TRL without this hook is left
+    as it is."""
+    from trl.trainer import utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None:
+        yield
+        return
+    trl_utils._use_triton = lambda device: True  # read by the fused forward only, to pick the compact rows
+    try:
+        yield
+    finally:
+        trl_utils._use_triton = original
+
+
 class RLLMGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages.
 
@@ -131,6 +155,12 @@ class RLLMGRPOTrainer(GRPOTrainer):
         self.last_evaluation: dict[str, float] | None = None
         if evaluation_before:
             self.add_callback(_LogAtStart(self, evaluation_before))
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's, with its fused LM head scoring only the completion positions on every device (see
+        :func:`_completion_positions_only`)."""
+        with _completion_positions_only():
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Run :attr:`evaluation` on the model being trained (ZeRO-3 shards gathered once for all of it) and log it."""

@@ -339,3 +339,49 @@ def test_the_trainers_own_model_keeps_its_policy_and_workflows_from_step_to_step
     for _, batch in steps:
         assert len(batch.episodes) == 8
         assert all(e.termination_reason.value != "error" for e in batch.episodes)
+
+
+def test_fused_lm_head_scores_only_the_completion_with_the_same_values_and_gradients(tiny_model_dir):
+    from trl.trainer import utils as trl_utils
+    from trl.trainer.utils import add_fused_lm_head
+
+    from rllm_gym.train.trl_rollout import _completion_positions_only
+
+    torch.manual_seed(0)
+    input_ids = torch.randint(3, 1000, (3, 12))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :4] = 0  # a left-padded row
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    labels[:, :-3] = -100  # the last 3 positions are the completion
+
+    def scored(compact: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+        calls = []
+        kernel = trl_utils._ChunkedLogProbFunction.apply
+
+        def counted(hidden, *args):
+            calls.append(hidden.shape[0])  # the rows the LM head is computed on
+            return kernel(hidden, *args)
+
+        trl_utils._ChunkedLogProbFunction.apply = counted
+        try:
+            if compact:
+                with _completion_positions_only():
+                    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+            else:
+                out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+        finally:
+            trl_utils._ChunkedLogProbFunction.apply = kernel
+        (out.log_probs.sum() + out.entropy.sum()).backward()
+        assert calls == ([3 * 3] if compact else [3 * 11])  # scored positions only, or every position
+        return out.log_probs, out.entropy, [p.grad for p in model.parameters()]
+
+    use_triton = trl_utils._use_triton
+    full, compact = scored(False), scored(True)
+    assert trl_utils._use_triton is use_triton  # restored
+    torch.testing.assert_close(compact[0], full[0])
+    torch.testing.assert_close(compact[1], full[1])
+    assert (full[0][:, :-3] == 0).all() and (compact[0][:, :-3] == 0).all()
+    for a, b in zip(compact[2], full[2], strict=True):
+        torch.testing.assert_close(a, b)
