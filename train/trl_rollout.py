@@ -105,8 +105,9 @@ def _completion_positions_only() -> Iterator[None]:
     padding included, then zeroes what is not scored. Our rows are long prompts with replies of a few tokens (the main
     job: ~46 prompt tokens, 2 reply tokens), so that was most of the LM head's forward and backward on a CPU: ~0.4 s of
     a ~1.6 s step. The kernel itself still takes its own device check (the PyTorch one here); only the choice of rows
-    changes, and every scored position gets the same value from it. Restored on exit; a TRL without this hook is left
-    as it is."""
+    changes, and every scored position gets the same value up to the rounding of a smaller matrix product (tested).
+    Restored on exit; a TRL without ``_use_triton`` in that module is left as it is. Process-wide while inside, which
+    the trainer's single-threaded loss computation allows."""
     from trl.trainer import utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)
