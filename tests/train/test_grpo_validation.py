@@ -26,7 +26,7 @@ from rllm_gym.train.grpo import TrainConfig
         ({"beta": -0.1}, "beta must be >= 0 (0 = no KL term), got -0.1"),
         ({"gamma": 2}, "gamma must be in [0, 1], got 2"),
         ({"env_weights": [-1.0]}, "env_weights must be >= 0 with a positive sum, got [-1.0]"),
-        ({"advantage_mode": "x"}, "advantage_mode must be one of broadcast, per_step, got 'x'"),
+        ({"advantage_mode": "x"}, "advantage_mode must be one of broadcast, per_step, state, got 'x'"),
         ({"exclude_termination": ["bogus"]}, "unknown reasons bogus; allowed: env_done, max_turns_exceeded"),
     ],
 )
