@@ -159,12 +159,12 @@ def compute_advantages(episodes: Sequence[Episode], config: AdvantageConfig | No
                 masked += 1
                 continue
             key = f"{episode.task_id}:{trajectory.name}"
-            if config.mode != "per_step":
-                samples[key].append((trajectory, None, _trajectory_reward(trajectory)))
             if config.mode == "per_step":
                 for index, step in enumerate(trajectory.steps):
                     samples[f"{key}:{index}"].append((trajectory, index, float(step.mc_return)))
-            elif config.mode == "state":
+                continue
+            samples[key].append((trajectory, None, _trajectory_reward(trajectory)))  # broadcast, and state's base
+            if config.mode == "state":
                 for index, step in enumerate(trajectory.steps):
                     state_groups[(key, _anchor(step.observation))].append((trajectory, index, float(step.mc_return)))
 
