@@ -1,3 +1,4 @@
+import contextlib
 import random
 import re
 from collections import Counter, defaultdict
@@ -385,3 +386,47 @@ def test_fused_lm_head_scores_only_the_completion_with_the_same_values_and_gradi
     assert (full[0][:, :-3] == 0).all() and (compact[0][:, :-3] == 0).all()
     for a, b in zip(compact[2], full[2], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(tiny_model_dir, monkeypatch):
+    from trl import GRPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from rllm_gym.train.trl_rollout import RLLMGRPOTrainer
+
+    # 40 rows of 9 prompt tokens and 2 of 97, left-padded to 97, each with a 3-token reply (one cut short)
+    torch.manual_seed(0)
+    input_ids = torch.randint(3, 1000, (42, 100))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[:40, :88] = 0
+    attention_mask[5, -1] = 0
+    trainer = RLLMGRPOTrainer.__new__(RLLMGRPOTrainer)  # only the scoring method runs: no episodes, no training
+    trainer.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True)  # float32 always
+    trainer.is_fsdp_enabled = False
+
+    def scored(method) -> tuple[list[tuple[int, ...]], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+        shapes = []
+        model.register_forward_pre_hook(
+            lambda _, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+        )
+        logps, entropies, _ = method(trainer, model, input_ids, attention_mask, 3, compute_entropy=True)
+        (logps.sum() + entropies.sum()).backward()
+        return shapes, logps, entropies, [p.grad for p in model.parameters()]
+
+    grouped = scored(RLLMGRPOTrainer._get_per_token_logps_and_entropies)
+    whole = scored(GRPOTrainer._get_per_token_logps_and_entropies)  # TRL's: every row 100 tokens wide
+    assert grouped[0] == [(40, 12), (2, 100)] and whole[0] == [(42, 100)]
+    close = {"rtol": 1e-4, "atol": 1e-4}  # the rows' positions moved by 88: rotary angles round differently
+    torch.testing.assert_close(grouped[1], whole[1], **close)
+    torch.testing.assert_close(grouped[2], whole[2], **close)
+    assert grouped[1][5, -1] == 0 and grouped[1][6, -1] != 0  # still in the batch's row order
+    for a, b in zip(grouped[3], whole[3], strict=True):
+        assert (a - b).norm() <= 1e-4 * b.norm()
+
+    # where every process must run the same forwards (ZeRO-3, FSDP), one group, cut to the common padding only
+    trainer.is_fsdp_enabled = True
+    assert scored(RLLMGRPOTrainer._get_per_token_logps_and_entropies)[0] == [(42, 100)]
+    attention_mask[40:, :88] = 0
+    assert scored(RLLMGRPOTrainer._get_per_token_logps_and_entropies)[0] == [(42, 12)]
