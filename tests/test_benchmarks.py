@@ -408,6 +408,8 @@ def test_the_demo_sentence_gives_the_median_and_range_over_seeds():
     assert "fails below 30/64 or at the blind baseline" in demo.render(kept)
     kept["runs"][1]["summary"]["heldout_after"][demo.ENV_ID] = 41 / 64
     assert "shared" not in sentence
+    kept["runs"][1]["machine"]["load_average_start"] = 2.02  # what the previous seed's own run leaves on 2 cores
+    assert "shared" not in demo.render(kept)
     kept["runs"][1]["machine"]["load_average_start"] = 7.4  # a busy machine: its seconds say so
     assert demo.render(kept).endswith("(load average up to 7 at a run's start): the seconds are inflated.")
 
