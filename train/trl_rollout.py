@@ -176,11 +176,11 @@ class RLLMGRPOTrainer(GRPOTrainer):
         brings its error message into the next one) made every row of a main-job step ~108 tokens wide instead of ~48,
         and the step twice as slow. Rows are grouped by their width without the left padding
         (:func:`~rllm_gym.train.sequences.width_groups`) and put back in order; each row's values are the same up to
-        rounding (its positions shift, and rotary attention depends only on their differences). Rows with images,
-        and models whose parameters are gathered collectively at every forward (DeepSpeed ZeRO-3, FSDP: every process
-        must run the same number of forwards), are scored as one group, cut to the rows' common padding only.
+        rounding (its positions shift, and rotary attention depends only on their differences). Rows with images
+        are scored as TRL scores them; with several processes the rows are one group, cut to their common padding
+        only: every process must run the same number of forwards there (DDP syncs buffers, DeepSpeed ZeRO-3 and FSDP
+        gather parameters, collectively at each one), and each process's rows group differently.
         """
-        from transformers.integrations import is_deepspeed_zero3_enabled
 
         def score(rows: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
             width = min(max(width, logits_to_keep + 1), input_ids.size(1))  # the last prompt token scores the first
@@ -199,7 +199,7 @@ class RLLMGRPOTrainer(GRPOTrainer):
             if any(value is not None for value in multimodal.values()):
                 return score(slice(None), input_ids.size(1))
             widths = (input_ids.size(1) - (attention_mask.cumsum(dim=1) == 0).sum(dim=1)).tolist()  # (B,) no left pad
-            groups = [] if is_deepspeed_zero3_enabled() or self.is_fsdp_enabled else width_groups(widths)
+            groups = width_groups(widths) if self.accelerator.num_processes == 1 else []
             if len(groups) <= 1:
                 return score(slice(None), max(widths, default=0))
             device = input_ids.device

@@ -388,7 +388,7 @@ def test_fused_lm_head_scores_only_the_completion_with_the_same_values_and_gradi
         torch.testing.assert_close(a, b)
 
 
-def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(tiny_model_dir, monkeypatch):
+def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(tiny_model_dir):
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
@@ -401,8 +401,8 @@ def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(
     attention_mask[:40, :88] = 0
     attention_mask[5, -1] = 0
     trainer = RLLMGRPOTrainer.__new__(RLLMGRPOTrainer)  # only the scoring method runs: no episodes, no training
-    trainer.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True)  # float32 always
-    trainer.is_fsdp_enabled = False
+    # float32 whatever earlier tests set up, one process
+    trainer.accelerator = SimpleNamespace(autocast=contextlib.nullcontext, is_main_process=True, num_processes=1)
 
     def scored(method) -> tuple[list[tuple[int, ...]], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -425,8 +425,8 @@ def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(
     for a, b in zip(grouped[3], whole[3], strict=True):
         assert (a - b).norm() <= 1e-4 * b.norm()
 
-    # where every process must run the same forwards (ZeRO-3, FSDP), one group, cut to the common padding only
-    trainer.is_fsdp_enabled = True
+    # with several processes (each must run the same forwards), one group, cut to the common padding only
+    trainer.accelerator.num_processes = 2
     assert scored(RLLMGRPOTrainer._get_per_token_logps_and_entropies)[0] == [(42, 100)]
     attention_mask[40:, :88] = 0
     assert scored(RLLMGRPOTrainer._get_per_token_logps_and_entropies)[0] == [(42, 12)]
