@@ -91,3 +91,21 @@ def test_ruff_targets_and_readme_state_the_same_minimum():
     assert PYPROJECT["tool"]["ruff"]["target-version"] == f"py{major}{minor}"
     readme = (ROOT / "README.md").read_text()
     assert f"Python >= {major}.{minor}" in readme.split("```")[0], "the README's set-up line names another Python"
+
+
+def test_no_module_imports_the_folders_that_install_under_rllm_gym():
+    """``envs/``, ``agents/`` and ``train/`` install only as ``rllm_gym.envs``, ``rllm_gym.agents`` and
+    ``rllm_gym.train``: a plain ``import envs`` works under ``python -m pytest`` (which puts the checkout on sys.path)
+    and fails under the README's ``pytest``, and for every user of the installed package."""
+    folders = {"envs", "agents", "train"}
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in folders]
+    assert found == [], "import these as rllm_gym.<folder>...: " + ", ".join(found)

@@ -24,7 +24,7 @@ from rllm_gym.log import LOG_LEVELS
 from rllm_gym.train.advantages import ESTIMATORS, MODES
 from rllm_gym.train.config_checks import DTYPES, JSON_OBJECT_FIELDS, check_config, closest, json_object
 from rllm_gym.train.config_file import ConfigError, read_config_file
-from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
+from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR, missing_task_files
 
 __all__ = ["DTYPES", "TRL_FIELDS", "TrainConfig", "closest", "load_config", "trl_options"]
 
@@ -337,6 +337,7 @@ def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
     fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
     values: dict[str, Any] = {}
     path = config_path(argv)
+    config_dir = path.parent if path is not None else Path.cwd()
     if path is not None:
         hints = {**typing.get_type_hints(options), **typing.get_type_hints(TrainConfig)}
         values = read_config_file(path, hints)
@@ -353,9 +354,15 @@ def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
         if chosen:  # a TRL field's own key or flag wins over the same key in trl_args
             settings["trl_args"] = {**json_object("trl_args", settings["trl_args"]), **chosen}
         config = TrainConfig(**settings)
-    except ValueError as error:  # TrainConfig's checks
-        raise ConfigError(from_file(str(error), path, set(values) - given)) from error
-    return config, (path.parent if path is not None else Path.cwd())
+    except ValueError as error:  # TrainConfig's checks, every problem on a line of its own
+        file_keys = set(values) - given
+        problems = [from_file(line, path, file_keys) for line in str(error).splitlines()]
+        problems += missing_task_files(settings["tasks"], settings["eval_tasks"], config_dir)
+        raise ConfigError(*problems) from error
+    missing = missing_task_files(config.tasks, config.eval_tasks, config_dir)
+    if missing:
+        raise ConfigError(*missing)
+    return config, config_dir
 
 
 def from_file(message: str, path: Path | None, file_keys: set[str]) -> str:

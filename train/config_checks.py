@@ -61,47 +61,58 @@ def json_object(name: str, value: Any) -> dict[str, Any]:
 
 def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
     """Every check of ``config`` (its JSON-object fields already dicts); ``trl_fields`` are the GRPOConfig fields that
-    ``trl_args`` may set."""
+    ``trl_args`` may set. Raises one ValueError naming every problem found, one per line."""
+    problems = _problems(config, trl_fields)
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def _problems(config: Any, trl_fields: tuple[str, ...]) -> list[str]:
+    """Each check's message for ``config`` (empty when it is good); a check that needs a valid field runs only when
+    that field is valid."""
+    problems: list[str] = []
     if isinstance(config.env, str):
-        raise ValueError(f"env must be a list of env ids, got the string {config.env!r}: write [{config.env!r}]")
+        return [f"env must be a list of env ids, got the string {config.env!r}: write [{config.env!r}]"]
+    envs_known = True
     for env_id in config.env:
         try:
             env_spec(env_id)  # the closest ids, as rllm_gym.make and rllm-gym eval --env name them
         except UnknownEnvError as error:
-            raise ValueError(f"env: {error}") from None
+            problems.append(f"env: {error}")
+            envs_known = False
     if config.env_weights is not None and len(config.env_weights) != len(config.env):
-        raise ValueError(f"env_weights has {len(config.env_weights)} entries for {len(config.env)} envs: one each")
+        problems.append(f"env_weights has {len(config.env_weights)} entries for {len(config.env)} envs: one each")
     if config.tasks is not None and len(config.tasks) != len(config.env):
-        raise ValueError(f"tasks has {len(config.tasks)} entries for {len(config.env)} envs: one source per env")
+        problems.append(f"tasks has {len(config.tasks)} entries for {len(config.env)} envs: one source per env")
     if config.eval_tasks is not None:
         config.eval_tasks = [str(source) for source in config.eval_tasks]  # YAML may give 0.1 or 64 as numbers
         if len(config.eval_tasks) != len(config.env):
-            raise ValueError(
+            problems.append(
                 f"eval_tasks has {len(config.eval_tasks)} entries for {len(config.env)} envs: one eval split per env"
             )
     for name in ("eval_steps", "eval_n"):
         if getattr(config, name) < 0:
-            raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(config, name)}")
+            problems.append(f"{name} must be >= 0 (0 = off), got {getattr(config, name)}")
     if config.eval_n == 1:
-        raise ValueError("eval_n must be 0 (greedy only) or >= 2 samples per task: pass@k compares samples")
+        problems.append("eval_n must be 0 (greedy only) or >= 2 samples per task: pass@k compares samples")
     if config.eval_n and config.eval_tasks is None:
-        raise ValueError("eval_n samples the eval split: set eval_tasks too (e.g. [0.1] or ['seeds:1000-1064'])")
+        problems.append("eval_n samples the eval split: set eval_tasks too (e.g. [0.1] or ['seeds:1000-1064'])")
     if config.eval_steps and not (config.eval_greedy or config.eval_n):
-        raise ValueError("eval_steps needs something to evaluate: eval_greedy: true, or eval_n with eval_tasks")
+        problems.append("eval_steps needs something to evaluate: eval_greedy: true, or eval_n with eval_tasks")
     if config.num_generations < 2:
-        raise ValueError(f"num_generations must be >= 2 (GRPO compares a group), got {config.num_generations}")
+        problems.append(f"num_generations must be >= 2 (GRPO compares a group), got {config.num_generations}")
     if not 0 <= config.warmup_ratio < 1:
-        raise ValueError(f"warmup_ratio must be in [0, 1), got {config.warmup_ratio}")
+        problems.append(f"warmup_ratio must be in [0, 1), got {config.warmup_ratio}")
     unknown = sorted(set(config.trl_args) - set(trl_fields))
     if unknown:
-        raise ValueError(
+        problems.append(
             f"trl_args: {unknown[0]!r} is not a GRPOConfig field that TrainConfig leaves to TRL"
             f"{closest(unknown[0], sorted(trl_fields))}"
         )
     if config.max_error_steps < 0:
-        raise ValueError(f"max_error_steps must be >= 0 (0 = never stop), got {config.max_error_steps}")
+        problems.append(f"max_error_steps must be >= 0 (0 = never stop), got {config.max_error_steps}")
     if config.log_level not in LOG_LEVELS:
-        raise ValueError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
+        problems.append(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {config.log_level!r}")
     for name in (
         "prompts_per_step",
         "max_turns",
@@ -112,9 +123,9 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
         "eval_limit",
     ):
         if getattr(config, name) < 1:
-            raise ValueError(f"{name} must be >= 1, got {getattr(config, name)}")
+            problems.append(f"{name} must be >= 1, got {getattr(config, name)}")
     if config.warm_start_steps < 0 or (config.warm_start_steps and not config.warm_start_replies):
-        raise ValueError("warm_start_steps must be >= 0, and > 0 needs at least one entry in warm_start_replies")
+        problems.append("warm_start_steps must be >= 0, and > 0 needs at least one entry in warm_start_replies")
     for name, ok, allowed in (
         ("temperature", config.temperature >= 0, ">= 0"),
         ("learning_rate", config.learning_rate > 0, "> 0"),
@@ -122,18 +133,18 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
         ("gamma", 0 <= config.gamma <= 1, "in [0, 1]"),
     ):
         if not ok:
-            raise ValueError(f"{name} must be {allowed}, got {getattr(config, name)}")
+            problems.append(f"{name} must be {allowed}, got {getattr(config, name)}")
     if config.env_weights is not None and (min(config.env_weights) < 0 or sum(config.env_weights) <= 0):
-        raise ValueError(f"env_weights must be >= 0 with a positive sum, got {config.env_weights}")
+        problems.append(f"env_weights must be >= 0 with a positive sum, got {config.env_weights}")
     if config.token_history not in ("sampled", "template"):
-        raise ValueError(
+        problems.append(
             f"token_history must be 'sampled' (continue the sampled tokens) or 'template' (re-render the chat "
             f"each call), got {config.token_history!r}"
         )
     if config.vllm_mode not in ("colocate", "server"):
-        raise ValueError(f"vllm_mode must be 'colocate' or 'server', got {config.vllm_mode!r}")
+        problems.append(f"vllm_mode must be 'colocate' or 'server', got {config.vllm_mode!r}")
     if config.vllm_server_base_url is not None and not config.vllm_server_base_url.startswith(("http://", "https://")):
-        raise ValueError(
+        problems.append(
             f"vllm_server_base_url must be an http(s) URL such as http://10.0.0.5:8000, "
             f"got {config.vllm_server_base_url!r}"
         )
@@ -143,17 +154,23 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
         ("advantage_mode", config.advantage_mode, MODES),
     ):
         if value not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+            problems.append(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     reasons = [reason.value for reason in TerminationReason]
     unknown = [reason for reason in config.exclude_termination if reason not in reasons]
     if unknown:
         allowed = ", ".join(reasons)
-        raise ValueError(f"exclude_termination: unknown reasons {', '.join(unknown)}; allowed: {allowed}")
-    AdvantageConfig(config.estimator, config.advantage_mode, exclude_termination=tuple(config.exclude_termination))
+        problems.append(f"exclude_termination: unknown reasons {', '.join(unknown)}; allowed: {allowed}")
+    elif config.estimator in ESTIMATORS and config.advantage_mode in MODES:
+        try:
+            AdvantageConfig(
+                config.estimator, config.advantage_mode, exclude_termination=tuple(config.exclude_termination)
+            )
+        except ValueError as error:
+            problems.append(str(error))
     if config.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)} ('auto': the saved one), got {config.dtype!r}")
-    if DTYPES[config.dtype] == "float16" and config.trl_args.get("fp16"):
-        raise ValueError(
+        problems.append(f"dtype must be one of {', '.join(DTYPES)} ('auto': the saved one), got {config.dtype!r}")
+    if DTYPES.get(config.dtype) == "float16" and config.trl_args.get("fp16"):
+        problems.append(
             "dtype: fp16 with fp16: true cannot train (the fp16 loss scaler cannot unscale fp16 weights): "
             "use dtype: fp32 with fp16: true (fp16 autocast), or dtype: bf16"
         )
@@ -163,12 +180,16 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
         try:
             check_arguments(env_id, agent_args=config.agent_args, env_args=config.env_args)
         except ValueError as error:
-            failures.append(error)
-    if len(failures) == len(config.env):
-        raise failures[0]
+            failures.append(str(error))
+    if envs_known and len(failures) == len(config.env):
+        problems.append(failures[0])
     if config.model is not None:
-        check_model_source(config.model, "model")
+        try:
+            check_model_source(config.model, "model")
+        except ValueError as error:
+            problems.append(str(error))
     if config.model_shape not in SHAPES:
-        raise ValueError(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {config.model_shape!r}")
+        problems.append(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {config.model_shape!r}")
     if config.model is not None and config.model_shape != "tiny":
-        raise ValueError("model_shape sizes the embedded model: drop it when model names a model")
+        problems.append("model_shape sizes the embedded model: drop it when model names a model")
+    return problems

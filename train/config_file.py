@@ -14,24 +14,51 @@ import typing
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "as_type", "describe_type", "read_config_file"]
+__all__ = ["ConfigError", "as_type", "describe_type", "read_config_file", "read_yaml_mapping", "train_config_hints"]
 
 # The spellings HfArgumentParser takes for a boolean flag.
 TRUE, FALSE = ("true", "yes", "y", "t", "1"), ("false", "no", "n", "f", "0")
 
 
 class ConfigError(ValueError):
-    """A setting of the config (YAML key or flag) that cannot be used; the message names it and what it must be."""
+    """Settings of the config (YAML keys or flags) that cannot be used; the message names each, one per line, and what
+    it must be. ``problems`` holds those lines."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
 def read_config_file(path: Path, hints: dict[str, Any]) -> dict[str, Any]:
     """The keys of the YAML file at ``path`` with their values as the types in ``hints`` (field name -> type hint).
 
-    Raises :class:`ConfigError` naming the file: for a file that is not a YAML mapping, a key that is not a field
-    (with the closest field), or a value of another type.
+    Raises :class:`ConfigError` naming the file: for a file that is not a YAML mapping, and at once for every key that
+    is not a field (each with its closest field) and every value of another type.
     """
-    import difflib
+    values = read_yaml_mapping(path)
+    see = "see TrainConfig in train/config.py and TRL's GRPOConfig"
+    unknown = sorted(str(key) for key in set(values) - set(hints))
+    problems = []
+    if unknown:
+        named = ", ".join(key + _closest(key, sorted(hints)) for key in unknown)
+        problems.append(f"{path}: unknown field{'s' if len(unknown) > 1 else ''} {named}; {see}")
+    typed = {}
+    for key, value in values.items():
+        if key not in hints:
+            continue
+        try:
+            typed[key] = as_type(value, hints[key])
+        except TypeError:
+            one = typing.get_origin(hints[key]) is list and _fits_item(value, hints[key])
+            fix = f": write [{value}]" if one else ""
+            problems.append(f"{path}: {key}: {yaml_text(value)} is not {describe_type(hints[key])}{fix}")
+    if problems:
+        raise ConfigError(*problems)
+    return typed
 
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """The mapping a YAML config file holds; :class:`ConfigError` for a missing file, bad YAML or another value."""
     import yaml
 
     if not path.is_file():
@@ -42,21 +69,30 @@ def read_config_file(path: Path, hints: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid YAML: {' '.join(str(error).split())}") from error
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must be a mapping of field: value lines, got {type(values).__name__}")
-    unknown = sorted(str(key) for key in set(values) - set(hints))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(hints), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        see = "see TrainConfig in train/config.py and TRL's GRPOConfig"
-        raise ConfigError(f"{path}: unknown fields {', '.join(unknown)}{hint}; {see}")
-    typed = {}
-    for key, value in values.items():
-        try:
-            typed[key] = as_type(value, hints[key])
-        except TypeError:
-            one = typing.get_origin(hints[key]) is list and _fits_item(value, hints[key])
-            fix = f": write [{value}]" if one else ""
-            raise ConfigError(f"{path}: {key}: {yaml_text(value)} is not {describe_type(hints[key])}{fix}") from None
-    return typed
+    return values
+
+
+def train_config_hints() -> dict[str, Any]:
+    """TrainConfig's fields and their types, read from train/config.py's source: importing that module loads TRL
+    (about 20 s), and the checks made before that import need only these (tests/train/test_config_cli.py holds them
+    equal to the class's own)."""
+    import ast
+
+    tree = ast.parse(Path(__file__).with_name("config.py").read_text())
+    [train_config] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TrainConfig"]
+    names = {"Any": Any, "list": list, "dict": dict, "str": str, "int": int, "float": float, "bool": bool}
+    return {
+        node.target.id: eval(ast.unparse(node.annotation), {"__builtins__": {}}, names)  # our own source's annotations
+        for node in train_config.body
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+
+
+def _closest(name: str, names: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, names, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _fits_item(value: Any, hint: Any) -> bool:

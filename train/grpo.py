@@ -264,15 +264,11 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     checkpoint, record = prepare_output_dir(
         output_dir, asdict(config), resume=config.resume, overwrite=config.overwrite
     )
-    output_dir.mkdir(parents=True, exist_ok=True)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
-    # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
-    args = grpo_args(config, output_dir, load_dtype(config))
-    model, tokenizer, peft_config = load_model(config)
-
-    # Environments and data: the eval split first, so that no training task is one of its tasks
+    # Environments and data: the eval split first, so that no training task is one of its tasks. Read before the
+    # output folder is made: data that cannot be read leaves no empty folder behind.
     splits = make_splits(config, config_dir)
     split = split_record(splits, asdict(config))
     if checkpoint is not None and record.get("split", split) != split:
@@ -280,6 +276,12 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
             f"--resume true: the eval split rebuilt from the run's sources differs from the one {output_dir} was "
             f"trained with (the data changed since): restore the data, or start a new run in another output_dir"
         )
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
+    args = grpo_args(config, output_dir, load_dtype(config))
+    model, tokenizer, peft_config = load_model(config)
+
     dataset = build_prompts(config, splits)
     evaluator = Evaluator(config, tokenizer, splits)
     rollout = EpisodeRollout(
@@ -438,7 +440,8 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         config, config_dir = load_config(argv)
     except ConfigError as error:
-        print(f"rllm-gym train: error: {error}", file=sys.stderr, flush=True)
+        for line in str(error).splitlines():
+            print(f"rllm-gym train: error: {line}", file=sys.stderr, flush=True)
         return 2
     try:
         start(config, config_dir)

@@ -205,15 +205,16 @@ def check_free(output_dir: Path, overwrite: bool) -> None:
 
 
 def refuse_taken_output_dir(argv: list[str]) -> None:
-    """Raise :class:`OutputDirError` at once when the run ``argv`` asks for would be refused for a taken output_dir
-    (no --resume, no --overwrite), reading only its --config YAML and those flags.
+    """Raise at once what can be said of the run ``argv`` asks for before torch and TRL load (about 20 s), reading
+    only its --config YAML and a few flags: :class:`ConfigError` for a YAML file that cannot be read or a task file
+    (``tasks``, ``eval_tasks``) that does not exist, :class:`OutputDirError` for a taken output_dir (no --resume, no
+    --overwrite).
 
-    The trainer checks again once its config is complete; this check only makes the refusal immediate (loading TRL
-    took about 10 s first). Anything it cannot read (a bad YAML file, a flag without value) is left to that check.
+    The trainer checks all of it again once its config is complete. The folder is checked here only when every key of
+    the YAML is a TrainConfig field: a key that is not (a typo, or a TRL field) is left to the complete check, which
+    names every mistake of the config before it looks at the folder.
     """
-    import yaml
-
-    from rllm_gym.train.config_file import TRUE
+    from rllm_gym.train.config_file import TRUE, ConfigError, read_config_file, read_yaml_mapping, train_config_hints
 
     if "-h" in argv or "--help" in argv:
         return
@@ -222,21 +223,62 @@ def refuse_taken_output_dir(argv: list[str]) -> None:
     parser.add_argument("--output_dir", "--output-dir")
     for flag in ("resume", "overwrite"):
         parser.add_argument(f"--{flag}", nargs="?", const="true")
+    for flag in ("tasks", "eval_tasks"):
+        parser.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", nargs="+")
     try:
         given, _ = parser.parse_known_args(argv)
-        values = yaml.safe_load(Path(given.config).read_text()) or {} if given.config else {}
-    except (SystemExit, OSError, yaml.YAMLError):
+    except SystemExit:  # a flag without its value: the complete check says so
         return
-    if not isinstance(values, dict):
-        return
+    config_file = Path(given.config) if given.config else None
+    values = read_yaml_mapping(config_file) if config_file else {}
+    hints = train_config_hints()
+    if set(map(str, values)) - set(hints):
+        return  # a key that may be TRL's: the complete check reads the whole config
+    problems = []
+    if config_file is not None:
+        try:
+            values = read_config_file(config_file, hints)
+        except ConfigError as error:
+            problems += error.problems
 
     def setting(name: str, default: Any) -> Any:
         flag = getattr(given, name)
         return flag if flag is not None else values.get(name, default)
 
+    problems += missing_task_files(
+        setting("tasks", None), setting("eval_tasks", None), config_file.parent if config_file else Path.cwd()
+    )
+    if problems:
+        raise ConfigError(*problems)
     resume, overwrite = (str(setting(name, False)).lower() in TRUE for name in ("resume", "overwrite"))
     if not (resume or overwrite):
         check_free(Path(str(setting("output_dir", DEFAULT_OUTPUT_DIR))), overwrite=False)
+
+
+def missing_task_files(tasks: Any, eval_tasks: Any, config_dir: Path) -> list[str]:
+    """A line for each source of ``tasks`` and ``eval_tasks`` that names a .jsonl or .parquet file found neither where
+    the command runs nor next to the config (where train/splits.py looks for them)."""
+    return [
+        f"{name}: {source}: no such file (looked for {' and '.join(map(str, places))})"
+        for name, sources in (("tasks", tasks), ("eval_tasks", eval_tasks))
+        for source, places in _missing_files(sources, config_dir)
+    ]
+
+
+def _missing_files(sources: Any, config_dir: Path) -> list[tuple[str, list[Path]]]:
+    """The sources of a ``tasks``/``eval_tasks`` value that name a .jsonl or .parquet file found neither where the
+    command runs nor next to the config (how train/splits.py looks for them), with the places looked at."""
+    if not isinstance(sources, list):
+        return []
+    missing = []
+    for source in map(str, sources):
+        location = source.partition("@")[0]
+        if Path(location).suffix not in (".jsonl", ".parquet"):
+            continue
+        places = [Path(location)] if Path(location).is_absolute() else [Path(location), config_dir / location]
+        if not any(place.exists() for place in places):
+            missing.append((source, list(dict.fromkeys(places))))
+    return missing
 
 
 def clear_run(output_dir: Path) -> None:
@@ -249,13 +291,20 @@ def clear_run(output_dir: Path) -> None:
 
 
 def exit_status_before_imports(argv: list[str]) -> int | None:
-    """2, having said why on stderr, when the trainer's command line ``argv`` names a taken output_dir (see
-    :func:`refuse_taken_output_dir`); None when the run may go on to load the trainer."""
+    """2, having said why on stderr, when the trainer's command line ``argv`` can be refused before its imports (see
+    :func:`refuse_taken_output_dir`); None when the run may go on to load the trainer. Under a launcher
+    (``accelerate launch``) only the first process says it: every process exits with 2."""
+    import os
     import sys
+
+    from rllm_gym.train.config_file import ConfigError
 
     try:
         refuse_taken_output_dir(argv)
-    except OutputDirError as error:
-        print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
+    except (OutputDirError, ConfigError) as error:
+        if os.environ.get("RANK", "0") == "0":
+            prefix = "rllm-gym train: error: " if isinstance(error, ConfigError) else "rllm-gym train: "
+            for line in str(error).splitlines():
+                print(prefix + line, file=sys.stderr, flush=True)
         return 2
     return None

@@ -73,7 +73,7 @@ def load_source(source: str, config_dir: Path) -> Sequence[Any]:
 
 def _read_jsonl(path: Path, source: str) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise ValueError(f"tasks: {source} is neither 'seeds:N' nor a JSONL file (looked for {path})")
+        raise ValueError(f"tasks: {source}: no such file (looked for {path}); a source is seeds:N or a file")
     tasks = []
     with open(path) as handle:
         for number, line in enumerate(handle, 1):

@@ -70,7 +70,7 @@ def test_one_stop_on_first_failure_default_for_the_reward_and_the_env(sync):
     """Default: stop where the reward is all-or-nothing, run every test for ``fraction``; CodeEnv the same."""
     import asyncio
 
-    from envs.code import CodeEnv
+    from rllm_gym.envs.code import CodeEnv
 
     stdio = {"tests": [{"input": str(i), "output": str(i)} for i in range(5)]}
     calls = {"fn_name": "f", "tests": {"inputs": [[i] for i in range(5)], "outputs": list(range(5))}}

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from envs.code import CodeEnv
+from rllm_gym.envs.code import CodeEnv
 from rllm_gym.rewards.code import CodeReward
 from rllm_gym.sandbox import DEFAULT_LIMITS, Sandbox, SandboxLimits, arun_python, run_python
 from rllm_gym.tools.builtins import PythonTool

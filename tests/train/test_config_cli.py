@@ -12,6 +12,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "train" / "configs" / "test_tiny.yaml"
+MAPS = REPO / "train" / "configs" / "frozenlake_demo_maps.jsonl"
+
+
+def tiny_text() -> str:
+    """test_tiny.yaml's text with its task file named by an absolute path, for a copy of it in another folder."""
+    return TINY.read_text().replace("[frozenlake_demo_maps.jsonl]", f"[{MAPS}]")
+
+
 TRAIN = ("-m", "rllm_gym.cli", "train")
 GRPO = ("-m", "rllm_gym.train.grpo")
 
@@ -31,7 +39,7 @@ def test_a_wrong_typed_yaml_value_is_one_line_naming_file_key_value_and_type(
     tmp_path, line, message, entry, run_python
 ):
     config = tmp_path / "run.yaml"
-    config.write_text(TINY.read_text() + f"{line}\n")
+    config.write_text(tiny_text() + f"{line}\n")
     result = run_python(*entry, "--config", str(config), "--output_dir", str(tmp_path / "out"), timeout=180)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"rllm-gym train: error: {config}: {message}"]
@@ -41,7 +49,7 @@ def test_a_wrong_typed_yaml_value_is_one_line_naming_file_key_value_and_type(
 def test_yaml_numbers_written_as_text_still_load(tmp_path):
     """PyYAML reads 1e-3 (no dot) as a string: it is a number all the same, as argparse read it before."""
     config = tmp_path / "run.yaml"
-    config.write_text(TINY.read_text().replace("learning_rate: 1.0e-3", "learning_rate: 1e-3"))
+    config.write_text(tiny_text().replace("learning_rate: 1.0e-3", "learning_rate: 1e-3"))
     from rllm_gym.train.config import load_config
 
     loaded, _ = load_config(["--config", str(config)])
@@ -57,10 +65,70 @@ def test_a_flag_of_the_wrong_type_is_one_line_not_the_whole_usage(tmp_path, run_
 
 def test_an_unknown_yaml_key_is_named_as_text(tmp_path, run_python):
     config = tmp_path / "run.yaml"
-    config.write_text(TINY.read_text() + "max_stepz: 3\nwarm_up: 1\n")
-    result = run_python(*TRAIN, "--config", str(config))
+    config.write_text(tiny_text() + "max_stepz: 3\nwarmup_ration: 1\n")
+    result = run_python(*TRAIN, "--config", str(config), "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2
-    assert f"{config}: unknown fields max_stepz, warm_up (did you mean max_steps?)" in result.stderr
+    expected = "unknown fields max_stepz (did you mean max_steps?), warmup_ration (did you mean warmup_ratio?)"
+    assert f"{config}: {expected}" in result.stderr  # a suggestion for each
+
+
+def test_every_mistake_of_a_yaml_is_named_at_once(tmp_path, run_python):
+    """Two values of the wrong type, then two values a check refuses: each run names both, one line each."""
+    config = tmp_path / "run.yaml"
+    config.write_text(tiny_text() + "max_steps: ten\nlearning_rate: abc\n")
+    result = run_python(*GRPO, "--config", str(config), "--output_dir", str(tmp_path / "out"), timeout=180)
+    assert result.returncode == 2
+    assert sorted(result.stderr.strip().splitlines()) == [
+        f"rllm-gym train: error: {config}: learning_rate: 'abc' is not a number",
+        f"rllm-gym train: error: {config}: max_steps: 'ten' is not an integer",
+    ]
+    config.write_text(tiny_text() + "num_generations: 1\ntemperature: -1\n")
+    result = run_python(*GRPO, "--config", str(config), "--output_dir", str(tmp_path / "out"), timeout=180)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and "num_generations must be >= 2" in lines[0] and "temperature must be >= 0" in lines[1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_typo_in_a_yaml_is_named_before_the_output_folder_is_refused(tmp_path, run_python):
+    """The config is validated first: a folder that holds a run does not hide a mistake of the YAML."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "run.json").write_text("{}")
+    config = tmp_path / "run.yaml"
+    config.write_text(tiny_text() + "max_stepz: 3\n")
+    result = run_python(*GRPO, "--config", str(config), "--output_dir", str(taken), timeout=180)
+    assert result.returncode == 2
+    assert "unknown field max_stepz (did you mean max_steps?)" in result.stderr and "holds" not in result.stderr
+    good = run_python(*GRPO, "--config", str(TINY), "--output_dir", str(taken), timeout=60)
+    assert good.returncode == 2 and str(taken) in good.stderr  # a good config is refused the folder, at once
+
+
+@pytest.mark.parametrize("key", ["tasks", "eval_tasks"])
+def test_a_missing_task_file_is_named_before_the_imports_and_leaves_no_folder(tmp_path, run_python, key):
+    config = tmp_path / "run.yaml"
+    config.write_text(tiny_text() + f"{key}: [nowhere.jsonl]\n")
+    result = run_python(*GRPO, "--config", str(config), "--output_dir", str(tmp_path / "out"), timeout=120)
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"rllm-gym train: error: {key}: nowhere.jsonl: no such file (looked for nowhere.jsonl and")
+    assert str(tmp_path / "nowhere.jsonl") in line
+    assert not (tmp_path / "out").exists()
+    check = (
+        "import sys; from rllm_gym.train.run_dir import exit_status_before_imports as check; "
+        f"print(check(['--config', {str(config)!r}]), 'torch' in sys.modules, 'trl' in sys.modules)"
+    )
+    said = run_python("-c", check, timeout=60)
+    assert said.stdout.split() == ["2", "False", "False"]  # said before torch and TRL load (~20 s)
+
+
+def test_the_types_read_before_the_imports_are_train_configs_own():
+    import typing
+
+    from rllm_gym.train.config import TrainConfig
+    from rllm_gym.train.config_file import train_config_hints
+
+    assert train_config_hints() == typing.get_type_hints(TrainConfig)
 
 
 def test_an_unknown_yaml_field_names_the_closest_one(tmp_path, run_python):
@@ -68,7 +136,7 @@ def test_an_unknown_yaml_field_names_the_closest_one(tmp_path, run_python):
     config.write_text("max_step: 3\n")
     result = run_python(*GRPO, "--config", str(config), timeout=120)
     assert result.returncode == 2
-    assert f"{config}: unknown fields max_step (did you mean max_steps?)" in result.stderr
+    assert f"{config}: unknown field max_step (did you mean max_steps?)" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_debug_false_shows_no_traceback(tmp_path, capsys):
 def test_unknown_yaml_field_is_named(tmp_path):
     config_file = tmp_path / "run.yaml"
     config_file.write_text("max_stepz: 7\n")
-    with pytest.raises(ValueError, match=re.escape("unknown fields max_stepz (did you mean max_steps?); see Train")):
+    with pytest.raises(ValueError, match=re.escape("unknown field max_stepz (did you mean max_steps?); see Train")):
         load_config(["--config", str(config_file)])
 
 

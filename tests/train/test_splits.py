@@ -36,7 +36,7 @@ def test_sources_seed_ranges_jsonl_and_named_hf_splits(tmp_path):
     for source, message in [
         ("seeds:5-5", "tasks: 'seeds:5-5' is an empty seed range"),
         ("seeds:x", "tasks: 'seeds:x' is not a seed range: write seeds:N"),
-        ("missing.jsonl", "tasks: missing.jsonl is neither 'seeds:N' nor a JSONL file"),
+        ("missing.jsonl", "tasks: missing.jsonl: no such file"),
         ("hf@validation", "tasks: cannot load 'hf@validation'"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
