@@ -153,6 +153,9 @@ def run_train(argv: list[str]) -> int:
 
     if (status := exit_status_before_imports(argv)) is not None:  # a taken output_dir, said before TRL loads
         return status
+    from rllm_gym.log import quiet_deepspeed_import
+
+    quiet_deepspeed_import()  # before the trainer's imports bring DeepSpeed (with TRL)
     from rllm_gym.train.grpo import cli  # imported here: torch and TRL take seconds to load
 
     program, sys.argv[0] = sys.argv[0], "rllm-gym train"  # the trainer's --help then reads "usage: rllm-gym train"
@@ -228,9 +231,11 @@ def run_view(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         shown = view(args.path, selection, console, brief=args.brief)
     except SelectionError as error:
         parser.error(f"{args.path}: {error}")
+    if not shown and args.reason:  # an answer, not a failure: none of them ended that way
+        print(f"rllm-gym view: no selected episode of {args.path} ended with reason {args.reason!r}", file=sys.stderr)
+        return 0
     if not shown:
-        why = f"no selected episode ended with reason {args.reason!r}" if args.reason else "it holds no episodes"
-        print(f"rllm-gym view: nothing to show in {args.path}: {why}", file=sys.stderr)
+        print(f"rllm-gym view: nothing to show in {args.path}: it holds no episodes", file=sys.stderr)
         return 1
     return 0
 

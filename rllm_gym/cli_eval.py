@@ -28,6 +28,7 @@ EVAL_DEFAULTS: dict[str, Any] = {
 }
 RECORDED = "; a --model folder written by the trainer gives its training value"
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+DEFAULT_TASKS = 16  # tasks drawn by seed when no --data file gives them
 
 
 class DeprecatedAlias(argparse.Action):
@@ -39,6 +40,25 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def json_object_type(example: str) -> Any:
+    """An argparse type for a JSON-object option: text that is not JSON, or JSON that is not an object, is a usage
+    error in words a user knows (argparse itself would say "invalid loads value")."""
+
+    def parse(text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not valid JSON ({error.msg}, column {error.colno}): write an object such as '{example}'"
+            ) from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object: write one such as '{example}'")
+        return value
+
+    parse.__name__ = "JSON object"
+    return parse
+
+
 def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``eval`` to the subcommands; returns its parser."""
     run = commands.add_parser(
@@ -46,14 +66,26 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
     )
     run.add_argument("--env", help=f"a registered env id (default: {EVAL_DEFAULTS['env']}{RECORDED})")
     run.add_argument("--agent", help="agent class as module:Class (default: the env's registered agent)")
-    run.add_argument("--agent-args", type=json.loads, help=f"JSON dict of agent arguments (default: {{}}{RECORDED})")
-    run.add_argument("--env-args", type=json.loads, help=f"JSON dict of env arguments (default: {{}}{RECORDED})")
+    run.add_argument(
+        "--agent-args",
+        type=json_object_type('{"system_prompt": "..."}'),
+        help=f"JSON dict of agent arguments (default: {{}}{RECORDED})",
+    )
+    run.add_argument(
+        "--env-args",
+        type=json_object_type('{"size": 6}'),
+        help=f"JSON dict of env arguments (default: {{}}{RECORDED})",
+    )
     run.add_argument("--policy", choices=POLICIES, default="hf", help="inference backend (default: %(default)s)")
     run.add_argument("--model", help="model folder or name (default for hf: the embedded tiny model)")
     run.add_argument("--base-url", action="append", help="OpenAI-compatible API root; repeat for replicas")
     run.add_argument("--tokenizer", help="tokenizer folder or name for local token ids (openai policy)")
     run.add_argument("--data", type=Path, help="a JSONL file of task dicts (default: the env draws tasks by seed)")
-    run.add_argument("--tasks", type=int, default=16, help="number of tasks (default: %(default)s)")
+    run.add_argument(
+        "--tasks",
+        type=int,
+        help=f"number of tasks (default: every task of --data; without it, {DEFAULT_TASKS} seeds from --seed on)",
+    )
     run.add_argument("--n", type=int, default=4, help="rollouts per task, the n of pass@k (default: %(default)s)")
     run.add_argument("--out", type=Path, help="episode JSONL file, appended as episodes finish")
     run.add_argument("--resume", action="store_true", help="continue an --out file: finished episodes are kept")
@@ -71,7 +103,7 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
     )
     run.add_argument(
         "--chat-template-kwargs",
-        type=json.loads,
+        type=json_object_type('{"enable_thinking": false}'),
         help=f"JSON dict of chat template arguments, e.g. '{{\"enable_thinking\": false}}' (default: {{}}{RECORDED})",
     )
     run.add_argument("--seed", type=int, default=0, help="seed of sampling and env resets (default: %(default)s)")
@@ -110,7 +142,8 @@ def apply_training_record(args: argparse.Namespace) -> str | None:
     return line + (f" (given on the command line instead: {', '.join(overridden)})" if overridden else "")
 
 
-def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Any]:
+    """Every check of eval's options (a failure is a usage error, before a model loads); returns the tasks to run."""
     from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
 
     try:
@@ -118,7 +151,7 @@ def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     except UnknownEnvError as error:
         parser.error(f"--env: {error}")
     for name in ("tasks", "n", "max_turns", "max_tokens", "n_parallel"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     # Checked here, before a model loads, so a typo costs a usage line rather than a traceback minutes later.
     if args.seed < 0:
@@ -146,8 +179,8 @@ def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("--resume needs --out (the file to continue)")
     if args.agent and args.env in env_ids(multi_agent=True):
         parser.error(f"--agent is for single-agent envs; {args.env} plays its registered agent per role")
-    if args.data and not args.data.exists():
-        parser.error(f"--data {args.data} does not exist")
+    if args.data and not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file (a JSONL file of task dicts)")
     from rllm_gym.engine.arguments import check_arguments
     from rllm_gym.policies.base import check_model_source
 
@@ -159,6 +192,7 @@ def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             check_model_source(args.tokenizer, "--tokenizer")
     except (ValueError, ImportError, AttributeError) as error:
         parser.error(str(error))
+    return load_tasks(parser, args)  # read here: a bad line is a usage error before the model loads
 
 
 def make_policy(args: argparse.Namespace) -> Any:
@@ -180,16 +214,28 @@ def make_policy(args: argparse.Namespace) -> Any:
     return VLLMPolicy(args.model, enable_thinking=thinking, chat_template_kwargs=template_kwargs)
 
 
-def load_tasks(args: argparse.Namespace) -> list[Any]:
+def load_tasks(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Any]:
+    """The tasks to run: every task of ``--data`` (the first ``--tasks`` of them when given, said on stderr), or
+    ``--tasks`` reset seeds from ``--seed`` on."""
     if args.data is None:
-        return list(range(args.seed, args.seed + args.tasks))
+        return list(range(args.seed, args.seed + (args.tasks or DEFAULT_TASKS)))
     from rllm_gym.data import JsonlError, read_jsonl
 
     try:
         tasks = read_jsonl(args.data)
     except JsonlError as error:
-        raise SystemExit(f"--data {error.path}:{error.line} is not JSON: {error.msg}") from None
-    return tasks[: args.tasks]
+        parser.error(f"--data {error.path}:{error.line} is not valid JSON ({error.msg}): one task dict per line")
+    except UnicodeDecodeError as error:
+        parser.error(f"--data {args.data} is not UTF-8 text ({error.reason}): one JSON task dict per line")
+    if not tasks:
+        parser.error(f"--data {args.data} holds no tasks: one JSON task dict per line")
+    if args.tasks is not None and args.tasks < len(tasks):
+        print(
+            f"rllm-gym eval: --tasks {args.tasks}: the first {args.tasks} of the {len(tasks)} tasks of {args.data}",
+            file=sys.stderr,
+        )
+        return tasks[: args.tasks]
+    return tasks
 
 
 def check_server(args: argparse.Namespace) -> None:
@@ -206,8 +252,9 @@ def check_server(args: argparse.Namespace) -> None:
             ) from error
 
 
-def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
-    """The summary (with ``errors`` when episodes ended in ERROR) and the episodes."""
+def run_eval(args: argparse.Namespace, tasks: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The summary of ``tasks`` x ``args.n`` episodes (with ``errors`` when episodes ended in ERROR), and the
+    episodes."""
     from rllm_gym.engine import engine_for
     from rllm_gym.engine.report import ErrorTally
     from rllm_gym.metrics import summarize
@@ -239,7 +286,6 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         max_turns=args.max_turns,
         tune_interpreter=True,  # the CLI's process runs nothing but this engine: its loop-lag figures need it
     )
-    tasks = load_tasks(args)
     # disable=None: drawn only when stderr is a terminal, so logs and CI output get no carriage-return noise.
     bar = tqdm(
         total=len(tasks) * args.n,
@@ -312,8 +358,8 @@ def run_eval_command(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     recorded = apply_training_record(args)
     if recorded:
         print(recorded, file=sys.stderr, flush=True)
-    check_eval_args(parser, args)
-    summary, episodes = run_eval(args)
+    tasks = check_eval_args(parser, args)
+    summary, episodes = run_eval(args, tasks)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

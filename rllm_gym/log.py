@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["LOG_LEVELS", "configure_logging", "logger"]
+__all__ = ["LOG_LEVELS", "configure_logging", "logger", "quiet_deepspeed_import"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 logger = logging.getLogger("rllm_gym")
@@ -29,3 +29,17 @@ def configure_logging(level: str = "warning") -> None:
         handler = _ConsoleHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         logger.addHandler(handler)
+
+
+def quiet_deepspeed_import() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it"
+    notice, which each process of a run without CUDA prints on stdout when TRL imports DeepSpeed (the trainer chose the
+    CPU itself then: use_cpu). The filter sits on DeepSpeed's logger, which keeps it when DeepSpeed loads, so the
+    trainer's command line adds it before its imports; it drops that notice only (a GPU run never gets it)."""
+    deepspeed_logger = logging.getLogger("DeepSpeed")
+    if _not_the_cpu_notice not in deepspeed_logger.filters:  # once, however often a process runs the trainer
+        deepspeed_logger.addFilter(_not_the_cpu_notice)
+
+
+def _not_the_cpu_notice(record: logging.LogRecord) -> bool:
+    return "Setting accelerator to CPU" not in record.getMessage()

@@ -147,6 +147,9 @@ def print_episode(position: int, episode: Episode, console: Console) -> None:
                 # From the local tokenizer or, when the policy has none, the server's `usage`.
                 summary += f" tokens={output.prompt_length}+{output.completion_length}"
             console.print(Text(summary, style="bold"))
+            final = (step.metadata or {}).get("final_observation")
+            if final is not None:  # the state the episode ended in, which no later prompt shows
+                console.print(Text.assemble(("ended in: ", "magenta"), str(final)), soft_wrap=True)
 
 
 def new_messages(chat: list[dict[str, Any]], *, first: bool) -> list[dict[str, Any]]:

@@ -152,8 +152,14 @@ def test_max_steps_is_a_deprecated_alias_of_max_turns(capsys):
         (["eval", "--top-p", "0"], "--top-p must be in (0, 1] (1 = off), got 0.0"),
         (["eval", "--top-p", "1.5"], "--top-p must be in (0, 1] (1 = off), got 1.5"),
         (["eval", "--timeout", "0"], "--timeout must be > 0 seconds (leave it out for no limit), got 0.0"),
-        (["eval", "--env-args", "[1]"], """--env-args must be a JSON object such as '{"size": 6}', got [1]"""),
-        (["eval", "--agent-args", '"x"'], """--agent-args must be a JSON object such as '{"size": 6}', got 'x'"""),
+        (
+            ["eval", "--env-args", "[1]"],
+            """argument --env-args: '[1]' is not a JSON object: write one such as '{"size""",
+        ),
+        (["eval", "--agent-args", '"x"'], """argument --agent-args: '"x"' is not a JSON object: write one such as"""),
+        (["eval", "--agent-args", "{bad"], "argument --agent-args: '{bad' is not valid JSON (Expecting property name"),
+        (["eval", "--env-args", "size=4"], "argument --env-args: 'size=4' is not valid JSON (Expecting value, col"),
+        (["eval", "--chat-template-kwargs", "{"], "argument --chat-template-kwargs: '{' is not valid JSON"),
         (["eval", "--agent", "nocolon"], "--agent must look like 'package.module:Class', got 'nocolon'"),
         (["eval", "--n", "0"], "--n must be >= 1, got 0"),
         (["eval", "--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
@@ -208,12 +214,41 @@ def test_eval_rejects_bad_inputs_at_once_naming_them(args, message, tmp_path, ru
     assert time.monotonic() - start < 30  # no model load, no network
 
 
-def test_eval_names_the_malformed_line_of_a_data_file(tmp_path, run_python):
+def test_eval_names_the_malformed_line_of_a_data_file_before_the_model_loads(tmp_path, capsys):
+    """A usage error (exit 2, one line after eval's usage) raised by the checks, which run before any model loads."""
     data = tmp_path / "tasks.jsonl"
     data.write_text('{"id": "a", "map": ["SFG"]}\n{"id": "b", oops}\n')
-    result = run_python(*CLI, "eval", "--data", str(data), "--tasks", "2", timeout=120)
-    assert result.returncode == 1
-    assert f"--data {data}:2 is not JSON" in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "--data", str(data)])
+    assert exit_info.value.code == 2
+    [usage, line] = capsys.readouterr().err.strip().splitlines()[-2:]
+    assert usage.startswith("usage: ")
+    assert line == f"rllm-gym eval: error: --data {data}:2 is not valid JSON (Expecting value): one task dict per line"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(SystemExit):
+        main(["eval", "--data", str(empty)])
+    assert f"--data {empty} holds no tasks" in capsys.readouterr().err
+
+
+def test_a_data_file_is_evaluated_whole_unless_tasks_cuts_it(tmp_path, capsys):
+    """--tasks defaults to the whole --data file; a cut is said on stderr. Without --data, 16 seeds from --seed."""
+    from rllm_gym.cli import build_parser, parse_args
+    from rllm_gym.cli_eval import apply_training_record, check_eval_args
+
+    data = write_tasks(tmp_path / "tasks.jsonl", [["SFG"]] * 20)
+
+    def tasks(*argv: str) -> list:
+        parser = build_parser()
+        args = parse_args(parser, ["eval", *argv])
+        apply_training_record(args)
+        return check_eval_args(parser, args)
+
+    assert len(tasks("--data", str(data))) == 20 and "first" not in capsys.readouterr().err
+    assert [task["id"] for task in tasks("--data", str(data), "--tasks", "3")] == ["lake0", "lake1", "lake2"]
+    assert f"rllm-gym eval: --tasks 3: the first 3 of the 20 tasks of {data}" in capsys.readouterr().err
+    assert len(tasks("--data", str(data), "--tasks", "50")) == 20
+    assert tasks() == list(range(16)) and tasks("--seed", "5", "--tasks", "2") == [5, 6]
 
 
 # failed episodes and unreachable servers -----------------------------------------------------------------------------

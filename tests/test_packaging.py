@@ -107,5 +107,7 @@ def test_no_module_imports_the_folders_that_install_under_rllm_gym():
                 names = [node.module]
             else:
                 continue
-            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in folders]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names if name.split(".")[0] in folders
+            ]
     assert found == [], "import these as rllm_gym.<folder>...: " + ", ".join(found)

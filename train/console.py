@@ -7,23 +7,25 @@ them); lines go to stdout, above the bars.
 
 from __future__ import annotations
 
+import io
 import json
-import logging
 import math
 import os
+import re
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import huggingface_hub
-import torch
 import transformers
 from tqdm import tqdm
 from transformers import TrainerCallback
 
-from rllm_gym.log import logger
+from rllm_gym.log import logger, quiet_deepspeed_import
 from rllm_gym.train.config import TrainConfig
 
 
@@ -34,11 +36,12 @@ def quiet_libraries(progress: bool) -> None:
     # 5.23 deprecates. Something in each step resets Python's memory of the warnings already shown (as any
     # warnings.catch_warnings does), so it came again every step or two; there is nothing for the user to change.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    # DeepSpeed, imported with the trainer, tells each process of a run without CUDA "Setting accelerator to CPU. If
-    # you have GPU or other accelerator, we were unable to detect it" on stdout, between the step lines; the run has
-    # chosen the CPU itself then (use_cpu). The filter sits on DeepSpeed's logger, which keeps it when DeepSpeed loads.
-    if not torch.cuda.is_available():
-        logging.getLogger("DeepSpeed").addFilter(not_the_cpu_notice)  # added once, however often a process runs main
+    # DeepSpeed 0.19's ZeRO calls torch.distributed.all_gather_into_tensor, which torch 2.13 deprecates: one
+    # FutureWarning per process at the first step, about DeepSpeed's code, not the user's.
+    warnings.filterwarnings(
+        "ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated", category=FutureWarning
+    )
+    quiet_deepspeed_import()  # again: main() may run in a process that did not start as the command line
     # transformers' own bars: "Loading weights" / "Loading checkpoint shards" when the model loads, "Writing model
     # shards" at every checkpoint; the "saved checkpoint-N" line says what matters. A download from the hub keeps its
     # bar (for a large model it takes minutes), unless progress is off.
@@ -48,9 +51,20 @@ def quiet_libraries(progress: bool) -> None:
         huggingface_hub.utils.enable_progress_bars()
 
 
-def not_the_cpu_notice(record: logging.LogRecord) -> bool:
-    """A logging filter: False for DeepSpeed's "Setting accelerator to CPU" notice (see :func:`quiet_libraries`)."""
-    return "Setting accelerator to CPU" not in record.getMessage()
+@contextmanager
+def without_build_notices() -> Iterator[None]:
+    """Drop the "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" line that DeepSpeed's CPU
+    backend prints (a plain ``print`` to stdout, once per process) while it starts; anything else printed meanwhile
+    is passed on as it was."""
+    captured = io.StringIO()
+    with redirect_stdout(captured):
+        yield
+    kept = [line for line in captured.getvalue().splitlines(keepends=True) if not BUILD_NOTICE.fullmatch(line.strip())]
+    sys.stdout.write("".join(kept))
+    sys.stdout.flush()
+
+
+BUILD_NOTICE = re.compile(r"DeepSpeed [\w.]+ built successfully")
 
 
 def progress_bar(config: TrainConfig, total: int, desc: str, unit: str, *, show: bool = True) -> tqdm:
@@ -131,13 +145,21 @@ def is_evaluation(logs: dict[str, Any]) -> bool:
 
 
 def evaluation_parts(logs: dict[str, Any]) -> list[str]:
-    """``held-out greedy 0.500``, ``train greedy 0.750``, ``held-out pass@8 0.900``: the all-env figures of a log."""
+    """``held-out greedy 0.500 (32/64)``, ``train greedy 0.750 (48/64)``, ``held-out pass@8 0.900``: the all-env
+    figures of a log."""
     parts = []
     for key, value in logs.items():
         split, _, name = key.partition("/")
-        if split in ("eval_heldout", "eval_train") and "/" not in name:
-            parts.append(f"{'held-out' if split == 'eval_heldout' else 'train'} {name} {value:.3f}")
+        if split in ("eval_heldout", "eval_train") and "/" not in name and name != "tasks":
+            shown = share_and_count(logs, split) if name == "greedy" else f"{value:.3f}"
+            parts.append(f"{'held-out' if split == 'eval_heldout' else 'train'} {name} {shown}")
     return sorted(parts)
+
+
+def share_and_count(metrics: dict[str, float], split: str) -> str:
+    """``0.641 (41/64)``: a split's greedy success as a share and, where the metrics say of how many tasks, a count."""
+    share, count = metrics[f"{split}/greedy"], metrics.get(f"{split}/tasks")
+    return f"{share:.3f}" + (f" ({round(share * count)}/{int(count)})" if count else "")
 
 
 def nan_reason(logs: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from rllm_gym.engine import engine_for
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.train.config import TrainConfig
-from rllm_gym.train.console import progress_bar
+from rllm_gym.train.console import progress_bar, share_and_count
 from rllm_gym.train.splits import TaskSplit
 from rllm_gym.types import Episode
 
@@ -134,7 +134,12 @@ class Evaluator:
                 scores.setdefault(name, []).append(value)
                 if len(self.train_tasks) > 1:
                     scores.setdefault(f"{name}/{env_id}", []).append(value)
-        return {name: sum(values) / len(values) for name, values in sorted(scores.items())}
+        found = {name: sum(values) / len(values) for name, values in sorted(scores.items())}
+        for split in ("train", "heldout"):  # how many tasks a greedy share is of, so lines can say 41/64 too
+            count = sum(1 for entry in results if entry[:2] == (split, "greedy"))
+            if count:
+                found[f"eval_{split}/tasks"] = count
+        return found
 
 
 def gather(results: list[Any]) -> list[Any]:
@@ -154,9 +159,9 @@ def describe_scores(metrics: dict[str, float], when: str) -> str:
     """One line on an evaluation: ``greedy success before: training tasks 0.250, held-out tasks 0.125; ...``."""
     parts = []
     if "eval_train/greedy" in metrics:
-        parts.append(f"training tasks {metrics['eval_train/greedy']:.3f}")
+        parts.append(f"training tasks {share_and_count(metrics, 'eval_train')}")
     if "eval_heldout/greedy" in metrics:
-        parts.append(f"held-out tasks (never trained on) {metrics['eval_heldout/greedy']:.3f}")
+        parts.append(f"held-out tasks (never trained on) {share_and_count(metrics, 'eval_heldout')}")
     lines = [f"greedy success {when}: {', '.join(parts)}"] if parts else []
     sampled = [
         f"{name.removeprefix('eval_heldout/')} {value:.3f}"

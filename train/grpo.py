@@ -29,10 +29,12 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; we pin its range
 if __name__ == "__main__":  # a taken output_dir is refused at once, not after the imports below (seconds)
+    from rllm_gym.log import quiet_deepspeed_import
     from rllm_gym.train.run_dir import exit_status_before_imports
 
     if (status := exit_status_before_imports(sys.argv[1:])) is not None:
         sys.exit(status)
+    quiet_deepspeed_import()  # before the imports below bring DeepSpeed (with TRL)
 
 import torch
 from accelerate import PartialState
@@ -50,10 +52,10 @@ from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.baselines import blind_baselines, describe_blind_baselines
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
 from rllm_gym.train.config_file import ConfigError
-from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say
+from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say, without_build_notices
 from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env
 from rllm_gym.train.interrupt import StopOnInterrupt
-from rllm_gym.train.model_record import read_training_record, training_record, write_model_record
+from rllm_gym.train.model_record import heldout_files, read_training_record, training_record, write_model_record
 from rllm_gym.train.run_dir import (
     OutputDirError,
     RunFinished,
@@ -209,6 +211,9 @@ def grpo_args(config: TrainConfig, output_dir: Path, dtype: torch.dtype = torch.
         # prompts_per_step stays per optimizer step: accumulation splits it into micro-batches.
         per_device_train_batch_size=rollouts_per_step // (world_size * accumulation),
         disable_tqdm=True,
+        # Every parameter that trains gets a gradient each step: DDP's search for unused ones (transformers turns it
+        # on without activation checkpointing) only costs a graph traversal and a warning per process.
+        ddp_find_unused_parameters=False,
         **{checkpointing_name(): config.gradient_checkpointing},
         # The rows are already in a seeded random order; TRL's shuffle on top would split a multi-agent task's
         # prompts (which share episodes only when they arrive together), so it is off when there are any.
@@ -279,7 +284,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
 
     # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
-    args = grpo_args(config, output_dir, load_dtype(config))
+    with without_build_notices():  # starting the processes, DeepSpeed's CPU backend prints a build notice
+        args = grpo_args(config, output_dir, load_dtype(config))
     model, tokenizer, peft_config = load_model(config)
 
     dataset = build_prompts(config, splits)
@@ -305,7 +311,11 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     state.wait_for_everyone()
 
     # Warm start and the scores to beat (a resumed run keeps the ones its first part recorded)
-    summary: dict[str, Any] = {"config": asdict(config), "split": split}
+    summary: dict[str, Any] = {
+        "config": asdict(config),
+        "split": split,
+        "heldout_data": heldout_files(config.eval_tasks, config_dir),
+    }
     resume_step = int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint else None
     if checkpoint is not None and state.is_main_process:
         say(f"resuming from {checkpoint} (step {resume_step} of {config.max_steps})")

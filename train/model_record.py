@@ -11,6 +11,7 @@ otherwise. This module imports nothing heavy: the CLI reads records with it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ def training_record(config: dict[str, Any], *, steps: int, scores: dict[str, Any
         "env_weights": config.get("env_weights"),
         "tasks": config.get("tasks") or ["seeds:64"] * len(config["env"]),
         "eval_tasks": config.get("eval_tasks"),
+        # Each env's held-out task file as the run found it (None where its eval split is not a file).
+        "heldout_data": scores.get("heldout_data"),
         "agent_args": agent_args,
         "env_args": env_args,
         "chat_template_kwargs": template_kwargs,
@@ -178,14 +181,56 @@ def model_card(name: str, record: dict[str, Any]) -> str:
         "",
         "## Evaluate",
         "",
-        f"`{TRAINING_FILE}` records these settings; `rllm-gym eval` uses them by default (flags override):",
+        f"`{TRAINING_FILE}` records these settings; `rllm-gym eval` uses them by default (flags override). "
+        + eval_command(record)[0],
         "",
         "```bash",
-        "rllm-gym eval --model <this folder> --tasks 64 --n 4",
+        eval_command(record)[1],
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def eval_command(record: dict[str, Any]) -> tuple[str, str]:
+    """What the card suggests to evaluate the model with, and why: the first env's held-out tasks when they are a file
+    or a seed range, else tasks drawn by seed, which the card says may include ones it trained on."""
+    heldout = (record.get("heldout_data") or [None])[0]
+    source = str((record.get("eval_tasks") or [""])[0])
+    seeds = re.fullmatch(r"seeds:(?:(\d+)-)?(\d+)", source)
+    if heldout:
+        return (
+            "On the held-out tasks (never trained on):",
+            f"rllm-gym eval --model <this folder> --data {heldout} --n 4",
+        )
+    if seeds:
+        start, stop = int(seeds.group(1) or 0), int(seeds.group(2))
+        return (
+            "On the held-out tasks (never trained on), the reset seeds of its eval split:",
+            f"rllm-gym eval --model <this folder> --seed {start} --tasks {stop - start} --n 4",
+        )
+    return (
+        "Its held-out tasks are not a file or a seed range, so this draws tasks by seed 0-63, which may include tasks "
+        "it trained on:",
+        "rllm-gym eval --model <this folder> --tasks 64 --n 4",
+    )
+
+
+def heldout_files(eval_tasks: list[str] | None, config_dir: Path) -> list[str | None] | None:
+    """Each eval source that is a .jsonl or .parquet file, as a path from where the command runs when it lies below
+    it (else absolute), the way train/splits.py finds it; None for the other sources (and without eval_tasks)."""
+    if not eval_tasks:
+        return None
+    found: list[str | None] = []
+    for source in map(str, eval_tasks):
+        location = source.partition("@")[0]
+        if Path(location).suffix not in (".jsonl", ".parquet"):
+            found.append(None)
+            continue
+        path = Path(location) if Path(location).is_absolute() or Path(location).exists() else config_dir / location
+        path = path.resolve()
+        found.append(str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path))
+    return found
 
 
 def write_model_record(folder: str | Path, record: dict[str, Any]) -> None:

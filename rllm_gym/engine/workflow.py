@@ -318,6 +318,16 @@ def reset_kwargs(task: Any, seed: int | None) -> dict[str, Any]:
     return {"seed": seed, "options": {"task": task} if task is not None else None}
 
 
+def keep_final_observation(trajectory: Trajectory, observation: Any) -> None:
+    """Record on the last step the observation the episode ended in, which no later prompt shows (``rllm-gym view``
+    prints it): ``step.metadata["final_observation"]``, text as it is, anything else as its repr."""
+    if not trajectory.steps:
+        return
+    step = trajectory.steps[-1]
+    final = observation if isinstance(observation, str) else repr(observation)
+    step.__dict__["metadata"] = {**(step.metadata or {}), "final_observation": final}  # a str: no validation needed
+
+
 class MultiTurnWorkflow(Workflow):
     """One agent, one env, up to ``max_turns`` LLM calls: the loop of the architecture's rollout flow.
 
@@ -360,18 +370,24 @@ class MultiTurnWorkflow(Workflow):
         self.commit(agent=agent)
         observation, info = await self.call_env(env, "reset", **reset_kwargs(task, self.episode_seed))
         agent.update_from_env(observation, 0.0, False, info)
-        for _ in range(self.max_turns):
+        for turn in range(self.max_turns):
             output = await self.generate(agent, tools=agent.tools_schema)
             action = agent.update_from_model(output)
             observation, reward, terminated, truncated, info = await self.call_env(env, "step", action)
             agent.update_from_env(observation, reward, terminated or truncated, info)
+            reason = None
             if terminated:
-                raise TerminationEvent(TerminationReason.ENV_DONE)
-            if truncated:
-                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
-            if output.finish_reason == "length" and self.stop_on_truncation:
-                raise TerminationEvent(TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED)
-        raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)
+                reason = TerminationReason.ENV_DONE
+            elif truncated:
+                reason = TerminationReason.MAX_TURNS_EXCEEDED
+            elif output.finish_reason == "length" and self.stop_on_truncation:
+                reason = TerminationReason.MAX_RESPONSE_LENGTH_EXCEEDED
+            elif turn == self.max_turns - 1:
+                reason = TerminationReason.MAX_TURNS_EXCEEDED
+            if reason is not None:
+                keep_final_observation(agent.trajectory, observation)
+                raise TerminationEvent(reason)
+        raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED)  # max_turns < 1: no call at all
 
 
 class SingleTurnWorkflow(MultiTurnWorkflow):

@@ -134,7 +134,7 @@ def test_the_types_read_before_the_imports_are_train_configs_own():
 def test_an_unknown_yaml_field_names_the_closest_one(tmp_path, run_python):
     config = tmp_path / "run.yaml"
     config.write_text("max_step: 3\n")
-    result = run_python(*GRPO, "--config", str(config), timeout=120)
+    result = run_python(*GRPO, "--config", str(config), cwd=tmp_path, timeout=120)  # never the checkout's runs/
     assert result.returncode == 2
     assert f"{config}: unknown field max_step (did you mean max_steps?)" in result.stderr
 

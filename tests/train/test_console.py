@@ -99,3 +99,26 @@ def test_progress_is_a_field_with_help_and_a_no_flag():
     assert load_config([])[0].progress is True
     assert load_config(["--no-progress"])[0].progress is False
     assert load_config(["--progress", "false"])[0].progress is False
+
+
+def test_evaluation_lines_give_the_share_and_the_count_solved():
+    """The README states held-out success as 41/64: the console says both, and the evaluator records the counts."""
+    from rllm_gym.train.console import evaluation_parts
+    from rllm_gym.train.evaluation import Evaluator, describe_scores
+
+    logs = {"eval_heldout/greedy": 41 / 64, "eval_heldout/tasks": 64, "eval_train/greedy": 0.5, "eval_train/tasks": 2}
+    assert evaluation_parts({**logs, "eval_heldout/pass@2": 0.7}) == [
+        "held-out greedy 0.641 (41/64)",
+        "held-out pass@2 0.700",
+        "train greedy 0.500 (1/2)",
+    ]
+    assert describe_scores(logs, "after") == (
+        "greedy success after: training tasks 0.500 (1/2), held-out tasks (never trained on) 0.641 (41/64)"
+    )
+    assert evaluation_parts({"eval_heldout/greedy": 0.25}) == ["held-out greedy 0.250"]  # older logs: no count
+    evaluator = Evaluator.__new__(Evaluator)  # metrics() reads only the config and the training tasks
+    evaluator.config, evaluator.train_tasks = load_config([])[0], {"rllm/FrozenLake-v0": [0]}
+    results = [("heldout", "greedy", "rllm/FrozenLake-v0", 1, 1)] * 3 + [("heldout", "greedy", "e", 1, 0)]
+    metrics = evaluator.metrics([*results, ("train", "greedy", "rllm/FrozenLake-v0", 1, 0)])
+    assert metrics["eval_heldout/tasks"] == 4 and metrics["eval_heldout/greedy"] == 0.75
+    assert metrics["eval_train/tasks"] == 1

@@ -126,3 +126,14 @@ def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_mo
         assert moved > 0.9 * sum(p.numel() for p in matrices.values())
     else:
         assert moved < 0.05 * sum(p.numel() for p in matrices.values())
+
+
+def test_config_headers_pair_vllm_with_the_torch_the_readme_installs():
+    """A header that names a torch version for its vLLM names the one the README installs (vLLM pins torch)."""
+    import re
+
+    readme_torch = re.search(r"pip install torch==(\d+\.\d+)", (CONFIGS.parents[1] / "README.md").read_text())[1]
+    for path in CONFIGS.glob("*.yaml"):
+        header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+        if re.search(r"vLLM [\d.]+-[\d.]+ with torch", header):
+            assert f"with torch {readme_torch}" in header, path.name

@@ -66,6 +66,22 @@ def launch(config_file: str, output_dir: Path, timeout: float, *flags: str) -> s
     return run(command, timeout)
 
 
+# What the libraries print at every launch that says nothing to the user (train/console.py and rllm_gym/log.py
+# drop each): DDP's search for unused parameters, DeepSpeed's deprecated collective, its build notice, and its
+# accelerator notice on a machine without CUDA.
+LIBRARY_NOISE = (
+    "find_unused_parameters",
+    "all_gather_into_tensor",
+    "built successfully",
+    "Setting accelerator to CPU",
+)
+
+
+def check_quiet(result: subprocess.CompletedProcess) -> None:
+    for noise in LIBRARY_NOISE:
+        assert noise not in result.stdout + result.stderr, (noise, result.stdout[-2000:], result.stderr[-4000:])
+
+
 def check_run(output_dir: Path, stdout: str, processes: int) -> list[dict]:
     config = tiny_config()
     summary = json.loads((output_dir / "summary.json").read_text())
@@ -101,6 +117,7 @@ def test_accelerate_launch_two_cpu_processes(tmp_path):
     # With a held-out task and pass@2 evaluated every 2 steps: each process runs a share and the main one logs.
     evaluation = ["--eval_greedy", "true", "--eval_tasks", "1", "--eval_steps", "2", "--eval_n", "2"]
     result = launch("cpu_2.yaml", output_dir, 180, *evaluation)
+    check_quiet(result)
     history = check_run(output_dir, result.stdout, processes=2)
     assert any(record["grad_norm"] > 0 for record in history), history
     records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
@@ -121,6 +138,7 @@ def test_accelerate_launch_deepspeed_zero2_on_cpu(tmp_path):
     # The first DeepSpeed run on a machine JIT-compiles its CPU shared-memory comm op (about a minute, then cached
     # in ~/.cache/torch_extensions) unless it was built at install time (DS_BUILD_SHM_COMM=1), hence the timeout.
     result = launch("zero2_cpu.yaml", output_dir, timeout=300)
+    check_quiet(result)
     history = check_run(output_dir, result.stdout, processes=2)
     assert any(record["grad_norm"] > 0 for record in history), history
     # A DeepSpeed checkpoint: the ZeRO-2 optimizer states are sharded, one file per process.
@@ -159,3 +177,33 @@ def test_accelerate_configs_load_and_document_their_command(name):
     if config.num_machines > 1:
         assert config.main_process_ip and config.main_process_port
         assert "--machine_rank" in path.read_text()
+
+
+@pytest.mark.slow
+def test_a_taken_output_folder_under_accelerate_launch_is_said_once(tmp_path):
+    """Every process exits with 2 before its imports; only the first says why (the launcher then reports the failed
+    processes itself: that part is accelerate's and torch's)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE / "cpu_2.yaml")]
+    command += ["--main_process_port", str(free_port()), str(REPO / "train" / "grpo.py")]
+    command += ["--config", str(TINY), "--output_dir", str(tmp_path / "run")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode != 0
+    said = f"rllm-gym train: output_dir {tmp_path / 'run'} holds another run"
+    assert (result.stdout + result.stderr).count(said) == 1, result.stderr
+    assert "exitcode  : 2" in result.stderr  # each process's own status: a usage error
+
+
+def test_deepspeeds_accelerator_notice_is_dropped_before_it_loads(run_python):
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"} | {"CUDA_VISIBLE_DEVICES": ""}
+    load = "import deepspeed.accelerator as a; a.get_accelerator()"
+    quiet = run_python(
+        "-c", f"from rllm_gym.log import quiet_deepspeed_import; quiet_deepspeed_import(); {load}", env=env
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Setting accelerator to CPU" not in quiet.stdout + quiet.stderr
+    plain = run_python("-c", load, env=env)
+    assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what the filter drops is really printed

@@ -76,3 +76,22 @@ def test_model_folders_record_their_training_and_eval_uses_it(tmp_path):
     assert "(given on the command line instead: --agent-args)" in overridden.stderr
     [episode] = read_episodes(out2)
     assert episode.trajectories[0].steps[0].chat_completions[0]["content"] == "Be brief."
+
+
+def test_the_card_suggests_evaluating_on_the_held_out_tasks(tmp_path, monkeypatch):
+    """The card's eval command scores the held-out tasks where they are a file or a seed range, and says so where
+    they are not (tasks drawn by seed may be ones the model trained on)."""
+    from rllm_gym.train.model_record import eval_command, heldout_files
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "held.jsonl").write_text('{"id": "a"}\n')
+    files = heldout_files(["held.jsonl", "0.1"], tmp_path / "configs")
+    assert files == [str(Path("configs") / "held.jsonl"), None]  # found next to the config, named from here
+    why, command = eval_command({"heldout_data": files, "eval_tasks": ["held.jsonl", "0.1"]})
+    assert command == "rllm-gym eval --model <this folder> --data configs/held.jsonl --n 4" and "held-out" in why
+    why, command = eval_command({"heldout_data": [None], "eval_tasks": ["seeds:1000-1064"]})
+    assert command == "rllm-gym eval --model <this folder> --seed 1000 --tasks 64 --n 4" and "held-out" in why
+    why, command = eval_command({"heldout_data": [None], "eval_tasks": ["0.1"]})
+    assert command.endswith("--tasks 64 --n 4") and "may include tasks it trained on" in why
+    assert heldout_files(None, tmp_path) is None
