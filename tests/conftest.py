@@ -29,6 +29,23 @@ REPO = Path(__file__).resolve().parents[1]
 QUIET_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
+def _checkout_runs() -> dict[str, float]:
+    """Every path under the checkout's runs/ (where the README's commands write) with its modification time."""
+    runs = REPO / "runs"
+    return {str(path.relative_to(runs)): path.stat().st_mtime for path in runs.rglob("*")} if runs.is_dir() else {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tests_leave_the_checkouts_runs_alone() -> Iterator[None]:
+    """Tests never write into, or depend on, the checkout's runs/ (a user's own runs live there): they give each run
+    an output_dir under tmp_path. Fails the session at its end when a test wrote there."""
+    before = _checkout_runs()
+    yield
+    after = _checkout_runs()
+    changed = sorted(path for path in after.keys() | before.keys() if after.get(path) != before.get(path))
+    assert not changed, f"tests wrote into the checkout's runs/: {changed[:10]} (give each run a tmp_path output_dir)"
+
+
 def _run_python(
     *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 300
 ) -> subprocess.CompletedProcess:
