@@ -221,9 +221,11 @@ def test_eval_names_the_malformed_line_of_a_data_file_before_the_model_loads(tmp
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--data", str(data)])
     assert exit_info.value.code == 2
-    [usage, line] = capsys.readouterr().err.strip().splitlines()[-2:]
-    assert usage.startswith("usage: ")
-    assert line == f"rllm-gym eval: error: --data {data}:2 is not valid JSON (Expecting value): one task dict per line"
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert err.startswith("usage: rllm-gym eval")
+    why = "Expecting property name enclosed in double quotes"
+    assert line == f"rllm-gym eval: error: --data {data}:2 is not valid JSON ({why}): one task dict per line"
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(SystemExit):
@@ -379,4 +381,4 @@ def test_eval_renders_prompts_with_the_recorded_chat_template_options(tmp_path, 
     prompt, stderr = first_prompt("--chat-template-kwargs", '{"mode": "flag"}')
     assert prompt.startswith("mode=flag\n") and "instead: --chat-template-kwargs" in stderr
     bad = run_python(*CLI, "eval", "--chat-template-kwargs", "[1]")
-    assert bad.returncode == 2 and "--chat-template-kwargs must be a JSON object" in bad.stderr
+    assert bad.returncode == 2 and "argument --chat-template-kwargs: '[1]' is not a JSON object" in bad.stderr
