@@ -17,7 +17,7 @@ from rich.table import Table
 
 from rllm_gym.benchmarks import BenchmarkDataError, UnknownBenchmarkError, benchmark, load_benchmark
 
-__all__ = ["benchmark_results", "run_benchmark_command"]
+__all__ = ["benchmark_results", "run_benchmark_command", "run_benchmarks"]
 
 # Options a benchmark sets itself: given with --benchmark they would be silently replaced, so they are refused.
 SET_BY_BENCHMARK = (("env", "--env"), ("data", "--data"), ("env_args", "--env-args"), ("agent", "--agent"))
@@ -38,9 +38,21 @@ def check_benchmark_args(parser: argparse.ArgumentParser, args: argparse.Namespa
             parser.error(f"--benchmark: {error}")
     if args.data_dir is not None and not args.data_dir.exists():
         parser.error(f"--data-dir {args.data_dir} does not exist: pass a folder or file with the benchmark's data")
+    for bench in benches:
+        out = episode_file(args.out, bench.name, len(benches))
+        if out is not None and out.exists() and out.stat().st_size and not args.resume:
+            parser.error(f"--out: {out} already holds episodes: pass --resume to continue it, or choose another file")
     if args.results is not None and args.results.is_dir():
         parser.error(f"--results {args.results} is a folder: pass the path of the JSON file to write")
     return benches
+
+
+def episode_file(out: Path | None, name: str, count: int) -> Path | None:
+    """Where a benchmark's episodes go: ``--out`` itself for one benchmark, ``STEM.NAME.jsonl`` beside it for several
+    (one file per benchmark: an episode file read back on resume holds one run's tasks)."""
+    if out is None or count == 1:
+        return out
+    return out.with_name(f"{out.stem}.{name}{out.suffix}")
 
 
 def subset_summaries(bench: Any, tasks: list[dict[str, Any]], episodes: list[Any]) -> dict[str, dict[str, Any]]:
@@ -102,16 +114,31 @@ def print_results(results: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def run_benchmarks(
+    args: argparse.Namespace, loaded: list[tuple[Any, list[dict[str, Any]]]], policy: Any
+) -> tuple[dict[str, Any], bool]:
+    """Run ``policy`` on each ``(benchmark, tasks)`` with the benchmark's env, env arguments and prompt, the rest of
+    the settings from eval's ``args``; the results JSON and whether a benchmark's every episode ended in ERROR."""
+    from rllm_gym.cli_eval import report_failure, run_eval
+
+    runs, failed = [], False
+    for bench, tasks in loaded:
+        run_args = copy.copy(args)
+        run_args.env, run_args.env_args = bench.env, dict(bench.env_args)
+        run_args.out = episode_file(args.out, bench.name, len(loaded))
+        run_args.agent_args = {**(args.agent_args or {}), **bench.resolved_agent_args()}
+        summary, episodes = run_eval(run_args, tasks=tasks, policy=policy)
+        failed |= report_failure(summary, episodes)
+        data = str(args.data_dir or "hub or package")
+        card = bench.card() | {"agent_args": run_args.agent_args, "data": data, "episodes": str(run_args.out or "")}
+        subsets = subset_summaries(bench, tasks, episodes)
+        runs.append({"benchmark": card, "tasks": len(tasks), "summary": summary, "subsets": subsets})
+    return benchmark_results(args, runs), failed
+
+
 def run_benchmark_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``rllm-gym eval --benchmark ...`` once parsed (``parser``: eval's own, for usage errors); its exit status."""
-    from rllm_gym.cli_eval import (
-        apply_training_record,
-        check_eval_args,
-        make_policy,
-        progress_shown,
-        report_failure,
-        run_eval,
-    )
+    from rllm_gym.cli_eval import apply_training_record, check_eval_args, make_policy, progress_shown
 
     benches = check_benchmark_args(parser, args)
     args.env = benches[0].env  # checked below like any --env; each benchmark then runs with its own
@@ -137,23 +164,7 @@ def run_benchmark_command(parser: argparse.ArgumentParser, args: argparse.Namesp
 
         transformers_logging.disable_progress_bar()
     policy = make_policy(args)
-    runs, failed = [], False
-    for bench, tasks in loaded:
-        run_args = copy.copy(args)
-        run_args.env, run_args.env_args = bench.env, dict(bench.env_args)
-        run_args.agent_args = {**args.agent_args, **bench.resolved_agent_args()}
-        summary, episodes = run_eval(run_args, tasks=tasks, policy=policy)
-        failed |= report_failure(summary, episodes)
-        card = bench.card() | {"agent_args": run_args.agent_args, "data": str(args.data_dir or "hub or package")}
-        runs.append(
-            {
-                "benchmark": card,
-                "tasks": len(tasks),
-                "summary": summary,
-                "subsets": subset_summaries(bench, tasks, episodes),
-            }
-        )
-    results = benchmark_results(args, runs)
+    results, failed = run_benchmarks(args, loaded, policy)
     if args.results is not None:
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
