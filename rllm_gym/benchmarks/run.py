@@ -55,6 +55,18 @@ def episode_file(out: Path | None, name: str, count: int) -> Path | None:
     return out.with_name(f"{out.stem}.{name}{out.suffix}")
 
 
+def reply_figures(episodes: list[Any]) -> dict[str, Any]:
+    """Figures eval's summary lacks and benchmark reports give: the longest episode's response tokens, and the share
+    of replies the length limit cut (finish reason ``length``: raise --max-tokens when it is not near 0)."""
+    steps = [step for episode in episodes for trajectory in episode.trajectories for step in trajectory.steps]
+    cut = sum(bool(step.model_output and step.model_output.finish_reason == "length") for step in steps)
+    return {
+        "max_response_tokens": max((episode.metrics.get("response_tokens", 0.0) for episode in episodes), default=0.0),
+        "replies": len(steps),
+        "replies_cut_at_max_tokens": cut / len(steps) if steps else 0.0,
+    }
+
+
 def subset_summaries(bench: Any, tasks: list[dict[str, Any]], episodes: list[Any]) -> dict[str, dict[str, Any]]:
     """``{field: {value: summary}}`` for each of the benchmark's subset fields, values in sorted order."""
     from rllm_gym.metrics import summarize
@@ -65,7 +77,7 @@ def subset_summaries(bench: Any, tasks: list[dict[str, Any]], episodes: list[Any
         groups: dict[str, list[Any]] = defaultdict(list)
         for episode in episodes:
             groups[str(by_id.get(episode.task_id, {}).get(key))].append(episode)
-        subsets[key] = {value: summarize(groups[value]) for value in sorted(groups)}
+        subsets[key] = {value: summarize(groups[value]) | reply_figures(groups[value]) for value in sorted(groups)}
     return subsets
 
 
@@ -90,7 +102,8 @@ def benchmark_results(args: argparse.Namespace, runs: list[dict[str, Any]]) -> d
 
 def print_results(results: dict[str, Any], console: Console) -> None:
     table = Table(title=f"benchmarks: {results['model'] or 'tiny model'} ({results['policy']}), n={results['n']}")
-    for column in ("benchmark", "subset", "tasks", "pass@1", f"pass@{results['n']}", "resp. tokens", "terminations"):
+    columns = ("benchmark", "subset", "tasks", "pass@1", f"pass@{results['n']}", "resp. tokens", "cut", "terminations")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("benchmark", "subset", "terminations") else "right")
 
     def row(name: str, subset: str, summary: dict[str, Any]) -> None:
@@ -103,6 +116,7 @@ def print_results(results: dict[str, Any], console: Console) -> None:
             f"{summary.get('pass@1', 0.0):.3f}",
             f"{summary.get(f'pass@{n}', 0.0):.3f}",
             f"{summary.get('mean_response_tokens', 0.0):.1f}",
+            f"{summary.get('replies_cut_at_max_tokens', 0.0):.0%}",
             reasons,
         )
 
@@ -128,6 +142,7 @@ def run_benchmarks(
         run_args.out = episode_file(args.out, bench.name, len(loaded))
         run_args.agent_args = {**(args.agent_args or {}), **bench.resolved_agent_args()}
         summary, episodes = run_eval(run_args, tasks=tasks, policy=policy)
+        summary |= reply_figures(episodes)
         failed |= report_failure(summary, episodes)
         data = str(args.data_dir or "hub or package")
         card = bench.card() | {"agent_args": run_args.agent_args, "data": data, "episodes": str(run_args.out or "")}
