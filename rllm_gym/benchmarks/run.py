@@ -26,7 +26,7 @@ SET_BY_BENCHMARK = (("env", "--env"), ("data", "--data"), ("env_args", "--env-ar
 def check_benchmark_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[Any]:
     """The benchmarks named by ``--benchmark`` (each once, in order); a usage error for a name or option that fails."""
     for dest, flag in SET_BY_BENCHMARK:
-        if getattr(args, dest, None) is not None:
+        if getattr(args, dest) is not None:
             parser.error(
                 f"{flag} cannot be combined with --benchmark: each benchmark sets its own (rllm-gym benchmarks)"
             )
@@ -44,6 +44,10 @@ def check_benchmark_args(parser: argparse.ArgumentParser, args: argparse.Namespa
             parser.error(f"--out: {out} already holds episodes: pass --resume to continue it, or choose another file")
     if args.results is not None and args.results.is_dir():
         parser.error(f"--results {args.results} is a folder: pass the path of the JSON file to write")
+    if args.results is not None and any(folder.is_file() for folder in args.results.parents):
+        parser.error(
+            f"--results {args.results}: a folder on its path is a file, so it cannot be written after the run"
+        )
     return benches
 
 

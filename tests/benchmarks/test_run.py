@@ -36,6 +36,13 @@ def test_options_that_cannot_work_are_usage_errors(capsys, argv, message):
     assert message in usage_error(capsys, *argv)
 
 
+def test_a_results_path_that_cannot_be_written_is_refused_before_the_run(capsys, tmp_path):
+    (tmp_path / "file").write_text("")
+    err = usage_error(capsys, "--benchmark", "gsm8k", "--results", str(tmp_path / "file" / "r.json"))
+    assert "a folder on its path is a file" in err
+    assert "is a folder" in usage_error(capsys, "--benchmark", "gsm8k", "--results", str(tmp_path))
+
+
 def test_a_data_folder_in_the_wrong_layout_is_one_line_and_status_2_before_the_model_loads(capsys, tmp_path):
     shutil.copytree(FIXTURES / "gsm8k", tmp_path / "gsm8k")
     (tmp_path / "gsm8k" / "main" / "test-00000-of-00001.parquet").unlink()
