@@ -77,6 +77,20 @@ def reply_figures(episodes: list[Any]) -> dict[str, Any]:
     }
 
 
+def first_prompt(episodes: list[Any]) -> list[dict[str, Any]]:
+    """The messages the model was sent for its first reply in the run, up to that reply: the prompt format, filled."""
+    for episode in episodes:
+        for trajectory in episode.trajectories:
+            for step in trajectory.steps[:1]:
+                messages = []
+                for message in step.chat_completions:
+                    if message.get("role") == "assistant":
+                        break
+                    messages.append(message)
+                return messages
+    return []
+
+
 def subset_summaries(bench: Any, tasks: list[dict[str, Any]], episodes: list[Any]) -> dict[str, dict[str, Any]]:
     """``{field: {value: summary}}`` for each of the benchmark's subset fields, values in sorted order."""
     from rllm_gym.metrics import summarize
@@ -170,6 +184,7 @@ def run_benchmarks(
         failed |= report_failure(summary, episodes)
         data = str(args.data_dir or "hub or package")
         card = bench.card() | {"agent_args": run_args.agent_args, "data": data, "episodes": str(run_args.out or "")}
+        card["prompt_example"] = first_prompt(episodes)
         subsets = subset_summaries(bench, tasks, episodes)
         runs.append({"benchmark": card, "tasks": len(tasks), "summary": summary, "subsets": subsets})
     return benchmark_results(args, runs), failed

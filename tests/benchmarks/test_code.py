@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.agents.code import SYSTEM_PROMPT as CODE_SYSTEM_PROMPT
 from rllm_gym.benchmarks import benchmark, load_benchmark
 from rllm_gym.benchmarks.run import run_benchmarks
 from rllm_gym.cli import build_parser
@@ -106,6 +107,8 @@ def test_results_record_the_benchmark_prompt_source_and_per_subset_figures():
     run = scored("livecodebench", tasks, LCB_SOLUTIONS, n=2)
     card = run["benchmark"]
     assert card["prompt"] == benchmark("livecodebench").prompt
+    system = {"role": "system", "content": card["agent_args"].get("system_prompt") or CODE_SYSTEM_PROMPT}
+    assert card["prompt_example"] == [system, {"role": "user", "content": observations("livecodebench", tasks)[0]}]
     assert card["hub"]["revision"] == "0fe84c3912ea0c4d4a78037083943e8f0c4dd505" and len(card["hub"]["files"]) == 5
     summary = run["summary"]
     assert (summary["n"], summary["tasks"], summary["episodes"], summary["pass@2"]) == (2, 3, 6, 1.0)

@@ -85,6 +85,9 @@ def test_two_benchmarks_in_one_call_report_per_benchmark_and_per_subset(capsys, 
     assert sum(s["tasks"] for s in math500["subsets"]["level"].values()) == 3
     assert math500["benchmark"]["prompt"].startswith("{problem}\nPlease reason step by step")
     assert math500["benchmark"]["agent_args"] == {"system_prompt": ""}
+    [message] = math500["benchmark"]["prompt_example"]  # one user message, no system message
+    assert message["role"] == "user" and message["content"].startswith("Convert the point $(0,3)$")
+    assert message["content"].endswith("\nPlease reason step by step, and put your final answer within \\boxed{}.")
     for key in ("pass@1", "pass@2", "mean_response_tokens", "termination_reasons"):
         assert key in math500["summary"] and key in aime["summary"]
     assert math500["summary"]["termination_reasons"] == {"env_done": 6}  # one reply per math episode
