@@ -14,7 +14,7 @@ from typing import Any
 from rllm_gym.benchmarks.base import Benchmark, BenchmarkDataError, HubSource
 from rllm_gym.envs.code import normalize_task
 
-__all__ = ["CODE_BENCHMARKS", "humaneval_rows"]
+__all__ = ["CODE_BENCHMARKS", "LCB_CALL_PROMPT", "LCB_STDIO_PROMPT", "humaneval_rows"]
 
 GRADER = "rllm_gym.rewards.code.CodeReward (run in rllm_gym.sandbox; all tests must pass)"
 ANSWER = "```python block (the last)"
@@ -22,6 +22,16 @@ METRIC = "pass@1 over n samples, pass@k (unbiased, Chen et al. 2021)"
 REPLY = "Reply with your complete solution in one ```python code block; the last code block is graded."
 # LiveCodeBench release_v5: the first five of the repository's JSONL files (problems up to 2025-01).
 LCB_RELEASE_V5 = ("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl")
+
+
+# rllm/Code-v0's instructions for LiveCodeBench's two kinds of problem (call-based ones come with starter code).
+LCB_CALL_PROMPT = (
+    "{question_content}\n\nDefine the function `{func_name}` (a method of `class Solution` is accepted too).\n\n"
+    f"Starter code:\n```python\n{{starter_code}}\n```\n\n{REPLY}"
+)
+LCB_STDIO_PROMPT = (
+    f"{{question_content}}\n\nRead the input from standard input and print the answer to standard output.\n\n{REPLY}"
+)
 
 
 def humaneval_rows() -> list[dict[str, Any]] | None:
@@ -100,11 +110,7 @@ LIVECODEBENCH = Benchmark(
         "livecodebench/code_generation_lite", "test", "0fe84c3912ea0c4d4a78037083943e8f0c4dd505", files=LCB_RELEASE_V5
     ),
     size=880,
-    prompt=(
-        f"{{question_content}}\n\nDefine the function `{{func_name}}` (a method of `class Solution` is accepted too)."
-        f" | Read the input from standard input and print the answer to standard output.\n\nStarter code:\n"
-        f"```python\n{{starter_code}}\n```\n\n{REPLY}"
-    ),
+    prompt=f"call-based problems:\n{LCB_CALL_PROMPT}\n\nstdin/stdout problems:\n{LCB_STDIO_PROMPT}",
     columns=("question_id", "question_content", "difficulty", "public_test_cases", "private_test_cases", "metadata"),
     to_task=livecodebench_task,
     subsets=("difficulty", "platform"),

@@ -102,6 +102,21 @@ def test_livecodebench_release_files_are_read_and_private_cases_count():
     assert run["subsets"]["difficulty"]["medium"]["pass@1"] == 1.0
 
 
+def test_livecodebench_problems_are_shown_in_the_recorded_format_of_their_kind():
+    from rllm_gym.benchmarks.code import LCB_CALL_PROMPT, LCB_STDIO_PROMPT
+
+    tasks = load_benchmark("livecodebench", FIXTURES)
+    stdio, call, _ = observations("livecodebench", tasks)
+    assert stdio == LCB_STDIO_PROMPT.format(question_content=tasks[0]["question_content"])
+    starter = tasks[1]["starter_code"].rstrip()
+    assert call == LCB_CALL_PROMPT.format(
+        question_content=tasks[1]["question_content"], func_name="addTwo", starter_code=starter
+    )
+    assert (
+        LCB_CALL_PROMPT in benchmark("livecodebench").prompt and LCB_STDIO_PROMPT in benchmark("livecodebench").prompt
+    )
+
+
 def test_results_record_the_benchmark_prompt_source_and_per_subset_figures():
     tasks = load_benchmark("livecodebench", FIXTURES)
     run = scored("livecodebench", tasks, LCB_SOLUTIONS, n=2)
