@@ -2,6 +2,8 @@
 
 rllm-gym list                                        # every env id, its default agent, the extras it needs
 rllm-gym eval --env rllm/FrozenLake-v0 --tasks 16 --n 4 --out episodes.jsonl     # the embedded tiny model
+rllm-gym benchmarks                                  # GSM8K, MATH-500, AIME, HumanEval, ...: source, grader, size
+rllm-gym eval --benchmark humaneval --n 4 --results humaneval.json   # a benchmark with its own prompt and grader
 rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-url http://127.0.0.1:8000/v1
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
 rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50 --output_dir runs/demo_50   # = grpo.py
@@ -51,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         "list", parents=[common], help="every env id with its default agent, extras and one line about it"
     )
     listing.add_argument("--json", action="store_true", help="a JSON list, with full module:Class agent paths")
+    benchmarks = commands.add_parser(
+        "benchmarks", parents=[common], help="the benchmarks eval --benchmark scores: env, grader, source, size"
+    )
+    benchmarks.add_argument("--json", action="store_true", help="a JSON list, with each benchmark's prompt format")
     # `rllm-gym train ...` is handed to the trainer before this parser runs (see main); listed here for --help.
     commands.add_parser(
         "train",
@@ -140,6 +146,9 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if args.command == "list":
         list_envs(args.json)
         return 0
+    if args.command == "benchmarks":
+        list_benchmarks(args.json)
+        return 0
     # A usage error of a subcommand prints that subcommand's usage (argparse: exit status 2).
     command = commands_of(parser)[args.command]
     if args.command == "view":
@@ -184,6 +193,26 @@ def list_envs(as_json: bool) -> None:
     widths = [max(len(line[column]) for line in table) for column in range(3)]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line[:3], widths, strict=True)) + "  " + line[3])
+
+
+def list_benchmarks(as_json: bool) -> None:
+    """Print every benchmark of :data:`rllm_gym.benchmarks.BENCHMARKS` (``--json``: each one's whole card)."""
+    from rllm_gym.benchmarks import BENCHMARKS
+
+    cards = [bench.card() for bench in BENCHMARKS]
+    if as_json:
+        print(json.dumps(cards, indent=2))
+        return
+    table = [("name", "env", "answer format", "grader", "metric", "size", "source (hub data set:split@revision)")]
+    for card in cards:
+        grader = card["grader"].split(" (")[0].rpartition(".")[2]  # the class, or the words before the details
+        metric = card["metric"].split(" (")[0]
+        table.append(
+            (card["name"], card["env"], card["answer_format"], grader, metric, str(card["size"]), card["source"])
+        )
+    widths = [max(len(line[column]) for line in table) for column in range(6)]
+    for line in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line[:6], widths, strict=True)) + "  " + line[6])
 
 
 def env_row(spec: Any) -> dict[str, Any]:

@@ -109,6 +109,15 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
     run.add_argument("--seed", type=int, default=0, help="seed of sampling and env resets (default: %(default)s)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     run.add_argument(
+        "--benchmark",
+        action="append",
+        help="score a benchmark (rllm-gym benchmarks lists them) with its own env, prompt and grader; repeat for more",
+    )
+    run.add_argument(
+        "--data-dir", type=Path, help="--benchmark's data offline: a local copy in the hub's layout (default: the hub)"
+    )
+    run.add_argument("--results", type=Path, help="--benchmark's results JSON file (settings, prompts, every figure)")
+    run.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar on stderr (it is drawn only when stderr is a terminal; TQDM_DISABLE=1 also hides it)",
@@ -252,9 +261,9 @@ def check_server(args: argparse.Namespace) -> None:
             ) from error
 
 
-def run_eval(args: argparse.Namespace, tasks: list[Any]) -> tuple[dict[str, Any], list[Any]]:
+def run_eval(args: argparse.Namespace, tasks: list[Any], policy: Any = None) -> tuple[dict[str, Any], list[Any]]:
     """The summary of ``tasks`` x ``args.n`` episodes (with ``errors`` when episodes ended in ERROR), and the
-    episodes."""
+    episodes; ``policy`` (a benchmark's: one policy for several runs) replaces the one the options give."""
     from rllm_gym.engine import engine_for
     from rllm_gym.engine.report import ErrorTally
     from rllm_gym.metrics import summarize
@@ -267,7 +276,7 @@ def run_eval(args: argparse.Namespace, tasks: list[Any]) -> tuple[dict[str, Any]
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-    policy = make_policy(args)
+    policy = make_policy(args) if policy is None else policy
     sampling = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
@@ -355,6 +364,12 @@ def report_failure(summary: dict[str, Any], episodes: list[Any]) -> bool:
 
 def run_eval_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``rllm-gym eval`` once parsed (``parser``: eval's own, for usage errors); its exit status."""
+    if args.benchmark:
+        from rllm_gym.benchmarks.run import run_benchmark_command
+
+        return run_benchmark_command(parser, args)
+    if args.data_dir is not None or args.results is not None:
+        parser.error("--data-dir and --results go with --benchmark (--data is a task file for --env)")
     recorded = apply_training_record(args)
     if recorded:
         print(recorded, file=sys.stderr, flush=True)

@@ -101,6 +101,8 @@ def kind(command: str) -> str:
         return "run"
     if text.startswith("rllm-gym view"):
         return "run"
+    if text.startswith("rllm-gym benchmarks"):
+        return "run"
     return "unknown"
 
 
