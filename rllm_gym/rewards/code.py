@@ -224,7 +224,7 @@ class CodeReward:
                 },
             )
         # A lone surrogate cannot be written as UTF-8 source: it stands for the replacement character it shows as.
-        return Plan(clean_text(code), tests, self.stop, float(tol), public=public)
+        return Plan(clean_text(code), tests, self.stop, float(tol), public=public, call_time_limit=self.timeout)
 
     def _kwargs(self, plan: Plan, count: int) -> dict[str, Any]:
         timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout

@@ -23,6 +23,7 @@ import builtins
 import json
 import os
 import re
+import select
 import struct
 import sys
 import types
@@ -238,14 +239,28 @@ def _failure(message: str, status: str) -> RemoteError:
     return RemoteError(message, status)
 
 
+# Set by the first call that got no answer within its time limit: the solution is still working on it, so any later
+# call would read that call's late reply. Every later call fails at once instead (the verdict is decided anyway).
+stalled: list[str] = []
+
+
 def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: Any) -> Any:
     """Call the solution's ``name`` with plain-data arguments; returns its plain-data result."""
+    return _call(name, args, kwargs, None, read_fd, write_fd)
+
+
+def _call(name: str, args: tuple, kwargs: dict, time_limit: float | None, read_fd: int = 3, write_fd: int = 4) -> Any:
+    if stalled:
+        raise _failure(f"an earlier call ({stalled[0]}) got no answer within its time limit", "timeout")
     try:
         request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
     except NotPlainData as exc:
         raise _failure(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
     try:
         write_frame(write_fd, request)
+        if time_limit is not None and not select.select([read_fd], [], [], time_limit)[0]:
+            stalled.append(name)
+            raise _failure(f"the solution did not answer within {time_limit:g} s (the per-test limit)", "timeout")
         body = read_frame(read_fd)
     except OSError as exc:  # it died before reading the request (EPIPE) or mid-reply: the same verdict as EOF
         raise _failure(f"the solution's process ended before answering ({exc.strerror})", "runtime_error") from None
@@ -271,11 +286,12 @@ def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: A
     raise _failure("malformed reply from the solution's process", "not_plain_data")
 
 
-def remote(name: str) -> Any:
-    """A function that forwards each call to the solution's ``name``."""
+def remote(name: str, time_limit: float | None = None) -> Any:
+    """A function that forwards each call to the solution's ``name``; a call that gets no answer within
+    ``time_limit`` wall-clock seconds fails with status ``timeout``, and so does every call after it."""
 
     def function(*args: Any, **kwargs: Any) -> Any:
-        return call(name, *args, **kwargs)
+        return _call(name, args, kwargs, time_limit)
 
     function.__name__ = function.__qualname__ = name
     return function
@@ -287,5 +303,6 @@ def harness_module() -> types.ModuleType:
     for item in (RemoteError, encode, decode, call, remote):
         setattr(module, item.__name__, item)
     module.failures = failures  # the same list: the harness reads and clears it per test
+    module.stalled = stalled
     sys.modules["_rllm_channel"] = module
     return module

@@ -190,6 +190,24 @@ def test_comparison_is_strict_where_the_expected_value_is_exact():
     assert values_match(0.5 + 1e-8, 0.5, tol=1e-6) and not values_match(0.5 + 1e-4, 0.5, tol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("got", "expected"),
+    [
+        ({(True, 2): "a"}, {(1, 2): "a"}),
+        ({(1, 2): "a"}, {(True, 2): "a"}),
+        ({frozenset({True}): 0}, {frozenset({1}): 0}),
+        ({(1, (2, False)): 0}, {(1, (2, 0)): 0}),
+        ({(1, 2)}, {(True, 2)}),
+        ({frozenset({(1.0, 2)})}, {frozenset({(1, 2)})}),
+        (frozenset({(0, "x")}), frozenset({(False, "x")})),
+        ([{(True,): 1}], [{(1,): 1}]),
+    ],
+)
+def test_true_is_not_one_at_any_depth_of_keys_and_members(got, expected):
+    assert not values_match(got, expected)
+    assert values_match(expected, expected) and values_match(got, got)
+
+
 def test_float_tolerance_is_a_task_option():
     task = {"tests": [{"input": "", "output": "0.5\n"}]}
     reply = "```python\nprint(0.50001)\n```"
