@@ -177,8 +177,10 @@ class CodeReward:
             when the reward is all-or-nothing (``not fraction``), where the rest cannot change it; with
             ``fraction`` every test runs. :class:`~rllm_gym.envs.code.CodeEnv` has the same default.
         timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests,
-            at most 60 s). memory_mb: memory limit per process. Both follow
-            :class:`~rllm_gym.sandbox.SandboxLimits` (its defaults and its rules). sandbox: a :class:`Sandbox`
+            at most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every
+            later test at once, so a solution that never returns costs ``timeout`` once, not once per
+            test). memory_mb: memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its
+            defaults and its rules). sandbox: a :class:`Sandbox`
             (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
             value is a float (default 1e-6; a task's own ``float_tolerance`` wins).
     """
