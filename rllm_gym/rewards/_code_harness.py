@@ -159,9 +159,10 @@ class Plan:
     def solution(self) -> str:
         """The program the solution's process runs: the reply's code, then the task's helpers it did not define."""
         first = self.tests[0]
+        code = f"{first.imports}\n{self.code}" if first.imports else self.code
         if first.kind != "assert" or not first.task_code:
-            return self.code
-        return self.code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)
+            return code
+        return code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)
 
     def harness(self, indices: range) -> str:
         """The trusted test program of a paired run over ``indices``: the tests' arguments or asserts, never the

@@ -138,6 +138,33 @@ def test_assert_tests_mbpp_and_humaneval():
     assert code_reward_fn(humaneval, "```python\ndef total(xs):\n    return 0\n```").reward == 0.0
 
 
+def test_mbpp_test_imports_reach_the_asserts_and_the_solution():
+    """MBPP runs ``test_imports`` before the solution and its asserts: an assert may call ``math.isclose`` and a
+    solution may use ``math`` it never imported (as MBPP's own harness lets it)."""
+    mbpp = {
+        "test_list": [
+            "assert math.isclose(area(1), 3.141592653589793)",
+            "assert math.isclose(area(2), 12.566370614359172)",
+        ],
+        "test_imports": ["import math"],
+    }
+    assert code_reward_fn(mbpp, "```python\nimport math\ndef area(r):\n    return math.pi * r * r\n```").reward == 1.0
+    assert code_reward_fn(mbpp, "```python\ndef area(r):\n    return math.pi * r * r\n```").reward == 1.0
+    assert code_reward_fn(mbpp, "```python\ndef area(r):\n    return 3.14 * r * r\n```").reward == 0.0
+    assert (
+        code_reward_fn(
+            {**mbpp, "test_imports": "from math import isclose"}, "```python\ndef area(r):\n    return 1\n```"
+        ).reward
+        == 0.0
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("task['test_imports'] must hold import statements only, got 'x = 1'")
+    ):
+        code_reward_fn({**mbpp, "test_imports": ["x = 1"]}, "```python\ndef area(r):\n    return 1\n```")
+    with pytest.raises(ValueError, match=re.escape("task['test_imports'] must be a list of import statements")):
+        code_reward_fn({**mbpp, "test_imports": [3]}, "```python\ndef area(r):\n    return 1\n```")
+
+
 def test_crashing_and_looping_code_fails_its_tests():
     crash = code_reward_fn(ADD_STDIO, "```python\nraise SystemExit(2)\n```")
     assert crash.reward == 0.0 and crash.metadata["tests"][0]["status"] == "runtime_error"
