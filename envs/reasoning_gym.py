@@ -142,12 +142,17 @@ def _tasks(spec_json: str, size: int, seed: int, split: str) -> tuple[dict[str, 
         if split_of(entry["question"]) != split:
             continue
         metadata = dict(entry.get("metadata") or {})
+        dataset = metadata.get("source_dataset", label)
+        if unsafe_answer_reason(dataset, str(entry["answer"])) is not None:
+            # The oracle itself restates the task (intermediate_integration's "Integral(x**2*cos(x), x) + C" where
+            # sympy found no closed form): an answer of that form is refused, so the task is not posed.
+            continue
         tasks.append(
             {
                 "id": f"{label}/{seed}/{index}",
                 "question": entry["question"],
                 "ground_truth": entry["answer"],
-                "dataset": metadata.get("source_dataset", label),
+                "dataset": dataset,
                 "metadata": metadata,
             }
         )

@@ -261,3 +261,41 @@ def test_multi_turn_returns_never_exceed_answering_correctly_at_once():
     env = gym.make(ENV_ID, dataset="countdown", size=4, seed=0, max_turns=4)  # binary
     env.reset(seed=0)
     assert sum(env.step(f"\\boxed{{{n} + {n}}}")[1] for n in range(4)) == 0.0
+
+
+@pytest.mark.parametrize("dataset", ["simple_integration", "intermediate_integration"])
+def test_an_answer_that_asks_the_scorer_to_do_the_task_pays_nothing(dataset):
+    """The scorer differentiates the answer: ``Integral(f, x)`` restates the question and was paid 1.0."""
+    env = gym.make(ENV_ID, dataset=dataset, size=40, seed=0)
+    for seed in range(3):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        assert "Integral" not in task["ground_truth"]  # a task whose oracle restates it is not posed
+        variable, integrand = task["metadata"]["variable"], task["metadata"]["integrand"]
+        for restated in (
+            f"Integral({integrand}, {variable}) + C",
+            f"Derivative(Integral({integrand}, {variable}), {variable}, 0) + C",
+            f"integrate({integrand}, {variable}) + C",
+            f"Sum({integrand}, ({variable}, 0, 0))",
+        ):
+            env.reset(seed=seed)
+            _, reward, _, _, step = env.step(f"\\boxed{{{restated}}}")
+            assert (reward, step["grading_path"]) == (0.0, "unsafe_answer"), (restated, step)
+        env.reset(seed=seed)
+        assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("dataset", "answer"),
+    [
+        ("countdown", "solve(x - 24, x)"),
+        ("puzzle24", "limit(24 + x, x, 0)"),
+        ("puzzle24", "x"),
+        ("polynomial_multiplication", "expand((x + 1)*(x - 1))"),
+        ("polynomial_multiplication", "sqrt(x**2)"),
+        ("simple_integration", "Integral(x, x)"),
+        ("intermediate_integration", "Derivative(x**3, x)"),
+    ],
+)
+def test_only_the_forms_a_datasets_answers_take_are_admitted(dataset, answer):
+    assert scoring.unsafe_answer_reason(dataset, answer) is not None
