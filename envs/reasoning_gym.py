@@ -29,7 +29,7 @@ from rllm_gym.rewards.reasoning_gym import (
     scoring_sandbox,
     unsafe_answer_reason,
 )
-from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, wrapper_check
+from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, oracle_problem, wrapper_check
 from rllm_gym.types import RewardOutput
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymScorer", "extract_reply_answer", "split_of"]
@@ -143,9 +143,10 @@ def _tasks(spec_json: str, size: int, seed: int, split: str) -> tuple[dict[str, 
             continue
         metadata = dict(entry.get("metadata") or {})
         dataset = metadata.get("source_dataset", label)
-        if unsafe_answer_reason(dataset, str(entry["answer"])) is not None:
+        if unsafe_answer_reason(dataset, str(entry["answer"])) is not None or oracle_problem(dataset, entry):
             # The oracle itself restates the task (intermediate_integration's "Integral(x**2*cos(x), x) + C" where
-            # sympy found no closed form): an answer of that form is refused, so the task is not posed.
+            # sympy found no closed form) or fails the wrapper's own check (polynomial_equations' "0.0" for a
+            # quartic with four real roots): no answer could be paid honestly, so the task is not posed.
             continue
         tasks.append(
             {
@@ -265,9 +266,11 @@ class ReasoningGymEnv(MultiTurnEnv):
     and only a number in [0, 1] comes back; only the datasets of
     :data:`~rllm_gym.rewards.reasoning_gym.IN_PROCESS_DATASETS` (string comparison) are scored in this process.
     Datasets whose scorer pays answers that solve nothing
-    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``) are refused unless
-    ``allow_unsound=True``. Needs ``pip install -e ".[reasoning-gym]"``; without it
-    ``gym.make`` raises ``DependencyNotInstalled`` naming that command.
+    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``,
+    ``propositional_logic``) are refused unless ``allow_unsound=True``; a task whose own oracle restates the question
+    or fails the wrapper's check (``polynomial_equations``' missed roots) is not posed. Needs
+    ``pip install -e ".[reasoning-gym]"``; without it ``gym.make`` raises ``DependencyNotInstalled`` naming that
+    command.
 
     ## Action Space
     ``TextSpace(max_length=1_000_000)``: the model's full reply, reasoning included.

@@ -22,7 +22,7 @@ reasoning_gym = pytest.importorskip(
 from rllm_gym.envs import reasoning_gym as rg_env  # noqa: E402
 from rllm_gym.rewards import math as math_rewards  # noqa: E402
 from rllm_gym.rewards import reasoning_gym as scoring  # noqa: E402
-from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, wrapper_check  # noqa: E402
+from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, oracle_problem, wrapper_check  # noqa: E402
 from rllm_gym.sandbox import ExecutionStatus, SandboxResult  # noqa: E402
 
 ENV_ID = "rllm/ReasoningGym-v0"
@@ -299,3 +299,38 @@ def test_an_answer_that_asks_the_scorer_to_do_the_task_pays_nothing(dataset):
 )
 def test_only_the_forms_a_datasets_answers_take_are_admitted(dataset, answer):
     assert scoring.unsafe_answer_reason(dataset, answer) is not None
+
+
+def test_propositional_logic_is_refused_unless_opted_in_its_scorer_pays_the_premises():
+    with pytest.raises(ValueError, match="the premises themselves, one of them or all joined with ∧"):
+        gym.make(ENV_ID, dataset="propositional_logic", size=2)
+    env = gym.make(ENV_ID, dataset="propositional_logic", size=4, allow_unsound=True)
+    for seed in range(2):
+        _, info = env.reset(seed=seed)
+        premises = info["task"]["metadata"]["premises"]
+        joined = " ∧ ".join(f"({premise})" for premise in premises)
+        assert env.step(f"\\boxed{{{joined}}}")[1] == 1.0  # what the opt-in accepts: a restatement
+
+
+def test_polynomial_equations_pays_only_every_real_root():
+    """The oracle of ``-7*n**4 + 97*n**2 - 31*n = 0`` is ``0.0`` (sympy.solve missed three real roots), so the
+    dataset paid ``0``: the wrapper checks every real root, and tasks with such an oracle are not posed."""
+    metadata = {"polynomial_expr": "-7*n**4 + 97*n**2 - 31*n", "variable": "n"}
+    entry = {"question": "Solve -7*n**4 + 97*n**2 - 31*n = 0", "answer": "0.0", "metadata": metadata}
+    paid = scoring.Verdict("score_answer", 1.0)
+    assert wrapper_check("polynomial_equations", "0", entry, paid).path == "rejected_by_check"
+    assert oracle_problem("polynomial_equations", entry) == "the equation has 4 real solution(s), the answer gives 1"
+    full = "-3.8731, 0.0, 0.322, 3.5511"
+    assert wrapper_check("polynomial_equations", full, entry, paid) == paid
+    assert wrapper_check("polynomial_equations", "-3.8731, 0.0, 0.322, x", entry, paid).path == "rejected_by_check"
+    env = gym.make(ENV_ID, dataset="polynomial_equations", size=30, seed=0, config={"min_degree": 4, "max_degree": 4})
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        assert (
+            oracle_problem("polynomial_equations", {"answer": task["ground_truth"], "metadata": task["metadata"]})
+            is None
+        )
+        assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
+        env.reset(seed=seed)
+        assert env.step("\\boxed{0}")[1] == 0.0 or task["ground_truth"] in ("0.0", "0")
