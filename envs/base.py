@@ -199,6 +199,7 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         self._last_observation = ""
         info = {
             "is_correct": bool(output.is_correct),
+            "infra_failed": bool(output.metadata.get("infra_failed", False)),
             "turn": self.turn,
             "invalid_action": invalid,
             **self.step_info(output),
@@ -267,6 +268,7 @@ class MultiTurnEnv(SingleTurnEnv):
         self._last_observation = "" if self._done else self.feedback(output, turns_left)
         info = {
             "is_correct": bool(output.is_correct),
+            "infra_failed": bool(output.metadata.get("infra_failed", False)),
             "turn": self.turn,
             "turns_left": turns_left,
             "invalid_action": invalid,

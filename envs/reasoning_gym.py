@@ -244,7 +244,11 @@ class ReasoningGymScorer:
         entry = {"question": task_info["question"], "answer": ground_truth, "metadata": task_info["metadata"]}
         verdict = self.verdict(task_info["dataset"], answer, entry)
         score = verdict.score if verdict.score is not None else 0.0
-        metadata.update(path=verdict.path, score=score, error=verdict.error)
+        # The sandbox could not run the scorer: no verdict on the answer at all (a scorer that raised or ran out of
+        # time or memory on the answer is the answer's doing).
+        metadata.update(
+            path=verdict.path, score=score, error=verdict.error, infra_failed=verdict.path == "sandbox_error"
+        )
         correct = verdict.path == "score_answer" and score == 1.0
         reward = score if self.reward == "partial" else float(correct)
         return RewardOutput(reward=reward, is_correct=correct, metadata=metadata)
@@ -325,7 +329,12 @@ class ReasoningGymEnv(MultiTurnEnv):
     ``task_id``. ``step``: ``is_correct`` (score 1.0), ``score``, ``extracted_answer`` (None on a format error),
     ``ground_truth``, ``source_dataset``, ``format_error`` (bool), ``grading_path`` (``score_answer``,
     ``format_error`` or one of the verdicts without a score listed under Rewards), ``grading_error`` (why, or None),
-    ``turn`` (1-based), ``turns_left``.
+    ``turn`` (1-based), ``turns_left``, ``infra_failed`` (bool).
+
+    Whose failure: an answer the check refuses (``unsafe_answer``, ``rejected_by_check``), or one the scorer raised on
+    (``scorer_error``), ran past its time or memory on (``timeout``, ``memory_limit``) or scored outside [0, 1]
+    (``invalid_score``) is the model's. ``sandbox_error`` (the scoring sandbox could not run) is the
+    infrastructure's: ``infra_failed`` True; the engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``dataset`` (str or dict, ``"chain_sum"``): a reasoning-gym dataset name, or ``{name: weight}`` for a mix.
