@@ -12,7 +12,6 @@ is its agent's (:data:`rllm_gym.agents.solver_judge.JUDGE_SYSTEM_PROMPT`); neith
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 import os
 import re
@@ -27,6 +26,7 @@ from pettingzoo.utils import wrappers
 from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.rewards.math import MathGrader
+from rllm_gym.rewards.side_by_side import grade_side_by_side
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
@@ -252,33 +252,12 @@ class _SolverJudgeRules:
             outcomes = {JUDGE: self._judge(actions[JUDGE], invalid[JUDGE])}
         else:
             replies = {agent: "" if invalid[agent] else action for agent, action in actions.items()}
-            grades = self._grade_all(replies)
+            # Side by side: a round costs one grading_time_limit, not one grader's worst case per solver.
+            grades = grade_side_by_side(self.grader, self.task, replies, self.grading_time_limit)
             outcomes = {agent: self._solve(agent, replies[agent], grades[agent]) for agent in actions}
         for agent, (_, info) in outcomes.items():
             info["invalid_action"] = invalid[agent]
         return outcomes
-
-    def _grade_all(self, replies: dict[str, str]) -> dict[str, RewardOutput]:
-        """Every reply's grade, the graders running side by side: a round costs at most ``grading_time_limit``
-        seconds whatever the replies, not one grader's worst case per solver. A grade that crashed or was not back
-        in time is an infrastructure failure (``infra_failed``), never the solver's wrong answer."""
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(replies), thread_name_prefix="solver-judge")
-        futures = {agent: pool.submit(self.grader, self.task, reply) for agent, reply in replies.items()}
-        done, _ = concurrent.futures.wait(futures.values(), timeout=self.grading_time_limit)
-        pool.shutdown(wait=False, cancel_futures=True)  # a grader still running finishes on its own thread
-        return {agent: self._grade_of(future, future in done) for agent, future in futures.items()}
-
-    def _grade_of(self, future: concurrent.futures.Future, done: bool) -> RewardOutput:
-        if not done:
-            error = f"the grader did not finish within grading_time_limit={self.grading_time_limit:g} s"
-        elif future.exception() is not None:
-            exc = future.exception()
-            error = f"the grader crashed: {type(exc).__name__}: {str(exc)[:300]}"
-        elif not isinstance(future.result(), RewardOutput):
-            error = f"the grader returned {type(future.result()).__name__}, not a RewardOutput"
-        else:
-            return future.result()
-        return RewardOutput(reward=0.0, is_correct=None, metadata={"error": error, "infra_failed": True})
 
     def _solve(self, agent: str, reply: str, grade: RewardOutput) -> tuple[float, dict[str, Any]]:
         """Record one solver's graded reply."""

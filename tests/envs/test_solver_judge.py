@@ -393,7 +393,7 @@ def test_a_grader_past_the_step_budget_or_crashing_is_an_infrastructure_failure(
     assert infos["solver_0"]["is_correct"] and not infos["solver_0"]["infra_failed"]
     stalled, crashed = infos["solver_1"], infos["solver_2"]
     assert stalled["infra_failed"] and crashed["infra_failed"] and not stalled["is_correct"]
-    assert "did not finish within grading_time_limit=0.5 s" in stalled["reward_metadata"]["error"]
+    assert "the grader did not finish within 0.5 s" in stalled["reward_metadata"]["error"]
     assert crashed["reward_metadata"]["error"] == "the grader crashed: ConnectionError: scorer unreachable"
     assert infos["judge_0"]["infra_failed"] and infos["judge_0"]["verdict"] == 2
     with pytest.raises(ValueError, match=re.escape("grading_time_limit must be a number of seconds in (0, 600]")):
