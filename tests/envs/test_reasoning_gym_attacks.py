@@ -334,3 +334,17 @@ def test_polynomial_equations_pays_only_every_real_root():
         assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
         env.reset(seed=seed)
         assert env.step("\\boxed{0}")[1] == 0.0 or task["ground_truth"] in ("0.0", "0")
+
+
+def test_a_scoring_sandbox_that_cannot_run_is_an_infrastructure_failure():
+    class Unavailable(rg_env.ReasoningGymScorer):
+        def dataset_verdict(self, dataset, answer, entry):
+            return scoring.Verdict("sandbox_error", error="zygote cannot start")
+
+    scorer, task = _scorer_and_task("puzzle24")
+    graded = scorer(task, f"\\boxed{{{task['ground_truth']}}}")
+    assert graded.reward == 1.0 and graded.metadata["infra_failed"] is False
+    broken = Unavailable(scorer.score_fns, configs=scorer.configs)
+    failed = broken(task, f"\\boxed{{{task['ground_truth']}}}")
+    assert (failed.reward, failed.metadata["path"], failed.metadata["infra_failed"]) == (0.0, "sandbox_error", True)
+    assert broken(task, "\\boxed{__import__('os')}").metadata["infra_failed"] is False  # refused: the model's
