@@ -105,7 +105,8 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct`` (from the reward function, False when it
     does not say), ``reward_metadata`` (its metadata dict), ``turn`` (1-based), ``invalid_action`` (the action was
-    outside the action space).
+    outside the action space), ``infra_failed`` (the reward function's ``metadata["infra_failed"]``: its grade came
+    from the infrastructure, not the model; the engine retries such an episode and the trainer leaves it out).
 
     ## Arguments
     ``reward_fn`` (RewardFunction): grades ``(task, action)``. ``tasks`` (a sequence of task dicts, e.g. a
@@ -199,6 +200,7 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         self._last_observation = ""
         info = {
             "is_correct": bool(output.is_correct),
+            "infra_failed": bool(output.metadata.get("infra_failed", False)),
             "turn": self.turn,
             "invalid_action": invalid,
             **self.step_info(output),
@@ -267,6 +269,7 @@ class MultiTurnEnv(SingleTurnEnv):
         self._last_observation = "" if self._done else self.feedback(output, turns_left)
         info = {
             "is_correct": bool(output.is_correct),
+            "infra_failed": bool(output.metadata.get("infra_failed", False)),
             "turn": self.turn,
             "turns_left": turns_left,
             "invalid_action": invalid,

@@ -266,9 +266,14 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
     ungraded), ``graded`` (bool), ``passed`` and ``total`` (tests), ``tests`` (per-test results: input, expected, got,
     status among ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``, ``memory_limit``,
     ``output_limit``, ``not_plain_data``; error), ``attempt`` (1-based), ``revisions_left``, ``error`` (why a reply
-    or the sandbox failed, or None), ``invalid_action`` (the action was outside the action space). ``info`` quotes
-    hidden tests too: it is for logs, not for the model (:class:`~rllm_gym.agents.code.CodeAgent` shows only the
-    observation).
+    or the sandbox failed, or None), ``invalid_action`` (the action was outside the action space), ``infra_failed``
+    (bool). ``info`` quotes hidden tests too: it is for logs, not for the model
+    (:class:`~rllm_gym.agents.code.CodeAgent` shows only the observation).
+
+    Whose failure: a test that fails by the solution's doing (wrong answer, its code raised, timed out, hit the
+    memory or output limit, was killed, returned what is not plain data) is the model's: ``graded`` True,
+    ``infra_failed`` False. The sandbox failing to start or run (``sandbox_error``) is the infrastructure's:
+    ``graded`` False, ``infra_failed`` True; the engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks). A task's
@@ -370,6 +375,7 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
         info = {
             "is_correct": result.is_correct,
             "graded": graded,
+            "infra_failed": not graded,
             "passed": meta.get("passed", 0),
             "total": meta.get("total", 0),
             "tests": meta.get("tests", []),

@@ -64,7 +64,11 @@ class MathEnv(MultiTurnEnv):
     format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
     ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``math_verify``, ``timeout``,
     ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
-    ``invalid_action`` (the action was outside the action space).
+    ``invalid_action`` (the action was outside the action space), ``infra_failed`` (bool).
+
+    Whose failure: no answer, a wrong one, or one math-verify ran past ``time_limit`` on (``timeout``) is the
+    model's. The math-verify worker dying (``error`` with ``infra_failed`` True: a crash, the host's memory) is the
+    infrastructure's; the engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``dataset``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path, a Hugging

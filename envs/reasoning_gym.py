@@ -29,7 +29,7 @@ from rllm_gym.rewards.reasoning_gym import (
     scoring_sandbox,
     unsafe_answer_reason,
 )
-from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, wrapper_check
+from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, oracle_problem, wrapper_check
 from rllm_gym.types import RewardOutput
 
 __all__ = ["ReasoningGymEnv", "ReasoningGymScorer", "extract_reply_answer", "split_of"]
@@ -142,12 +142,18 @@ def _tasks(spec_json: str, size: int, seed: int, split: str) -> tuple[dict[str, 
         if split_of(entry["question"]) != split:
             continue
         metadata = dict(entry.get("metadata") or {})
+        dataset = metadata.get("source_dataset", label)
+        if unsafe_answer_reason(dataset, str(entry["answer"])) is not None or oracle_problem(dataset, entry):
+            # The oracle itself restates the task (intermediate_integration's "Integral(x**2*cos(x), x) + C" where
+            # sympy found no closed form) or fails the wrapper's own check (polynomial_equations' "0.0" for a
+            # quartic with four real roots): no answer could be paid honestly, so the task is not posed.
+            continue
         tasks.append(
             {
                 "id": f"{label}/{seed}/{index}",
                 "question": entry["question"],
                 "ground_truth": entry["answer"],
-                "dataset": metadata.get("source_dataset", label),
+                "dataset": dataset,
                 "metadata": metadata,
             }
         )
@@ -238,7 +244,11 @@ class ReasoningGymScorer:
         entry = {"question": task_info["question"], "answer": ground_truth, "metadata": task_info["metadata"]}
         verdict = self.verdict(task_info["dataset"], answer, entry)
         score = verdict.score if verdict.score is not None else 0.0
-        metadata.update(path=verdict.path, score=score, error=verdict.error)
+        # The sandbox could not run the scorer: no verdict on the answer at all (a scorer that raised or ran out of
+        # time or memory on the answer is the answer's doing).
+        metadata.update(
+            path=verdict.path, score=score, error=verdict.error, infra_failed=verdict.path == "sandbox_error"
+        )
         correct = verdict.path == "score_answer" and score == 1.0
         reward = score if self.reward == "partial" else float(correct)
         return RewardOutput(reward=reward, is_correct=correct, metadata=metadata)
@@ -260,9 +270,11 @@ class ReasoningGymEnv(MultiTurnEnv):
     and only a number in [0, 1] comes back; only the datasets of
     :data:`~rllm_gym.rewards.reasoning_gym.IN_PROCESS_DATASETS` (string comparison) are scored in this process.
     Datasets whose scorer pays answers that solve nothing
-    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``) are refused unless
-    ``allow_unsound=True``. Needs ``pip install -e ".[reasoning-gym]"``; without it
-    ``gym.make`` raises ``DependencyNotInstalled`` naming that command.
+    (:data:`~rllm_gym.rewards.reasoning_gym_checks.UNSOUND_DATASETS`: ``game_of_life_halting``,
+    ``propositional_logic``) are refused unless ``allow_unsound=True``; a task whose own oracle restates the question
+    or fails the wrapper's check (``polynomial_equations``' missed roots) is not posed. Needs
+    ``pip install -e ".[reasoning-gym]"``; without it ``gym.make`` raises ``DependencyNotInstalled`` naming that
+    command.
 
     ## Action Space
     ``TextSpace(max_length=1_000_000)``: the model's full reply, reasoning included.
@@ -317,7 +329,12 @@ class ReasoningGymEnv(MultiTurnEnv):
     ``task_id``. ``step``: ``is_correct`` (score 1.0), ``score``, ``extracted_answer`` (None on a format error),
     ``ground_truth``, ``source_dataset``, ``format_error`` (bool), ``grading_path`` (``score_answer``,
     ``format_error`` or one of the verdicts without a score listed under Rewards), ``grading_error`` (why, or None),
-    ``turn`` (1-based), ``turns_left``.
+    ``turn`` (1-based), ``turns_left``, ``infra_failed`` (bool).
+
+    Whose failure: an answer the check refuses (``unsafe_answer``, ``rejected_by_check``), or one the scorer raised on
+    (``scorer_error``), ran past its time or memory on (``timeout``, ``memory_limit``) or scored outside [0, 1]
+    (``invalid_score``) is the model's. ``sandbox_error`` (the scoring sandbox could not run) is the
+    infrastructure's: ``infra_failed`` True; the engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``dataset`` (str or dict, ``"chain_sum"``): a reasoning-gym dataset name, or ``{name: weight}`` for a mix.

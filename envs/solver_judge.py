@@ -26,6 +26,7 @@ from pettingzoo.utils import wrappers
 from rllm_gym.data import Dataset, MathTaskGenerator, load_dataset, map_math_row
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.rewards.math import MathGrader
+from rllm_gym.rewards.side_by_side import grade_side_by_side
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
@@ -131,7 +132,18 @@ class _SolverJudgeRules:
         n_solvers: int = 2,
         invalid_verdict_reward: float = 0.0,
         render_mode: str | None = None,
+        grading_time_limit: float = 20.0,
     ):
+        if (
+            isinstance(grading_time_limit, bool)
+            or not isinstance(grading_time_limit, (int, float))
+            or not 0 < grading_time_limit <= 600
+        ):
+            raise ValueError(
+                f"grading_time_limit must be a number of seconds in (0, 600], got {grading_time_limit!r}; it bounds "
+                "one round's grading (every solver's grade together)"
+            )
+        self.grading_time_limit = float(grading_time_limit)
         if not isinstance(n_solvers, int) or isinstance(n_solvers, bool) or not 1 <= n_solvers <= MAX_SOLVERS:
             raise ValueError(f"n_solvers must be an int in [1, {MAX_SOLVERS}], got {n_solvers!r}")
         if grader is not None and not callable(grader):
@@ -232,23 +244,30 @@ class _SolverJudgeRules:
             "active": self._active(agent),
         }
 
-    def _play(self, agent: str, action: Any) -> tuple[float, dict[str, Any]]:
-        """Apply one agent's move: ``(reward, info)``. An action outside the action space is an invalid action."""
-        invalid = not self.action_spaces[agent].contains(action)
-        reward, info = self._judge(action, invalid) if agent == JUDGE else self._solve(agent, action, invalid)
-        info["invalid_action"] = invalid
-        return reward, info
+    def _play_round(self, actions: Mapping[str, Any]) -> dict[str, tuple[float, dict[str, Any]]]:
+        """Apply the moves of a round: ``{agent: (reward, info)}``. An action outside the action space is an invalid
+        action; a solver's invalid action is graded as the empty reply. The solvers' replies are graded at once."""
+        invalid = {agent: not self.action_spaces[agent].contains(action) for agent, action in actions.items()}
+        if JUDGE in actions:
+            outcomes = {JUDGE: self._judge(actions[JUDGE], invalid[JUDGE])}
+        else:
+            replies = {agent: "" if invalid[agent] else action for agent, action in actions.items()}
+            # Side by side: a round costs one grading_time_limit, not one grader's worst case per solver.
+            grades = grade_side_by_side(self.grader, self.task, replies, self.grading_time_limit)
+            outcomes = {agent: self._solve(agent, replies[agent], grades[agent]) for agent in actions}
+        for agent, (_, info) in outcomes.items():
+            info["invalid_action"] = invalid[agent]
+        return outcomes
 
-    def _solve(self, agent: str, action: Any, invalid: bool) -> tuple[float, dict[str, Any]]:
-        """Grade one solver's reply on its own; an invalid action is graded as the empty reply."""
-        reply = "" if invalid else action
-        grade = self.grader(self.task, reply)
+    def _solve(self, agent: str, reply: str, grade: RewardOutput) -> tuple[float, dict[str, Any]]:
+        """Record one solver's graded reply."""
         self.solutions[agent], self.grades[agent] = reply, grade
         info = {
             "role": "solver",
             "task_id": str(self.task.get("id", "")),
             "active": False,
             "is_correct": bool(grade.is_correct),
+            "infra_failed": bool(grade.metadata.get("infra_failed", False)),
             "reward_metadata": dict(grade.metadata),
         }
         return float(grade.reward), info
@@ -270,6 +289,7 @@ class _SolverJudgeRules:
             "task_id": str(self.task.get("id", "")),
             "active": False,
             "is_correct": bool(chosen.is_correct),
+            "infra_failed": bool(chosen.metadata.get("infra_failed", False)),
             "verdict": verdict,
             "invalid_verdict": verdict is None,
             "verdict_error": error,
@@ -368,10 +388,16 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     After ``reset`` every agent's info is ``role`` (``"solver"``/``"judge"``), ``task_id``, ``task`` (the task
     dict) and ``active`` (whether the agent's next action is used: False for the judge until every solver has
     answered; the parallel runner reads it). After a solver answers: ``role``, ``task_id``, ``active`` (False),
-    ``is_correct``, ``reward_metadata`` (the grader's metadata), ``invalid_action``. After the verdict: ``role``,
-    ``task_id``, ``active``, ``is_correct`` (the named solution is correct), ``verdict`` (int or None),
+    ``is_correct``, ``infra_failed``, ``reward_metadata`` (the grader's metadata), ``invalid_action``. After the
+    verdict: ``role``, ``task_id``, ``active``, ``is_correct`` (the named solution is correct), ``infra_failed``
+    (the named solution's grade failed), ``verdict`` (int or None),
     ``invalid_verdict`` (bool), ``verdict_error`` (why it was rejected, or None), ``solutions_correct`` (each
     solution's correctness), ``invalid_action`` (the action was outside the action space).
+
+    Whose failure: a reply with no answer, a wrong one, or one the grader ran out of its own ``time_limit`` on is the
+    model's (``is_correct`` False, ``infra_failed`` False). A grader that crashed, returned something other than a
+    ``RewardOutput``, or was not back within ``grading_time_limit`` is the infrastructure's: reward 0.0 with
+    ``infra_failed`` True and the reason in ``reward_metadata["error"]``; do not train on that sample.
 
     ## Arguments
     ``tasks``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path or a name
@@ -380,6 +406,10 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     ``n_solvers`` (int, 2; 1 to 64). ``invalid_verdict_reward`` (float, 0.0): the judge's reward for a malformed
     verdict, e.g. -0.5 to penalise format errors. ``render_mode`` (``"human"``: the text below printed after every
     step; ``"ansi"``: ``render()`` returns the task, the solutions so far and the verdict; or None).
+    ``grading_time_limit`` (float, 20.0 s; up to 600): one step's bound on grading. The solvers' replies of a round
+    are graded side by side, so a step returns within this bound whatever the replies (it used to cost a grader's
+    worst case once per solver); a grader still running past it is an infrastructure failure. A custom grader that
+    never returns keeps its thread: give it a time limit of its own.
 
     ## Conformance
     PettingZoo's ``parallel_api_test``, ``seed_test``, ``parallel_seed_test`` and ``render_test`` pass as shipped,
@@ -416,7 +446,7 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
             return
         self._cumulative_rewards[agent] = 0.0
         self.rewards = dict.fromkeys(self.agents, 0.0)
-        reward, info = self._play(agent, action)
+        reward, info = self._play_round({agent: action})[agent]
         self.rewards[agent] = reward
         self.terminations[agent] = True
         self.infos[agent] = info
@@ -461,8 +491,8 @@ class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
         live = list(self.agents)
         rewards = dict.fromkeys(live, 0.0)
         infos: dict[str, dict[str, Any]] = {}
-        for agent in acting:
-            rewards[agent], infos[agent] = self._play(agent, actions[agent])
+        for agent, (reward, info) in self._play_round({agent: actions[agent] for agent in acting}).items():
+            rewards[agent], infos[agent] = reward, info
         terminations = {agent: agent in acting for agent in live}
         if JUDGE not in acting:
             infos[JUDGE] = self._waiting_info(JUDGE)

@@ -124,7 +124,11 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
     ``malformed_calls`` (``{"index", "kind", "message", "text"}`` per malformed call), ``n_tool_calls`` (calls run so
     far), ``tool_calls_left``, ``final_answer`` (the graded text, or None), ``is_correct``, ``reward_metadata`` (the
     reward function's metadata on the final step, else ``{}``), ``invalid_action`` (the action was neither text
-    within the action space nor a ModelOutput).
+    within the action space nor a ModelOutput), ``infra_failed`` (a tool output's metadata said the infrastructure
+    failed, e.g. the python tool's sandbox could not run, or on the final step the reward function's metadata said
+    its grade came from the infrastructure, e.g. the math-verify worker died; then the engine retries the episode
+    and the trainer leaves it out). A tool's own error (a bad expression, a timeout, code that raised) is shown to
+    the model as the tool's output: it is the model's to handle.
 
     ## Arguments
     ``tools`` (names from :data:`~rllm_gym.tools.BUILTIN_TOOLS` or Tool objects, default calculator, search, python,
@@ -362,6 +366,7 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         self._last_observation = "Answer submitted: correct." if is_correct else "Answer submitted: incorrect."
         info = self._info(calls, [], malformed, final_answer=answer, is_correct=is_correct)
         info["reward_metadata"] = dict(graded.metadata)
+        info["infra_failed"] = info["infra_failed"] or bool(graded.metadata.get("infra_failed", False))
         low, high = self.reward_bounds
         reward = float(graded.reward)
         if not math.isfinite(reward) or not low <= reward <= high:
@@ -387,4 +392,6 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
             "is_correct": is_correct,
             "reward_metadata": {},
             "invalid_action": False,
+            # A tool that failed by the infrastructure's doing (the python tool's sandbox could not run).
+            "infra_failed": any(output.metadata.get("infra_failed") for output in outputs),
         }

@@ -67,7 +67,10 @@ class Record(BaseModel):
 
 
 class TerminationReason(str, Enum):
-    """Why an episode ended. Only ``ERROR`` episodes are retried by the engines; the others are outcomes."""
+    """Why an episode ended. Only ``ERROR`` and ``INFRA_FAILED`` episodes are retried by the engines; the others are
+    outcomes. ``INFRA_FAILED``: a step's ``info["infra_failed"]`` said its reward came from the infrastructure (the
+    sandbox, a grader, a scorer or a server failed), not from the model; the trainer leaves such episodes out of the
+    advantages by default."""
 
     ENV_DONE = "env_done"
     MAX_TURNS_EXCEEDED = "max_turns_exceeded"
@@ -75,6 +78,7 @@ class TerminationReason(str, Enum):
     MAX_RESPONSE_LENGTH_EXCEEDED = "max_response_length_exceeded"
     TIMEOUT = "timeout"
     ERROR = "error"
+    INFRA_FAILED = "infra_failed"
     UNKNOWN = "unknown"
 
 

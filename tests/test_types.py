@@ -160,6 +160,7 @@ def test_termination_reason_values():
         "max_response_length_exceeded",
         "timeout",
         "error",
+        "infra_failed",
         "unknown",
     }
     assert Episode(id="t:0", termination_reason="timeout").termination_reason is TerminationReason.TIMEOUT

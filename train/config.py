@@ -153,8 +153,11 @@ class TrainConfig:
     norm_adv_by_std: bool = field(default=True, metadata={"help": "Divide GRPO advantages by the group std."})
     drop_uniform_groups: bool = field(default=False, metadata={"help": "Drop groups whose rewards are all equal."})
     exclude_termination: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded."},
+        default_factory=lambda: ["infra_failed"],
+        metadata={
+            "help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded. Default "
+            "['infra_failed']: a reward the infrastructure gave (sandbox or grader failed) is no training sample."
+        },
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (per_step, state)."})
     loss_type: str = field(

@@ -429,6 +429,7 @@ class Interrupted(Exception):
 def record_outcome(summary: dict[str, Any], trainer: RLLMGRPOTrainer, output_dir: Path) -> None:
     """Put the run's termination counts and errors in the summary (and summary.json), and say what failed."""
     summary["termination_reasons"] = dict(sorted(trainer.terminations.items()))
+    summary["infra_failed"] = trainer.terminations["infra_failed"]  # episodes left out of the advantages
     summary["errors"] = trainer.errors.groups()
     if trainer.errors and trainer.is_world_process_zero():
         count = sum(group["count"] for group in summary["errors"])

@@ -393,3 +393,4 @@ class RLLMGRPOTrainer(GRPOTrainer):
         reasons = Counter(e.termination_reason.value if e.termination_reason else "unknown" for e in episodes)
         for reason, count in reasons.items():
             self._metrics[mode][f"rollout/termination/{reason}"].append(count / n)
+        self._metrics[mode]["rollout/infra_failed"].append(float(reasons["infra_failed"]))  # episodes, not a share

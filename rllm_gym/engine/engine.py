@@ -1,10 +1,11 @@
 """The engines that run many episodes concurrently on one asyncio loop against one policy.
 
 :class:`AgentWorkflowEngine` keeps a pool of workflow instances (each with its own agents and envs, reused across
-episodes), feeds them ``(task, rollout)`` pairs, retries episodes that end in ``ERROR`` up to ``retry_limit`` times
-(env-caused ends are outcomes, not retried), and streams finished Episodes out as they complete, appending each to an
-episode file when given one. Rerunning with the same file resumes: finished episodes are read back, not redone.
-:class:`AgentExecutionEngine` is the simple path, one agent class and one env id.
+episodes), feeds them ``(task, rollout)`` pairs, retries episodes that end in ``ERROR`` or ``INFRA_FAILED`` up to
+``retry_limit`` times (env-caused ends are outcomes, not retried; an episode still infra-failed after its last try is
+kept with that reason, which the trainer leaves out of the advantages), and streams finished Episodes out as they
+complete, appending each to an episode file when given one. Rerunning with the same file resumes: finished episodes
+are read back, not redone. :class:`AgentExecutionEngine` is the simple path, one agent class and one env id.
 
 Tasks are dicts (passed to ``env.reset(options={"task": task})``; the id is ``task["id"]``, else ``task-<index>``)
 or ints (a reset seed: the env draws its own task; the id is ``seed-<n>``). Episode ids are
@@ -46,6 +47,8 @@ _BUILDERS = 2  # workflows built at once (in the env pool's threads)
 # build cost more than the build (64 Math-v0 workflows take ~5 ms, 64 hops through the env pool ~10 ms of a training
 # step's rollout); an admission batch (_ADMIT_BATCH) of such builds holds the loop for tens of milliseconds at most.
 _CHEAP_BUILD_S = 0.001
+# Retried: an exception, or a reward that came from the infrastructure (info["infra_failed"]), not from the model.
+_RETRIED = (TerminationReason.ERROR, TerminationReason.INFRA_FAILED)
 
 
 class AgentWorkflowEngine:
@@ -149,25 +152,31 @@ class AgentWorkflowEngine:
             episode = await workflow.run_with_termination_handling(spec.task, spec.id, seed=spec.seed)
             if workflow.needs_replacement:  # its env may still be busy in a thread: never reuse it
                 workflow = self._new_workflow()
-            if episode.termination_reason is TerminationReason.ERROR:
+            failed = episode.termination_reason in _RETRIED
+            if failed:
                 self._log_error(episode, attempts)
-            if episode.termination_reason is not TerminationReason.ERROR or attempts == self.retry_limit:
+            if not failed or attempts == self.retry_limit:
                 episode.metadata["attempts"] = attempts
                 return episode, workflow
 
     def _log_error(self, episode: Episode, attempt: int) -> None:
-        error = episode.metadata.get("error") or {}
+        reason = episode.termination_reason or TerminationReason.ERROR
+        if reason is TerminationReason.INFRA_FAILED:
+            error = {"type": "infra_failed", "message": (episode.metadata.get("infra_failure") or {}).get("error")}
+        else:
+            error = episode.metadata.get("error") or {}
         key = (str(error.get("type")), str(error.get("message")))
         level = logging.DEBUG if key in self._logged_errors else logging.WARNING
         self._logged_errors.add(key)
         retry = "retrying" if attempt < self.retry_limit else "no retries left"
         logger.log(
             level,
-            "episode %s (attempt %d of %d, %s) ended in ERROR: %s: %s",
+            "episode %s (attempt %d of %d, %s) ended in %s: %s: %s",
             episode.id,
             attempt,
             self.retry_limit,
             retry,
+            reason.value.upper(),
             key[0],
             key[1],
         )

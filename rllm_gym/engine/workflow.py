@@ -228,6 +228,10 @@ class Workflow(ABC):
             }
         if episode is None:
             episode = Episode(id=uid, task=task, trajectories=self.collect_trajectories())
+        failure = infra_failure(episode) if reason is not TerminationReason.ERROR else None
+        if failure is not None:  # the reward came from the infrastructure, not from the model: retried, not trained
+            reason = TerminationReason.INFRA_FAILED
+            episode.metadata["infra_failure"] = failure
         episode.termination_reason = reason
         if error is not None:
             episode.metadata["error"] = error
@@ -270,6 +274,18 @@ class Workflow(ABC):
             verdict = trajectory.steps[-1].info.get("is_correct")
             verdicts.append(bool(verdict) if verdict is not None else (trajectory.reward or 0.0) > 0)
         return bool(verdicts) and all(verdicts) and episode.termination_reason is not TerminationReason.ERROR
+
+
+def infra_failure(episode: Episode) -> dict[str, Any] | None:
+    """The first step whose ``info["infra_failed"]`` is true (its trajectory's name, index and error), or None."""
+    for trajectory in episode.trajectories:
+        for index, step in enumerate(trajectory.steps):
+            if step.info.get("infra_failed"):
+                error = step.info.get("error") or step.info.get("grading_error")
+                if error is None and isinstance(step.info.get("reward_metadata"), dict):
+                    error = step.info["reward_metadata"].get("error")
+                return {"trajectory": trajectory.name, "step": index, "error": None if error is None else str(error)}
+    return None
 
 
 def _prompt_tokens(step: Step) -> int:

@@ -74,9 +74,20 @@ def outputs_match(got: str, expected: str, tol: float = DEFAULT_FLOAT_TOLERANCE)
     return True
 
 
-def _typed(items: Any) -> set[tuple[type, Any]]:
-    """Keys or members with their exact types: ``{1}`` and ``{True}`` differ."""
-    return {(type(item), item) for item in items}
+def _exact(item: Any) -> Any:
+    """A hashable key or member with its exact type at every depth: ``1``, ``True`` and ``1.0`` differ, and so do
+    ``(1, 2)`` and ``(True, 2)`` or ``frozenset({1})`` and ``frozenset({True})``."""
+    kind = type(item)
+    if kind is tuple:
+        return kind, tuple(_exact(member) for member in item)
+    if kind is frozenset:
+        return kind, frozenset(_exact(member) for member in item)
+    return kind, item
+
+
+def _typed(items: Any) -> set[Any]:
+    """Keys or members with their exact types at every depth (see :func:`_exact`)."""
+    return {_exact(item) for item in items}
 
 
 def values_match(got: Any, expected: Any, tol: float = DEFAULT_FLOAT_TOLERANCE) -> bool:

@@ -24,10 +24,10 @@ __all__ = ["Plan", "task_code"]
 _CALL_HARNESS = """
 import json as _json
 import _rllm_channel as _ch
-_mark, _fn, _cases, _budget = _json.loads({payload!r})
+_mark, _fn, _cases, _budget, _limit = _json.loads({payload!r})
 def _report(index, **fields):
     print(_mark + _json.dumps(dict(index=index, **fields)), flush=True)
-_function = _ch.remote(_fn)
+_function = _ch.remote(_fn, _limit)
 for _index, _args in _cases:
     del _ch.failures[:]
     try:
@@ -51,7 +51,7 @@ _ASSERT_HARNESS = """
 import builtins as _builtins
 import json as _json
 import _rllm_channel as _ch
-_mark, _task_code, _setup, _entry, _cases, _stop = _json.loads({payload!r})
+_mark, _task_code, _setup, _entry, _cases, _stop, _limit = _json.loads({payload!r})
 def _report(index, **fields):
     print(_mark + _json.dumps(dict(index=index, **fields)), flush=True)
 class _Namespace(dict):
@@ -60,7 +60,7 @@ class _Namespace(dict):
             return _builtins.__dict__[name]
         if name.startswith("__"):
             raise KeyError(name)
-        self[name] = _ch.remote(name)
+        self[name] = _ch.remote(name, _limit)
         return self[name]
 _tests = _Namespace(__name__="__tests__", __builtins__=_builtins)
 try:
@@ -70,7 +70,7 @@ try:
 except BaseException as _exc:
     _setup_error = "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300]
 if _entry:
-    _tests[_entry] = _ch.remote(_entry)
+    _tests[_entry] = _ch.remote(_entry, _limit)
 for _index, _source in _cases:
     if _setup_error is not None:
         _report(_index, status="runtime_error", error=_setup_error)
@@ -140,6 +140,9 @@ class Plan:
     # Bytes of JSON a call test's return value may take in the harness's report: half of the sandbox's default output
     # cap (1 MiB), which all of a harness's reports share. A larger value fails its test as ``output_limit``.
     report_budget: int = 1 << 19
+    # Wall-clock seconds one call to the solution may take: a solution that loops forever costs this once, as the
+    # call's test and every later one fail at once (None: only the paired run's own limit).
+    call_time_limit: float | None = None
     mark: str = field(default_factory=lambda: f"@@rllm-test-{secrets.token_hex(8)}@@")
 
     @property
@@ -156,9 +159,10 @@ class Plan:
     def solution(self) -> str:
         """The program the solution's process runs: the reply's code, then the task's helpers it did not define."""
         first = self.tests[0]
+        code = f"{first.imports}\n{self.code}" if first.imports else self.code
         if first.kind != "assert" or not first.task_code:
-            return self.code
-        return self.code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)
+            return code
+        return code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)
 
     def harness(self, indices: range) -> str:
         """The trusted test program of a paired run over ``indices``: the tests' arguments or asserts, never the
@@ -166,12 +170,13 @@ class Plan:
         tests = [(index, self.tests[index]) for index in indices]
         if tests[0][1].kind == "call":
             cases = [(index, test.input) for index, test in tests]
-            payload = json.dumps([self.mark, tests[0][1].fn_name, cases, self.report_budget])
+            payload = json.dumps([self.mark, tests[0][1].fn_name, cases, self.report_budget, self.call_time_limit])
             return _CALL_HARNESS.format(payload=payload)
         setup = "\n".join(dict.fromkeys(test.setup for _, test in tests if test.setup))
         first = tests[0][1]
         cases = [(index, test.input) for index, test in tests]
-        payload = json.dumps([self.mark, first.task_code, setup, first.fn_name or "", cases, self.stop])
+        payload = [self.mark, first.task_code, setup, first.fn_name or "", cases, self.stop, self.call_time_limit]
+        payload = json.dumps(payload)
         return _ASSERT_HARNESS.format(payload=payload)
 
     def judge_stdio(self, results: list[SandboxResult]) -> list[dict[str, Any]]:

@@ -8,7 +8,8 @@ Three test formats, the ones the common data sets use, all given in the task dic
 * **function call** (TACO/LeetCode): the same plus ``fn_name``; each input is the argument list, each output the
   return value (TACO's one-element wrapper ``[value]`` is accepted too). A ``class Solution`` method is found as well.
 * **assert** (HumanEval, MBPP): ``test`` holding ``def check(candidate)`` plus ``entry_point``, or ``test_list``
-  holding assert statements (with optional ``test_setup_code``); each assert is one test.
+  holding assert statements (with optional ``test_setup_code``, and ``test_imports``, which run before the solution
+  and before the asserts, as in MBPP); each assert is one test.
 
 **The verdict is decided outside the process that runs model code.** Function and assert tests run as a pair
 (:meth:`rllm_gym.sandbox.Sandbox.run_pair`): the test code runs in a sandboxed harness process of its own and every
@@ -44,6 +45,7 @@ learning from it.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import re
@@ -104,6 +106,29 @@ class TestCase:
     fn_name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     task_code: str = ""
+    imports: str = ""  # MBPP's test_imports: run before the solution too
+
+
+def _mbpp_imports(imports: Any) -> str:
+    """MBPP's ``test_imports`` (``["import math"]``) as source: MBPP runs them before the solution and its asserts,
+    so both of ours get them (a solution may use ``math`` without importing it, an assert may call ``math.isclose``).
+    """
+    if imports is None:
+        return ""
+    if isinstance(imports, str):
+        imports = [imports] if imports.strip() else []
+    if not isinstance(imports, list) or not all(isinstance(line, str) for line in imports):
+        raise ValueError(
+            f"task['test_imports'] must be a list of import statements such as ['import math'], got {imports!r:.200}"
+        )
+    for line in imports:
+        try:
+            body = ast.parse(line).body
+        except SyntaxError:
+            body = []
+        if not body or not all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body):
+            raise ValueError(f"task['test_imports'] must hold import statements only, got {line!r:.200}")
+    return "\n".join(imports)
 
 
 def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
@@ -116,8 +141,11 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             raise ValueError(
                 "task['test_list'] must be a non-empty list of assert statements such as ['assert f(1) == 2']"
             )
-        setup = "\n".join(str(task_info.get(key) or "") for key in ("test_imports_code", "test_setup_code"))
-        return [TestCase("assert", input=a, setup=setup) for a in asserts]
+        imports = _mbpp_imports(task_info.get("test_imports"))
+        setup = "\n".join(
+            [imports, *(str(task_info.get(key) or "") for key in ("test_imports_code", "test_setup_code"))]
+        )
+        return [TestCase("assert", input=a, setup=setup, imports=imports) for a in asserts]
     if "test" in task_info and "entry_point" in task_info:  # HumanEval
         test, entry = task_info["test"], task_info["entry_point"]
         if not isinstance(test, str) or not isinstance(entry, str) or not entry:
@@ -177,8 +205,10 @@ class CodeReward:
             when the reward is all-or-nothing (``not fraction``), where the rest cannot change it; with
             ``fraction`` every test runs. :class:`~rllm_gym.envs.code.CodeEnv` has the same default.
         timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests,
-            at most 60 s). memory_mb: memory limit per process. Both follow
-            :class:`~rllm_gym.sandbox.SandboxLimits` (its defaults and its rules). sandbox: a :class:`Sandbox`
+            at most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every
+            later test at once, so a solution that never returns costs ``timeout`` once, not once per
+            test). memory_mb: memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its
+            defaults and its rules). sandbox: a :class:`Sandbox`
             (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
             value is a float (default 1e-6; a task's own ``float_tolerance`` wins).
     """
@@ -224,7 +254,7 @@ class CodeReward:
                 },
             )
         # A lone surrogate cannot be written as UTF-8 source: it stands for the replacement character it shows as.
-        return Plan(clean_text(code), tests, self.stop, float(tol), public=public)
+        return Plan(clean_text(code), tests, self.stop, float(tol), public=public, call_time_limit=self.timeout)
 
     def _kwargs(self, plan: Plan, count: int) -> dict[str, Any]:
         timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout

@@ -135,6 +135,9 @@ _LAUNCH = "import sys, runpy; del sys.path[0]; runpy.run_path(sys.argv[1], run_n
 _STARTUP_TIMEOUT = 120.0  # importing sympy on a loaded 2-core machine can take seconds
 
 
+_WORKER_EXITED = "error: the math-verify worker exited"
+
+
 class MathVerifyPool:
     """Long-lived math-verify worker processes; :meth:`verify` is thread-safe and has a hard time limit.
 
@@ -180,13 +183,13 @@ class MathVerifyPool:
             process.stdin.write((json.dumps(request) + "\n").encode())
             process.stdin.flush()
         except (BrokenPipeError, OSError):
-            return False, "error: the math-verify worker exited"
+            return False, _WORKER_EXITED
         ready, _, _ = select.select([process.stdout], [], [], limit)
         if not ready:
             return False, "timeout"
         line = process.stdout.readline()
         if not line:
-            return False, "error: the math-verify worker exited"
+            return False, _WORKER_EXITED
         reply = json.loads(line)
         return bool(reply["verdict"]), "ok" if reply["error"] is None else f"error: {reply['error']}"
 
@@ -287,7 +290,8 @@ class MathGrader:
     ``metadata`` holds ``extracted_answer``, ``ground_truth`` (the first reference answer), ``path`` (which path
     decided: ``exact``, ``numeric``, ``words`` (words after the number change its meaning: not equal),
     ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
-    and, for format errors and failures, ``error``.
+    and, for format errors and failures, ``error`` and ``infra_failed`` (True when the math-verify worker died: the
+    infrastructure's failure; a ``timeout`` on the answer is the answer's).
 
     Args:
         correct_reward / incorrect_reward / format_error_reward: the reward for a correct answer, a wrong one, and a
@@ -390,6 +394,8 @@ class MathGrader:
         metadata["path"] = path.partition(":")[0]
         if path.startswith("error"):
             metadata["error"] = path.partition(": ")[2]
+            # The worker process died (the host's memory, a crash): the infrastructure's failure, not a wrong answer.
+            metadata["infra_failed"] = path == _WORKER_EXITED
         reward = self.correct_reward if is_correct else self.incorrect_reward
         return RewardOutput(reward=reward, is_correct=is_correct, metadata=metadata)
 

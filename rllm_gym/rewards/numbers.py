@@ -196,17 +196,21 @@ def _simple_verdict(gold: str, answer: str) -> bool | None:
     return gold_term == answer_term or (gold_term[0] == answer_term[0] == 0)
 
 
-_PI_DIGITS = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
-
-
-def _term_value(term: tuple[Fraction, int | str]) -> Fraction:
-    """``q * basis`` to 80 significant digits (exact for basis 1), far below any written decimal's rounding."""
+def _term_value(term: tuple[Fraction, int | str], digits: int) -> Fraction:
+    """``q * basis`` to ``digits + 20`` significant digits (at least 80; exact for basis 1): far below the rounding
+    of a decimal written with ``digits`` significant digits, however many that is (a 99-digit ``\\sqrt{2}``)."""
     coefficient, basis = term
     if basis == 1:
         return coefficient
+    precision = max(80, digits + 20)
+    if basis == "pi":
+        import mpmath  # sympy's own dependency; imported on the first decimal graded against a multiple of pi
+
+        with mpmath.workdps(precision):
+            return coefficient * Fraction(Decimal(mpmath.nstr(mpmath.pi, precision, strip_zeros=False)))
     with localcontext() as context:
-        context.prec = 80
-        return coefficient * Fraction(_PI_DIGITS if basis == "pi" else Decimal(basis).sqrt())
+        context.prec = precision
+        return coefficient * Fraction(Decimal(basis).sqrt())
 
 
 def _approximate_verdict(gold: str, answer: str, significant_digits: int) -> bool | None:
@@ -217,7 +221,8 @@ def _approximate_verdict(gold: str, answer: str, significant_digits: int) -> boo
             continue
         term = _simple_term(exact_side)
         if term is not None and term[1] != 1:
-            return any(_rounds_to(reading, _term_value(term), significant_digits) for reading in _readings(number))
+            value = _term_value(term, number.digits)
+            return any(_rounds_to(reading, value, significant_digits) for reading in _readings(number))
     return None
 
 

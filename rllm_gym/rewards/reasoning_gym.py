@@ -11,9 +11,11 @@ Several reasoning-gym scorers evaluate the answer as code: ``eval`` (``spiral_ma
 * the sandbox's zygote has reasoning-gym imported already (``Sandbox(preload=...)``), so a run is a fork (~25-60 ms
   on a 2-core machine) rather than a ~1 s import;
 * answers to the datasets that ``eval``/``parse_expr`` them must be plain data (:func:`unsafe_answer_reason`): a
-  Python literal, or arithmetic over numbers, symbols and named maths functions. Anything else (a call to
-  ``__import__``, an attribute, a string) is refused on the host before scoring, so no answer runs code even in the
-  sandbox, and none can print a score of its own;
+  Python literal, or arithmetic over numbers, symbols and named maths functions, in the forms the dataset's own
+  answers take (numbers only for ``countdown`` and ``puzzle24``, no functions in a polynomial). Anything else (a call
+  to ``__import__``, an attribute, a string, or ``Integral``/``Derivative``/``Sum``/``limit``/``solve``, which would
+  have sympy do the task) is refused on the host before scoring, so no answer runs code even in the sandbox, none
+  can print a score of its own, and none is paid for restating the question;
 * what comes back is checked: a finite number in [0, 1] or it is a verdict of its own (``invalid_score``).
 
 A verdict is a :class:`Verdict`: the dataset's score (None when there is none) and the path that produced it, one of
@@ -131,14 +133,25 @@ _LITERAL_NODES = (
     *(ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare, ast.operator, ast.unaryop, ast.boolop, ast.cmpop),
 )
 # Names sympy's parse_expr may see: one-letter symbols and sympy's elementary functions and constants. Calls to
-# anything else (``eval``, ``chr``, ``getattr``, ``__import__``...) could build and run code from plain tokens.
+# anything else (``eval``, ``chr``, ``getattr``, ``__import__``...) could build and run code from plain tokens. An
+# answer is data, never work for the scorer: ``Integral``, ``Derivative``, ``Sum``, ``limit``, ``solve`` and the like
+# would have sympy do the task (a scorer that differentiates the answer pays ``Integral(f, x)`` for integrating f).
 _SYMPY_NAMES = frozenset(
     {
         "sin", "cos", "tan", "cot", "sec", "csc", "asin", "acos", "atan", "acot", "asec", "acsc", "sinh", "cosh",
         "tanh", "coth", "sech", "csch", "asinh", "acosh", "atanh", "acoth", "exp", "log", "ln", "sqrt", "pi", "oo",
-        "Abs", "abs", "sign", "floor", "ceiling", "factorial", "binomial", "gamma", "erf", "Integral", "Derivative",
+        "Abs", "abs", "sign", "floor", "ceiling", "factorial", "binomial", "gamma", "erf",
     }
 )  # fmt: skip
+# The forms each dataset's own answers take, and no more: the arithmetic puzzles' answers hold numbers only, a
+# product of polynomials is a polynomial (symbols, no functions); the integrals' answers use the names above.
+_SYMPY_FORMS: dict[str, tuple[bool, frozenset[str]]] = {  # dataset: (one-letter symbols allowed, named functions)
+    "countdown": (False, frozenset()),
+    "puzzle24": (False, frozenset()),
+    "polynomial_multiplication": (True, frozenset()),
+    "simple_integration": (True, _SYMPY_NAMES),
+    "intermediate_integration": (True, _SYMPY_NAMES),
+}
 _SYMPY_OPS = frozenset({"+", "-", "*", "/", "**", "^", "(", ")", ",", "%", "!", "//"})
 
 
@@ -156,6 +169,7 @@ def unsafe_answer_reason(dataset: str, answer: str) -> str | None:
                 return f"the answer is Python code ({type(node).__name__}), not data"
         return None
     if dataset in EVAL_SYMPY_DATASETS:
+        symbols, names = _SYMPY_FORMS.get(dataset, (True, _SYMPY_NAMES))
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(answer).readline))
         except (tokenize.TokenError, SyntaxError, IndentationError):
@@ -167,7 +181,7 @@ def unsafe_answer_reason(dataset: str, answer: str) -> str | None:
                 continue
             if token.type == tokenize.NAME and not keyword.iskeyword(token.string):
                 name = token.string
-                if (len(name) == 1 and name.isascii() and name.isalpha()) or name in _SYMPY_NAMES:
+                if (symbols and len(name) == 1 and name.isascii() and name.isalpha()) or name in names:
                     continue
             if token.type == tokenize.OP and token.string in _SYMPY_OPS:
                 continue

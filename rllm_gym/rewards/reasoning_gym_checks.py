@@ -3,9 +3,11 @@
 Some reasoning-gym scorers say 1.0 for answers that do not solve the task: ``puzzle24`` truncates the value
 (``int(24.5) == 24``) and never checks that the expression uses the puzzle's numbers (a regex counts any four
 numbers, so ``0x18`` or ``24+0*0*0`` pass), ``countdown``'s number check misses hex and float literals,
-``coin_flip``'s "matching prefix" credit reaches 1.0 (``1e9`` for a probability of 1), and ``complex_arithmetic``
-pays ``nan`` in full (``min(1.0, exp(-nan))``). Where the task is checkable exactly, :func:`wrapper_check` checks
-it here, on the host, without evaluating the answer as code (a Fraction evaluator over the parsed tree, only
+``coin_flip``'s "matching prefix" credit reaches 1.0 (``1e9`` for a probability of 1), ``complex_arithmetic`` pays
+``nan`` in full (``min(1.0, exp(-nan))``), and ``polynomial_equations``' oracle misses real roots of some quartics,
+so ``0`` is paid on tasks it does not solve (checked against every real root here; a task whose own oracle fails the
+check is not posed, :func:`oracle_problem`). Where the task is checkable exactly, :func:`wrapper_check` checks it
+here, on the host, without evaluating the answer as code (a Fraction evaluator over the parsed tree, only
 ``+ - * /`` and the puzzle's own decimal numbers). Where it is not, the dataset is in :data:`UNSOUND_DATASETS` and
 ``rllm/ReasoningGym-v0`` refuses it unless ``allow_unsound=True``.
 """
@@ -20,15 +22,20 @@ from typing import Any
 
 from rllm_gym.rewards.reasoning_gym import Verdict
 
-__all__ = ["UNSOUND_DATASETS", "arithmetic_puzzle_problem", "wrapper_check"]
+__all__ = ["UNSOUND_DATASETS", "arithmetic_puzzle_problem", "oracle_problem", "roots_problem", "wrapper_check"]
 
 # Datasets whose scorer pays 1.0 (the binary reward) for a constant or garbage answer, and why. Found by
 # tests/envs/test_reasoning_gym_survey.py on reasoning-gym 0.1.25.
 UNSOUND_DATASETS: dict[str, str] = {
     "game_of_life_halting": "its scorer pays 1.0 for any answer at all (it never reads the answer it is given)",
+    "propositional_logic": (
+        "its scorer pays 1.0 for any consequence of the premises that is not a tautology, so the premises "
+        "themselves, one of them or all joined with ∧, are paid on every task"
+    ),
 }
 _PLAIN_NUMBER = re.compile(r"\s*-?\d{1,30}(?:\.\d{1,30})?(?:\s*/\s*\d{1,30})?\s*")
 _NOT_A_NUMBER = re.compile(r"nan|inf", re.IGNORECASE)
+_PLAIN_DECIMAL = re.compile(r"[+-]?\d{1,30}(?:\.\d{0,30})?")
 
 _OPERATORS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: Fraction.__mul__}
 
@@ -90,7 +97,51 @@ def wrapper_check(dataset: str, answer: str, entry: dict[str, Any], verdict: Ver
         problem = _probability_problem(answer, str(entry.get("answer", "")))
     elif dataset == "complex_arithmetic" and _NOT_A_NUMBER.search(answer):
         problem = "nan or inf is not a complex number's part"
+    elif dataset == "polynomial_equations":
+        problem = roots_problem(answer, str(metadata.get("polynomial_expr", "")), str(metadata.get("variable", "x")))
     return verdict if problem is None else Verdict("rejected_by_check", error=problem)
+
+
+def oracle_problem(dataset: str, entry: dict[str, Any]) -> str | None:
+    """Why a task's own oracle answer fails the wrapper's check (the task is then not posed), or None."""
+    if dataset != "polynomial_equations":
+        return None
+    metadata = entry.get("metadata") or {}
+    expression, variable = str(metadata.get("polynomial_expr", "")), str(metadata.get("variable", "x"))
+    return roots_problem(str(entry.get("answer") or ""), expression, variable)
+
+
+def _real_roots(expression: str, variable: str) -> list[float]:
+    """The distinct real roots of the dataset's own polynomial (trusted text: it comes from the generator)."""
+    import sympy  # math-verify's dependency; imported on the first polynomial_equations verdict only
+
+    polynomial = sympy.Poly(sympy.sympify(expression), sympy.Symbol(variable))
+    return sorted(float(root.evalf(30)) for root, _ in polynomial.real_roots(multiple=False))
+
+
+def roots_problem(answer: str, expression: str, variable: str) -> str | None:
+    """Why ``answer`` is not the comma-separated real roots of ``expression = 0`` (each within 1e-3), or None.
+
+    ``polynomial_equations``' oracle comes from ``sympy.solve``, which misses real roots of some quartics
+    (``-7*n**4 + 97*n**2 - 31*n`` has four, its oracle says ``0.0``): its scorer then pays ``0`` for a task it
+    does not solve. The check here counts every real root."""
+    values = []
+    for part in answer.split(","):
+        if not part.strip():
+            continue
+        if not _PLAIN_DECIMAL.fullmatch(part.strip()):
+            return "the answer is not a comma-separated list of decimal numbers"
+        values.append(float(part))
+    try:
+        roots = _real_roots(expression, variable)
+    except Exception as failure:  # a dataset change we cannot read: a 1.0 that cannot be checked is not paid
+        return f"the equation {expression[:100]!r} cannot be checked ({type(failure).__name__})"
+    if len(values) != len(roots):
+        return f"the equation has {len(roots)} real solution(s), the answer gives {len(values)}"
+    for value, root in zip(sorted(values), roots, strict=True):
+        if abs(value - root) > 1e-3 * max(1.0, abs(root)):
+            return f"{value} is not a real solution (the nearest is {root:.6g})"
+    return None
 
 
 def _probability_problem(answer: str, oracle: str) -> str | None:

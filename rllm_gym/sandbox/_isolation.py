@@ -383,7 +383,18 @@ _DENIED_SYSCALLS = {
     "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
     "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438,
     "mount_setattr": 442, "open_tree_attr": 467,
+    # Probes of host state another run can set: which file pages are cached (mincore, cachestat, preadv2's
+    # RWF_NOWAIT, pwritev2 for symmetry; io_uring above) and host-wide counters (sysinfo: processes, load, memory).
+    "mincore": 27, "sysinfo": 99, "preadv2": 327, "pwritev2": 328, "cachestat": 451,
 }  # fmt: skip
+# Host-wide counters a fresh /proc still shows (open files, inodes, processes, load and the last pid, memory and page
+# cache, I/O, locks, cgroups): one run could set them and another read them. Each is covered by /dev/null.
+HOST_WIDE_PROC = (
+    "loadavg", "stat", "meminfo", "vmstat", "zoneinfo", "buddyinfo", "pagetypeinfo", "diskstats", "schedstat",
+    "softirqs", "interrupts", "locks", "cgroups", "swaps", "key-users", "slabinfo", "pressure/cpu", "pressure/io",
+    "pressure/memory", "sys/fs/file-nr", "sys/fs/inode-nr", "sys/fs/inode-state", "sys/fs/dentry-state",
+    "sys/fs/aio-nr", "sys/kernel/random/entropy_avail",
+)  # fmt: skip
 # Without a memory cgroup, memory that lives outside the address space limit is refused instead (memory_rules).
 _MEMORY_SYSCALLS = {"shmget": 29, "memfd_create": 319}
 _CLONE, _CLONE3, _SOCKET, _AF_UNIX = 56, 435, 41, 1
@@ -460,6 +471,9 @@ def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: boo
         mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        for name in HOST_WIDE_PROC:
+            with contextlib.suppress(OSError):  # absent on this kernel: nothing to cover
+                mount("/dev/null", "/proc/" + name, None, MS_BIND)
 
 
 def drop_privileges(uid: int | None, seccomp: bytes | None, supervisor_pid: int) -> None:

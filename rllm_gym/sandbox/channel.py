@@ -7,10 +7,11 @@ function's return value encoded by :func:`encode`. Only plain data crosses: None
 lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__`` is
 not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
 :class:`RemoteError`: the harness never runs an object the solution made. An exception from the solution's function
-comes back as a name and a message; the harness raises the builtin ``Exception`` of that name, except for names that
-would steer the test code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a
-builtin ``Exception``): those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are
-recorded in ``failures``, which the harness reads after each test, so catching them does not pass the test.
+comes back as a name and a message (its nearest builtin class: a class of its own under ``Exception`` comes back as
+``Exception``); the harness raises the builtin ``Exception`` of that name, except for names that would steer the test
+code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a builtin
+``Exception``): those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are recorded in
+``failures``, which the harness reads after each test, so catching them does not pass the test.
 
 Standard library only: the zygote loads this file by path (see :mod:`rllm_gym.sandbox._zygote`); the host imports it
 to decode values a harness reports.
@@ -23,6 +24,7 @@ import builtins
 import json
 import os
 import re
+import select
 import struct
 import sys
 import types
@@ -191,8 +193,8 @@ def serve(namespace: dict, read_fd: int = 3, write_fd: int = 4) -> None:
 
 
 def _error_reply(exc: BaseException) -> dict[str, str]:
-    """The nearest specific builtin class of ``exc`` (a ``ValueError`` subclass is a ``ValueError``; a class of its
-    own under ``Exception`` keeps its name, which the harness treats as a failed call) and its message, whatever its
+    """The nearest specific builtin class of ``exc`` (a ``ValueError`` subclass is a ``ValueError``, a class of its
+    own directly under ``Exception`` is an ``Exception``) and its message, whatever its
     ``__str__`` does (raise, loop on itself, return megabytes). The harness trusts neither: the solution's process can
     write any reply it likes."""
     try:
@@ -200,7 +202,9 @@ def _error_reply(exc: BaseException) -> dict[str, str]:
         nearest = next(k for k in kind.__mro__ if getattr(builtins, k.__name__, None) is k)
         # Qualified, so that a class of its own that borrows a builtin's name ("ValueError") is not taken for it.
         own = f"{kind.__module__}.{kind.__qualname__}" if kind is not nearest else nearest.__name__
-        name = str(own if nearest in (Exception, BaseException) else nearest.__name__)
+        # A class of its own under Exception is an Exception to a test that expects the base class; one under
+        # BaseException keeps its name, which the harness treats as a failed call.
+        name = str(own if nearest is BaseException else nearest.__name__)
     except BaseException:  # a metaclass with its own __mro__ or __name__
         name = "BaseException"
     try:
@@ -226,10 +230,14 @@ def _exception(name: Any, message: str) -> Exception:
     in ``failures``, for a name that would steer the test code or is no builtin ``Exception``."""
     kind = getattr(builtins, name, None) if isinstance(name, str) else None
     if isinstance(kind, type) and issubclass(kind, Exception) and not issubclass(kind, (RemoteError, *_STEERING)):
-        try:
-            return kind(str(message))
-        except Exception:
-            pass
+        # A class whose constructor needs more than a message (UnicodeDecodeError) is raised as its nearest base
+        # that takes one (ValueError), which still passes a test expecting that base.
+        for base in kind.__mro__:
+            if isinstance(base, type) and issubclass(base, Exception):
+                try:
+                    return base(str(message))
+                except Exception:
+                    continue
     return _failure(f"the solution raised {str(name)[:100]}: {message}", "runtime_error")
 
 
@@ -238,14 +246,28 @@ def _failure(message: str, status: str) -> RemoteError:
     return RemoteError(message, status)
 
 
+# Set by the first call that got no answer within its time limit: the solution is still working on it, so any later
+# call would read that call's late reply. Every later call fails at once instead (the verdict is decided anyway).
+stalled: list[str] = []
+
+
 def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: Any) -> Any:
     """Call the solution's ``name`` with plain-data arguments; returns its plain-data result."""
+    return _call(name, args, kwargs, None, read_fd, write_fd)
+
+
+def _call(name: str, args: tuple, kwargs: dict, time_limit: float | None, read_fd: int = 3, write_fd: int = 4) -> Any:
+    if stalled:
+        raise _failure(f"an earlier call ({stalled[0]}) got no answer within its time limit", "timeout")
     try:
         request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
     except NotPlainData as exc:
         raise _failure(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
     try:
         write_frame(write_fd, request)
+        if time_limit is not None and not select.select([read_fd], [], [], time_limit)[0]:
+            stalled.append(name)
+            raise _failure(f"the solution did not answer within {time_limit:g} s (the per-test limit)", "timeout")
         body = read_frame(read_fd)
     except OSError as exc:  # it died before reading the request (EPIPE) or mid-reply: the same verdict as EOF
         raise _failure(f"the solution's process ended before answering ({exc.strerror})", "runtime_error") from None
@@ -271,11 +293,12 @@ def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: A
     raise _failure("malformed reply from the solution's process", "not_plain_data")
 
 
-def remote(name: str) -> Any:
-    """A function that forwards each call to the solution's ``name``."""
+def remote(name: str, time_limit: float | None = None) -> Any:
+    """A function that forwards each call to the solution's ``name``; a call that gets no answer within
+    ``time_limit`` wall-clock seconds fails with status ``timeout``, and so does every call after it."""
 
     def function(*args: Any, **kwargs: Any) -> Any:
-        return call(name, *args, **kwargs)
+        return _call(name, args, kwargs, time_limit)
 
     function.__name__ = function.__qualname__ = name
     return function
@@ -287,5 +310,6 @@ def harness_module() -> types.ModuleType:
     for item in (RemoteError, encode, decode, call, remote):
         setattr(module, item.__name__, item)
     module.failures = failures  # the same list: the harness reads and clears it per test
+    module.stalled = stalled
     sys.modules["_rllm_channel"] = module
     return module

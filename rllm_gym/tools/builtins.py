@@ -45,6 +45,8 @@ class PythonTool(Tool):
     def _to_output(self, result: SandboxResult) -> ToolOutput:
         status = result.status.value
         metadata = {"status": status, "exit_code": result.exit_code, "duration_s": result.duration_s}
+        if status == "sandbox_error":  # the sandbox failed, not the program: the env reports it as infra_failed
+            metadata["infra_failed"] = True
         if status == "ok":
             stdout = result.stdout.rstrip("\n")
             text = stdout if not result.stderr else f"{stdout}\n[stderr]\n{result.stderr.rstrip()}"

@@ -315,3 +315,39 @@ async def test_workflows_serve_the_next_run_only_with_an_executor_the_caller_kee
     assert counts[0] >= 1 and counts[1] == (0 if keeps_executor else counts[0])
     if executor is not None:
         executor.shutdown()
+
+
+class InfraFlakyEnv(ExplodingEnv):
+    """Its grader fails (``info["infra_failed"]``) on the first ``failures`` steps of the process, then pays 1.0."""
+
+    failures = 0
+    steps = 0
+
+    def step(self, action):
+        type(self).steps += 1
+        if type(self).steps <= type(self).failures:
+            return "", 0.0, True, False, {"infra_failed": True, "error": "sandbox_error: zygote cannot start"}
+        return "", 1.0, True, False, {"infra_failed": False, "is_correct": True}
+
+
+@pytest.mark.parametrize("failures", [1, 5])
+async def test_an_infrastructure_failure_is_retried_and_kept_apart_if_it_persists(failures):
+    InfraFlakyEnv.failures, InfraFlakyEnv.steps = failures, 0
+    engine = AgentExecutionEngine(
+        env_id=InfraFlakyEnv,
+        agent_cls=FrozenLakeAgent,
+        retry_limit=2,
+        policy=ScriptedPolicy(["Action: up"], cycle=True),
+    )
+    (episode,) = await engine.run([{"id": "x"}])
+    assert episode.metadata["attempts"] == 2
+    if failures == 1:  # the retry got a real verdict
+        assert episode.termination_reason is TerminationReason.ENV_DONE and episode.is_correct
+        assert episode.trajectories[0].reward == 1.0
+    else:  # still failed: kept in the records with its reason, never a wrong answer
+        assert episode.termination_reason is TerminationReason.INFRA_FAILED and not episode.is_correct
+        assert episode.metadata["infra_failure"] == {
+            "trajectory": "agent",
+            "step": 0,
+            "error": "sandbox_error: zygote cannot start",
+        }

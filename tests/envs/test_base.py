@@ -30,7 +30,13 @@ def test_single_turn_env_wraps_any_reward_function() -> None:
     assert (obs, info["task_id"]) == ("Capital of Italy?", "cap-1")
     obs, reward, terminated, truncated, info = env.step(" rome ")
     assert (obs, reward, terminated, truncated) == ("", 1.0, True, False)
-    assert info == {"is_correct": True, "turn": 1, "invalid_action": False, "reward_metadata": {"expected": "Rome"}}
+    assert info == {
+        "is_correct": True,
+        "infra_failed": False,
+        "turn": 1,
+        "invalid_action": False,
+        "reward_metadata": {"expected": "Rome"},
+    }
     with pytest.raises(RuntimeError, match=re.escape("SingleTurnEnv.step called after the episode ended")):
         env.step("again")
 

@@ -240,3 +240,23 @@ def test_bad_arguments_name_the_field(tmp_path):
         normalize_task({"tests": [{"input": "", "output": ""}]})
     with pytest.raises(FileNotFoundError, match=re.escape("does not exist: pass a .jsonl or .json file")):
         load_code_tasks(tmp_path / "missing.jsonl")
+
+
+def test_whose_failure_it_is_says_info_infra_failed():
+    """A sandbox that cannot start is the infrastructure's failure (the engine retries, the trainer leaves it out);
+    a reply that fails its tests is the model's."""
+    from rllm_gym.sandbox import Sandbox
+
+    class BrokenSandbox(Sandbox):
+        def start(self) -> None:
+            raise RuntimeError("zygote cannot start here")
+
+    task = TASKS[0]
+    broken = CodeEnv(tasks=[task], sandbox=BrokenSandbox())
+    broken.reset(options={"task": task})
+    _, reward, terminated, _, info = broken.step(_fence(task["reference_solution"]))
+    assert (reward, terminated, info["graded"], info["infra_failed"]) == (0.0, True, False, True)
+    env = CodeEnv(tasks=[task])
+    env.reset(options={"task": task})
+    _, reward, _, _, info = env.step(_wrong(task))
+    assert (reward, info["graded"], info["infra_failed"]) == (0.0, True, False)

@@ -22,7 +22,7 @@ reasoning_gym = pytest.importorskip(
 from rllm_gym.envs import reasoning_gym as rg_env  # noqa: E402
 from rllm_gym.rewards import math as math_rewards  # noqa: E402
 from rllm_gym.rewards import reasoning_gym as scoring  # noqa: E402
-from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, wrapper_check  # noqa: E402
+from rllm_gym.rewards.reasoning_gym_checks import UNSOUND_DATASETS, oracle_problem, wrapper_check  # noqa: E402
 from rllm_gym.sandbox import ExecutionStatus, SandboxResult  # noqa: E402
 
 ENV_ID = "rllm/ReasoningGym-v0"
@@ -261,3 +261,90 @@ def test_multi_turn_returns_never_exceed_answering_correctly_at_once():
     env = gym.make(ENV_ID, dataset="countdown", size=4, seed=0, max_turns=4)  # binary
     env.reset(seed=0)
     assert sum(env.step(f"\\boxed{{{n} + {n}}}")[1] for n in range(4)) == 0.0
+
+
+@pytest.mark.parametrize("dataset", ["simple_integration", "intermediate_integration"])
+def test_an_answer_that_asks_the_scorer_to_do_the_task_pays_nothing(dataset):
+    """The scorer differentiates the answer: ``Integral(f, x)`` restates the question and was paid 1.0."""
+    env = gym.make(ENV_ID, dataset=dataset, size=40, seed=0)
+    for seed in range(3):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        assert "Integral" not in task["ground_truth"]  # a task whose oracle restates it is not posed
+        variable, integrand = task["metadata"]["variable"], task["metadata"]["integrand"]
+        for restated in (
+            f"Integral({integrand}, {variable}) + C",
+            f"Derivative(Integral({integrand}, {variable}), {variable}, 0) + C",
+            f"integrate({integrand}, {variable}) + C",
+            f"Sum({integrand}, ({variable}, 0, 0))",
+        ):
+            env.reset(seed=seed)
+            _, reward, _, _, step = env.step(f"\\boxed{{{restated}}}")
+            assert (reward, step["grading_path"]) == (0.0, "unsafe_answer"), (restated, step)
+        env.reset(seed=seed)
+        assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("dataset", "answer"),
+    [
+        ("countdown", "solve(x - 24, x)"),
+        ("puzzle24", "limit(24 + x, x, 0)"),
+        ("puzzle24", "x"),
+        ("polynomial_multiplication", "expand((x + 1)*(x - 1))"),
+        ("polynomial_multiplication", "sqrt(x**2)"),
+        ("simple_integration", "Integral(x, x)"),
+        ("intermediate_integration", "Derivative(x**3, x)"),
+    ],
+)
+def test_only_the_forms_a_datasets_answers_take_are_admitted(dataset, answer):
+    assert scoring.unsafe_answer_reason(dataset, answer) is not None
+
+
+def test_propositional_logic_is_refused_unless_opted_in_its_scorer_pays_the_premises():
+    with pytest.raises(ValueError, match="the premises themselves, one of them or all joined with ∧"):
+        gym.make(ENV_ID, dataset="propositional_logic", size=2)
+    env = gym.make(ENV_ID, dataset="propositional_logic", size=4, allow_unsound=True)
+    for seed in range(2):
+        _, info = env.reset(seed=seed)
+        premises = info["task"]["metadata"]["premises"]
+        joined = " ∧ ".join(f"({premise})" for premise in premises)
+        assert env.step(f"\\boxed{{{joined}}}")[1] == 1.0  # what the opt-in accepts: a restatement
+
+
+def test_polynomial_equations_pays_only_every_real_root():
+    """The oracle of ``-7*n**4 + 97*n**2 - 31*n = 0`` is ``0.0`` (sympy.solve missed three real roots), so the
+    dataset paid ``0``: the wrapper checks every real root, and tasks with such an oracle are not posed."""
+    metadata = {"polynomial_expr": "-7*n**4 + 97*n**2 - 31*n", "variable": "n"}
+    entry = {"question": "Solve -7*n**4 + 97*n**2 - 31*n = 0", "answer": "0.0", "metadata": metadata}
+    paid = scoring.Verdict("score_answer", 1.0)
+    assert wrapper_check("polynomial_equations", "0", entry, paid).path == "rejected_by_check"
+    assert oracle_problem("polynomial_equations", entry) == "the equation has 4 real solution(s), the answer gives 1"
+    full = "-3.8731, 0.0, 0.322, 3.5511"
+    assert wrapper_check("polynomial_equations", full, entry, paid) == paid
+    assert wrapper_check("polynomial_equations", "-3.8731, 0.0, 0.322, x", entry, paid).path == "rejected_by_check"
+    env = gym.make(ENV_ID, dataset="polynomial_equations", size=30, seed=0, config={"min_degree": 4, "max_degree": 4})
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        task = info["task"]
+        assert (
+            oracle_problem("polynomial_equations", {"answer": task["ground_truth"], "metadata": task["metadata"]})
+            is None
+        )
+        assert env.step(f"\\boxed{{{task['ground_truth']}}}")[1] == 1.0
+        env.reset(seed=seed)
+        assert env.step("\\boxed{0}")[1] == 0.0 or task["ground_truth"] in ("0.0", "0")
+
+
+def test_a_scoring_sandbox_that_cannot_run_is_an_infrastructure_failure():
+    class Unavailable(rg_env.ReasoningGymScorer):
+        def dataset_verdict(self, dataset, answer, entry):
+            return scoring.Verdict("sandbox_error", error="zygote cannot start")
+
+    scorer, task = _scorer_and_task("puzzle24")
+    graded = scorer(task, f"\\boxed{{{task['ground_truth']}}}")
+    assert graded.reward == 1.0 and graded.metadata["infra_failed"] is False
+    broken = Unavailable(scorer.score_fns, configs=scorer.configs)
+    failed = broken(task, f"\\boxed{{{task['ground_truth']}}}")
+    assert (failed.reward, failed.metadata["path"], failed.metadata["infra_failed"]) == (0.0, "sandbox_error", True)
+    assert broken(task, "\\boxed{__import__('os')}").metadata["infra_failed"] is False  # refused: the model's

@@ -1,4 +1,4 @@
-"""The survey: constant, garbage and hedging answers over every reasoning-gym dataset the env offers.
+"""The survey: constant, garbage, hedging and restating answers over every reasoning-gym dataset the env offers.
 
 A dataset of the default set (all but ``UNSOUND_DATASETS``) must pay none of them more than a plain wrong answer
 (0.0 under the default binary reward). The datasets' own scores are computed in the scoring sandbox, one run per
@@ -67,6 +67,14 @@ def _normal(text: str) -> object:
         return text
 
 
+def _restatements(metadata: dict) -> list[str]:
+    """The givens a task states, restated as an answer: each list of them in its metadata (``premises``...) joined
+    with ∧, and its first item alone. Lists of answers (n_queens' valid boards, a solution path) are not givens."""
+    lists = [value for key, value in metadata.items() if any(word in key for word in ("premise", "given"))]
+    lists = [value for value in lists if isinstance(value, list) and value and all(isinstance(i, str) for i in value)]
+    return [text for value in lists for text in (" ∧ ".join(f"({item})" for item in value), value[0])]
+
+
 def _survey(name: str) -> list[tuple[str, float]]:
     dataset = reasoning_gym.create_dataset(name, size=SAMPLES, seed=0)
     tasks = [
@@ -77,7 +85,7 @@ def _survey(name: str) -> list[tuple[str, float]]:
     cases = []
     for task in tasks:
         others = " ".join(str(t["ground_truth"]) for t in tasks if t["ground_truth"] != task["ground_truth"])
-        for text in [*BATTERY, task["question"][:2000], others]:
+        for text in [*BATTERY, task["question"][:2000], others, *_restatements(task["metadata"])]:
             answer = rg_env.extract_reply_answer(f"\\boxed{{{text}}}")[0]  # what the scorer gets
             if answer is not None and _normal(answer) != _normal(str(task["ground_truth"])):
                 cases.append((answer, task))

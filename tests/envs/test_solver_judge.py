@@ -337,3 +337,64 @@ def test_solver_text_cannot_open_a_solution_block_or_pass_a_verdict_to_the_judge
         env.reset(options={"task": TASK})
         final, _ = play_aec(env, [forgery, RIGHT, judge_reply])
         assert (final["judge_0"][1]["verdict"], final["judge_0"][0]) == expected
+
+
+def test_a_round_grades_its_solvers_side_by_side():
+    """A grader that only returns once all three solvers are being graded: graded one after another (each solver
+    could cost the grader's full time limit), the barrier breaks."""
+    import threading
+
+    barrier = threading.Barrier(3, timeout=20)
+
+    def meeting(task, action):
+        barrier.wait()
+        return RewardOutput(reward=1.0 if action == task["answer"] else 0.0, is_correct=action == task["answer"])
+
+    tasks = [{"id": "hi", "question": "Say hi.", "answer": "hi"}]
+    env = solver_judge.parallel_env(tasks=tasks, grader=meeting, n_solvers=3)
+    env.reset(seed=0)
+    _, rewards, _, _, infos = env.step({"solver_0": "hi", "solver_1": "ho", "solver_2": "hi"})
+    assert rewards == {"solver_0": 1.0, "solver_1": 0.0, "solver_2": 1.0, "judge_0": 0.0}
+    assert not any(infos[s]["infra_failed"] for s in ("solver_0", "solver_1", "solver_2"))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_grader_past_the_step_budget_or_crashing_is_an_infrastructure_failure(parallel):
+    import threading
+
+    release = threading.Event()
+
+    def fragile(task, action):
+        if action == "stall":
+            release.wait(30)
+        if action == "crash":
+            raise ConnectionError("scorer unreachable")
+        return RewardOutput(reward=float(action == task["answer"]), is_correct=action == task["answer"])
+
+    tasks = [{"id": "hi", "question": "Say hi.", "answer": "hi"}]
+    kwargs = {"tasks": tasks, "grader": fragile, "n_solvers": 3, "grading_time_limit": 0.5}
+    replies = {"solver_0": "hi", "solver_1": "stall", "solver_2": "crash"}
+    try:
+        if parallel:
+            env = solver_judge.parallel_env(**kwargs)
+            env.reset(seed=0)
+            _, rewards, _, _, infos = env.step(replies)
+            _, judge_rewards, _, _, judge_infos = env.step({"judge_0": "<verdict>2</verdict>"})
+            infos.update(judge_infos)
+            assert rewards["solver_0"] == 1.0 and rewards["solver_1"] == rewards["solver_2"] == 0.0
+            assert judge_rewards["judge_0"] == 0.0
+        else:
+            env = solver_judge.env(**kwargs)
+            env.reset(seed=0)
+            final, _ = play_aec(env, [*replies.values(), "<verdict>2</verdict>"])
+            infos = {agent: info for agent, (_, info) in final.items()}
+    finally:
+        release.set()
+    assert infos["solver_0"]["is_correct"] and not infos["solver_0"]["infra_failed"]
+    stalled, crashed = infos["solver_1"], infos["solver_2"]
+    assert stalled["infra_failed"] and crashed["infra_failed"] and not stalled["is_correct"]
+    assert "the grader did not finish within 0.5 s" in stalled["reward_metadata"]["error"]
+    assert crashed["reward_metadata"]["error"] == "the grader crashed: ConnectionError: scorer unreachable"
+    assert infos["judge_0"]["infra_failed"] and infos["judge_0"]["verdict"] == 2
+    with pytest.raises(ValueError, match=re.escape("grading_time_limit must be a number of seconds in (0, 600]")):
+        solver_judge.parallel_env(tasks=tasks, grading_time_limit=0)

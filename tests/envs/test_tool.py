@@ -256,3 +256,25 @@ def test_bad_arguments_and_tasks_are_rejected():
         ToolEnv(parser="xml")
     with pytest.raises(ValueError, match=re.escape("ToolEnv tasks is empty")):
         ToolEnv(tasks=[])
+
+
+def test_a_tool_failed_by_the_infrastructure_marks_the_step_infra_failed():
+    """The python tool's sandbox could not run: the model did nothing wrong, so the step says infra_failed (the
+    engine retries the episode); a program that fails on its own is the model's to handle."""
+    from rllm_gym.sandbox import ExecutionStatus, SandboxResult
+    from rllm_gym.tools.builtins import PythonTool
+
+    class BrokenSandboxPython(PythonTool):
+        def forward(self, code: str):
+            if "crash" in code:
+                return super().forward(code)
+            return self._to_output(SandboxResult(ExecutionStatus.SANDBOX_ERROR, error="zygote cannot start"))
+
+    env = ToolEnv(tools=["finish"], tool_map={"python": BrokenSandboxPython()}, reward_fn=exact)
+    env.reset(options={"task": {"question": "q", "ground_truth": "1"}})
+    _, _, _, _, info = env.step(call("python", code="print(1)"))
+    assert info["infra_failed"] and info["tool_outputs"][0]["metadata"]["infra_failed"]
+    _, _, _, _, info = env.step(call("python", code="raise SystemExit('crash')"))
+    assert not info["infra_failed"] and info["tool_outputs"][0]["metadata"]["status"] == "runtime_error"
+    _, reward, terminated, _, info = env.step(call("finish", response="1"))
+    assert (reward, terminated, info["infra_failed"]) == (1.0, True, False)

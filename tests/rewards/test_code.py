@@ -138,6 +138,33 @@ def test_assert_tests_mbpp_and_humaneval():
     assert code_reward_fn(humaneval, "```python\ndef total(xs):\n    return 0\n```").reward == 0.0
 
 
+def test_mbpp_test_imports_reach_the_asserts_and_the_solution():
+    """MBPP runs ``test_imports`` before the solution and its asserts: an assert may call ``math.isclose`` and a
+    solution may use ``math`` it never imported (as MBPP's own harness lets it)."""
+    mbpp = {
+        "test_list": [
+            "assert math.isclose(area(1), 3.141592653589793)",
+            "assert math.isclose(area(2), 12.566370614359172)",
+        ],
+        "test_imports": ["import math"],
+    }
+    assert code_reward_fn(mbpp, "```python\nimport math\ndef area(r):\n    return math.pi * r * r\n```").reward == 1.0
+    assert code_reward_fn(mbpp, "```python\ndef area(r):\n    return math.pi * r * r\n```").reward == 1.0
+    assert code_reward_fn(mbpp, "```python\ndef area(r):\n    return 3.14 * r * r\n```").reward == 0.0
+    assert (
+        code_reward_fn(
+            {**mbpp, "test_imports": "from math import isclose"}, "```python\ndef area(r):\n    return 1\n```"
+        ).reward
+        == 0.0
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("task['test_imports'] must hold import statements only, got 'x = 1'")
+    ):
+        code_reward_fn({**mbpp, "test_imports": ["x = 1"]}, "```python\ndef area(r):\n    return 1\n```")
+    with pytest.raises(ValueError, match=re.escape("task['test_imports'] must be a list of import statements")):
+        code_reward_fn({**mbpp, "test_imports": [3]}, "```python\ndef area(r):\n    return 1\n```")
+
+
 def test_crashing_and_looping_code_fails_its_tests():
     crash = code_reward_fn(ADD_STDIO, "```python\nraise SystemExit(2)\n```")
     assert crash.reward == 0.0 and crash.metadata["tests"][0]["status"] == "runtime_error"
@@ -188,6 +215,24 @@ def test_comparison_is_strict_where_the_expected_value_is_exact():
     assert not values_match(b"x", "x") and values_match((1, [2]), [1, [2]]) and not values_match([1, 2], [1, 2, 3])
     assert not values_match({1: 2}, {"1": 2}) and values_match({"a": 0.1 + 0.2}, {"a": 0.3})
     assert values_match(0.5 + 1e-8, 0.5, tol=1e-6) and not values_match(0.5 + 1e-4, 0.5, tol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("got", "expected"),
+    [
+        ({(True, 2): "a"}, {(1, 2): "a"}),
+        ({(1, 2): "a"}, {(True, 2): "a"}),
+        ({frozenset({True}): 0}, {frozenset({1}): 0}),
+        ({(1, (2, False)): 0}, {(1, (2, 0)): 0}),
+        ({(1, 2)}, {(True, 2)}),
+        ({frozenset({(1.0, 2)})}, {frozenset({(1, 2)})}),
+        (frozenset({(0, "x")}), frozenset({(False, "x")})),
+        ([{(True,): 1}], [{(1,): 1}]),
+    ],
+)
+def test_true_is_not_one_at_any_depth_of_keys_and_members(got, expected):
+    assert not values_match(got, expected)
+    assert values_match(expected, expected) and values_match(got, got)
 
 
 def test_float_tolerance_is_a_task_option():

@@ -609,3 +609,18 @@ def test_no_per_test_record_quotes_the_solution_process_unbounded(grader):
     """Feedback text is capped: a reply printing megabytes does not grow the metadata (or the env observation)."""
     result = _grade(grader, TASKS["stdio"], "print('4' * (1 << 19))\n")
     assert result.reward == 0.0 and len(json.dumps(result.metadata)) < 64_000
+
+
+@pytest.mark.parametrize("kind", FUNCTION_FORMATS)
+def test_a_solution_that_loops_forever_costs_the_per_test_limit_once(box, kind):
+    """Every test is run (fraction=True), yet the first stalled call fails the rest at once: the paired run's own
+    limit (the per-test limit times the tests) is never reached, so a loop costs one per-test limit per reply."""
+    loose = CodeReward(sandbox=box, timeout=0.5, memory_mb=128, fraction=True)
+    result = _grade(loose, TASKS[kind], "def double(x):\n    while True:\n        pass\n")
+    records = result.metadata["tests"]
+    assert result.reward == 0.0 and records[0]["status"] == "timeout", records
+    if kind != "humaneval":  # one check() holds every assert: its one test's limit is the paired run's own
+        assert "did not answer within 0.5 s (the per-test limit)" in records[0]["error"], records
+        later = records[1:]
+        assert all(r["status"] == "timeout" and "got no answer within its time limit" in r["error"] for r in later)
+    assert _grade(loose, TASKS[kind], HONEST[kind]).reward == 1.0

@@ -236,6 +236,36 @@ def test_a_class_that_borrows_a_builtins_name_is_not_that_builtin(grader, base):
     assert result.metadata["tests"][0]["status"] == "runtime_error" and result.metadata["tests"][0]["error"]
 
 
+EXPECTS = {
+    "ValueError": "except ValueError:",
+    "Exception": "except Exception:",
+    "LookupError": "except LookupError:",
+}
+SUBCLASSES = {
+    "ValueError": [
+        "raise UnicodeDecodeError('utf-8', b'\\xff', 0, 1, 'invalid start byte')",
+        "import json\n    json.loads('{')",
+        "class Negative(ValueError):\n        pass\n    raise Negative(x)",
+    ],
+    "Exception": ["class Negative(Exception):\n        pass\n    raise Negative(x)", "raise KeyError(x)"],
+    "LookupError": ["raise KeyError(x)", "class Missing(IndexError):\n        pass\n    raise Missing(x)"],
+}
+
+
+@pytest.mark.parametrize(
+    ("base", "raising"), [(base, raising) for base, raisings in SUBCLASSES.items() for raising in raisings]
+)
+def test_an_exception_that_subclasses_the_expected_one_passes(grader, base, raising):
+    task = {
+        **EVEN_TASKS["raises"],
+        "test": EVEN_TASKS["raises"]["test"].replace("except ValueError:", EXPECTS[base]),
+    }
+    body = raising.replace("\n", "\n    ")
+    solution = f"def is_even(x):\n    if x < 0:\n        {body}\n    return x % 2 == 0\n"
+    result = _grade(grader, task, solution)
+    assert result.reward == 1.0, (solution, result.metadata)
+
+
 @pytest.mark.parametrize("fmt", list(EVEN_TASKS))
 def test_an_honest_predicate_still_passes(grader, fmt):
     honest = "def is_even(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x % 2 == 0\n"

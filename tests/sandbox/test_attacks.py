@@ -422,8 +422,9 @@ def test_run_pair_passes_plain_data_and_refuses_the_rest(sandbox):
     assert out["echo"][0] == "value" and out["echo"][2] == repr(
         [1, 2.5, "x", b"\x00\xff", None, True, (1, 2), {"a": [1]}, {1, 2}, frozenset({3})]
     )
-    for name in ("always", "fake_int", "nested_always", "gen", "deep", "mine"):
+    for name in ("always", "fake_int", "nested_always", "gen", "deep"):
         assert out[name][0] == "RemoteError", (name, out[name])
+    assert out["mine"] == ["Exception", "custom"]  # a class of its own is its nearest builtin base
     assert out["boom"] == ["ValueError", "bad value"]
     assert out["missing"][0] in ("NameError", "RemoteError")
     assert out["after"] == ["value", "str", "'ab'"]  # the solution still serves after all that
@@ -859,3 +860,52 @@ def test_honest_programs_still_work_under_every_layer(sandbox):
         "tempfile": "t",
         "stdlib": 10,
     }
+
+
+# No host state one run can set and another read: page-cache probes and host-wide counters
+
+_PROBES = r"""
+import ctypes, errno, json, os
+from ctypes import c_int, c_long, c_size_t, c_void_p
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype, libc.mmap.argtypes = c_void_p, [c_void_p, c_size_t, c_int, c_int, c_int, c_long]
+libc.syscall.restype = c_long
+out = {}
+def outcome(result):
+    return "allowed" if result != -1 else errno.errorcode.get(ctypes.get_errno(), "?")
+fd = os.open(os.__file__, os.O_RDONLY)
+address = libc.mmap(None, 4096, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+out["mincore"] = outcome(libc.mincore(c_void_p(address), c_size_t(4096), ctypes.create_string_buffer(1)))
+out["sysinfo"] = outcome(libc.sysinfo(ctypes.create_string_buffer(256)))
+out["cachestat"] = outcome(libc.syscall(451, fd, ctypes.create_string_buffer(16), ctypes.create_string_buffer(64), 0))
+try:
+    os.preadv(fd, [bytearray(16)], 0, os.RWF_NOWAIT)
+    out["preadv2"] = "allowed"
+except OSError as exc:
+    out["preadv2"] = errno.errorcode[exc.errno]
+shown = {}
+for name in NAMES:
+    try:
+        with open("/proc/" + name, "rb") as handle:
+            shown[name] = len(handle.read())
+    except FileNotFoundError:
+        shown[name] = 0
+    except OSError as exc:
+        shown[name] = errno.errorcode[exc.errno]
+out["proc"] = shown
+print(json.dumps(out))
+"""
+
+
+def test_no_run_can_probe_the_page_cache_or_read_host_wide_counters(sandbox):
+    """What one run could set (pages it read, files it holds open, processes it started, memory it took) and another
+    read: the probes fail and the host-wide /proc files read empty."""
+    from rllm_gym.sandbox._isolation import HOST_WIDE_PROC
+
+    _needs(sandbox, "seccomp", "private_proc")
+    code = f"NAMES = {list(HOST_WIDE_PROC)!r}\n" + _PROBES
+    out = _last_json(_run(sandbox, code))
+    assert {key: out[key] for key in ("mincore", "sysinfo", "cachestat", "preadv2")} == dict.fromkeys(
+        ("mincore", "sysinfo", "cachestat", "preadv2"), "EPERM"
+    ), out
+    assert out["proc"] == {name: 0 for name in HOST_WIDE_PROC}, out["proc"]

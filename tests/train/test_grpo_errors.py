@@ -44,3 +44,6 @@ def test_a_healthy_run_records_its_termination_reasons_and_no_errors(tmp_path):
     summary = json.loads((output_dir / "summary.json").read_text())
     assert sum(summary["termination_reasons"].values()) == 2 * 2 * 2  # steps x prompts x generations
     assert "error" not in summary["termination_reasons"] and summary["errors"] == []
+    assert summary["infra_failed"] == 0  # episodes whose reward the infrastructure gave: none here
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["rollout/infra_failed"] for record in records if "rollout/infra_failed" in record] == [0.0, 0.0]
