@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from rllm_gym.cli_gateway import add_agent_program_arguments, agent_program_engine, check_agent_program_args
+
 POLICIES = ("hf", "openai", "vllm")
 # Defaults of the options a model folder written by the trainer may set instead (rllm_gym_training.json).
 EVAL_DEFAULTS: dict[str, Any] = {
@@ -81,6 +83,7 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
         action="store_true",
         help="no progress bar on stderr (it is drawn only when stderr is a terminal; TQDM_DISABLE=1 also hides it)",
     )
+    add_agent_program_arguments(run)
     return run
 
 
@@ -113,6 +116,7 @@ def apply_training_record(args: argparse.Namespace) -> str | None:
 def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
 
+    check_agent_program_args(parser, args)
     try:
         env_spec(args.env)  # raises with the closest ids, as rllm_gym.make does
     except UnknownEnvError as error:
@@ -225,7 +229,7 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
     # Multi-agent (PettingZoo) ids: one registered agent per role, one policy shared by every role.
-    engine = engine_for(
+    engine = agent_program_engine(args, policy, sampling) if args.agent_program else engine_for(
         args.env,
         policy,
         agent=args.agent,
