@@ -15,7 +15,7 @@ from rllm_gym.sdk import run_agent_program
 from rllm_gym.types import TerminationReason
 
 TOOL_RESULTS: list[int] = []
-# create_react_agent is LangGraph 1.x's own prebuilt ReAct graph (its successor lives in the separate langchain package).
+# create_react_agent is LangGraph 1.x's prebuilt ReAct graph (its successor is in the separate langchain package).
 pytestmark = pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
 
 
