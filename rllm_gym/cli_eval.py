@@ -229,7 +229,7 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed
     )
     # Multi-agent (PettingZoo) ids: one registered agent per role, one policy shared by every role.
-    engine = agent_program_engine(args, policy, sampling) if args.agent_program else engine_for(
+    engine = engine_for(
         args.env,
         policy,
         agent=args.agent,
@@ -243,6 +243,8 @@ def run_eval(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
         max_turns=args.max_turns,
         tune_interpreter=True,  # the CLI's process runs nothing but this engine: its loop-lag figures need it
     )
+    if args.agent_program:  # the program is the agent: it runs behind a gateway on the policy instead
+        engine = agent_program_engine(args, policy, sampling)
     tasks = load_tasks(args)
     # disable=None: drawn only when stderr is a terminal, so logs and CI output get no carriage-return noise.
     bar = tqdm(

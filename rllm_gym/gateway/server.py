@@ -23,6 +23,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -112,6 +113,7 @@ class Gateway:
         self.url = ""
         self._sessions: dict[str, GatewaySession] = {}
         self._runner: web.AppRunner | None = None
+        self._paces_batches = False
 
     # Life cycle
 
@@ -132,6 +134,12 @@ class Gateway:
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
         self._runner = runner
+        hf = sys.modules.get("rllm_gym.policies.hf")  # a BatchingPolicy exists only once its module was imported
+        if hf is not None and isinstance(self.policy, hf.BatchingPolicy) and self.policy.expected_requests is None:
+            # Each open session has at most one call coming (as an episode in flight has): a batch goes out as soon
+            # as every open session is in it, rather than splitting when replies reach programs a few ms apart.
+            self.policy.expected_requests = self._expected_requests
+            self._paces_batches = True
         port = runner.addresses[0][1]
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"http://{host}:{port}"
@@ -142,6 +150,9 @@ class Gateway:
             await self._runner.cleanup()
             self._runner = None
             self.url = ""
+        if self._paces_batches:
+            self.policy.expected_requests = None
+            self._paces_batches = False
 
     async def __aenter__(self) -> Gateway:
         await self.start()
@@ -171,7 +182,12 @@ class Gateway:
         session = self._sessions.pop(sid, None)
         if session is None:
             raise KeyError(f"no open gateway session {sid[:8]}...")
+        if self._paces_batches:
+            self.policy.requests_changed()  # one call fewer to wait for
         return session.trajectory
+
+    def _expected_requests(self) -> int:
+        return max(1, len(self._sessions))
 
     def _session(self, request: web.Request) -> GatewaySession:
         session = self._sessions.get(request.match_info["sid"])
