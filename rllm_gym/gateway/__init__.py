@@ -7,6 +7,6 @@ exact token ids and log-probabilities (:mod:`rllm_gym.gateway.server`); the wire
 """
 
 from rllm_gym.gateway.protocol import RequestError
-from rllm_gym.gateway.server import Gateway, GatewaySession
+from rllm_gym.gateway.server import Gateway, GatewaySession, SessionLimitError
 
-__all__ = ["Gateway", "GatewaySession", "RequestError"]
+__all__ = ["Gateway", "GatewaySession", "RequestError", "SessionLimitError"]

@@ -41,11 +41,16 @@ from rllm_gym.gateway.protocol import (
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
-__all__ = ["Gateway", "GatewaySession"]
+__all__ = ["Gateway", "GatewaySession", "SessionLimitError"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_SESSIONS = 4096
+
+
+class SessionLimitError(RuntimeError):
+    """The gateway already has ``max_sessions`` sessions open."""
 
 
 @dataclasses.dataclass
@@ -75,6 +80,8 @@ class Gateway:
         max_context_tokens: prompt plus ``max_tokens`` must fit; defaults to the model's ``max_position_embeddings``
             when the policy has a model with that config field, else no limit.
         max_body_bytes: larger request bodies get a 413.
+        max_sessions: the most sessions open at once; one more gets a 429 (HTTP) or a RuntimeError (Python), so a
+            client that opens sessions in a loop cannot exhaust the memory.
 
     Example::
 
@@ -94,12 +101,14 @@ class Gateway:
         port: int = 0,
         max_context_tokens: int | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         if not callable(getattr(policy, "generate", None)):
             raise TypeError(f"Gateway(policy=...) must be a Policy (an object with async generate()), got {policy!r}")
         if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
             raise TypeError(f"Gateway(sampling_params=...) must be a SamplingParams, got {sampling_params!r}")
-        for name, value in (("max_context_tokens", max_context_tokens), ("max_body_bytes", max_body_bytes)):
+        limits = (("max_context_tokens", max_context_tokens), ("max_body_bytes", max_body_bytes))
+        for name, value in (*limits, ("max_sessions", max_sessions)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"Gateway({name}=...) must be an int >= 1, got {value!r}")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
@@ -109,6 +118,7 @@ class Gateway:
         self.host, self.port = host, port
         self.max_context_tokens = max_context_tokens or _model_context(policy)
         self.max_body_bytes = max_body_bytes
+        self.max_sessions = max_sessions
         self.tokenizer = getattr(policy, "tokenizer", None)
         self.url = ""
         self._sessions: dict[str, GatewaySession] = {}
@@ -167,6 +177,11 @@ class Gateway:
         """A new session (the gateway must be started) whose Trajectory has ``task`` and ``input={"task": task}``."""
         if not self.url:
             raise RuntimeError("Gateway.open_session() needs a started gateway: await gateway.start() first")
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionLimitError(
+                f"the gateway has {len(self._sessions)} sessions open, its max_sessions: close finished ones "
+                "(DELETE /sessions/{id}) or raise Gateway(max_sessions=...)"
+            )
         sid = secrets.token_urlsafe(32)
         trajectory = Trajectory(name=name, task=task, input={"task": task})
         session = GatewaySession(sid, f"{self.url}/sessions/{sid}/v1", trajectory)
@@ -234,7 +249,10 @@ class Gateway:
         body = await self._json(request) if request.can_read_body else {}
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object such as {'task': {...}}", param=None)
-        session = self.open_session(body.get("task"))
+        try:
+            session = self.open_session(body.get("task"))
+        except SessionLimitError as error:
+            raise RequestError(str(error), status=429, code="too_many_sessions", type="rate_limit_error") from None
         return web.json_response({"id": session.id, "base_url": session.base_url}, status=201)
 
     async def _get(self, request: web.Request) -> web.Response:

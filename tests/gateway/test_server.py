@@ -9,7 +9,7 @@ import aiohttp
 import openai
 import pytest
 
-from rllm_gym.gateway import Gateway
+from rllm_gym.gateway import Gateway, SessionLimitError
 from rllm_gym.policies import HFPolicy, ScriptedPolicy
 from rllm_gym.policies.tokens import render_prompt_ids
 
@@ -284,3 +284,15 @@ def test_gateway_arguments_are_checked(policy):
         Gateway(policy, max_context_tokens=0)
     with pytest.raises(RuntimeError, match="needs a started gateway"):
         Gateway(policy).open_session()
+
+
+async def test_sessions_opened_in_a_loop_hit_the_limit_not_the_memory(policy):
+    async with Gateway(policy, max_sessions=3) as gateway, aiohttp.ClientSession() as http:
+        statuses = []
+        for _ in range(5):
+            async with http.post(f"{gateway.url}/sessions") as response:
+                statuses.append(response.status)
+                body = await response.json()
+        assert statuses == [201, 201, 201, 429, 429] and body["error"]["code"] == "too_many_sessions"
+        with pytest.raises(SessionLimitError, match="3 sessions open"):
+            gateway.open_session()
