@@ -296,3 +296,35 @@ async def test_sessions_opened_in_a_loop_hit_the_limit_not_the_memory(policy):
         assert statuses == [201, 201, 201, 429, 429] and body["error"]["code"] == "too_many_sessions"
         with pytest.raises(SessionLimitError, match="3 sessions open"):
             gateway.open_session()
+
+
+async def test_a_policy_failure_is_a_502_and_the_program_ends_in_error_not_a_wrong_answer():
+    from rllm_gym.sdk import run_agent_program
+    from rllm_gym.types import TerminationReason
+
+    async with Gateway(ScriptedPolicy(["only one reply"])) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "1"}])
+        with pytest.raises(openai.InternalServerError) as error:
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "2"}])
+    assert error.value.status_code == 502 and error.value.body["code"] == "policy_error"
+    assert "ran out of replies" in error.value.body["message"]
+
+    async def program(task, base_url):
+        await openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "hi"}]
+        )
+
+    (episode,) = await run_agent_program(program, [{"q": 1}], ScriptedPolicy(lambda messages: 5))
+    assert episode.termination_reason is TerminationReason.ERROR and not episode.is_correct
+    assert episode.metadata["error"]["type"] == "InternalServerError"
+
+
+async def test_completions_stream_their_text(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        stream = await client_of(session).completions.create(model="p", prompt=[5, 6, 7], max_tokens=4, stream=True)
+        chunks = [chunk async for chunk in stream]
+        (step,) = gateway.close_session(session.id).steps
+    assert step.prompt_ids == [5, 6, 7] and "".join(c.choices[0].text for c in chunks) == step.model_output.text
