@@ -69,6 +69,7 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
             env_spec(env_id)  # the closest ids, as rllm_gym.make and rllm-gym eval --env name them
         except UnknownEnvError as error:
             raise ValueError(f"env: {error}") from None
+    check_agent_program(config.agent_program, config.reward_fn)
     if config.env_weights is not None and len(config.env_weights) != len(config.env):
         raise ValueError(f"env_weights has {len(config.env_weights)} entries for {len(config.env)} envs: one each")
     if config.tasks is not None and len(config.tasks) != len(config.env):
@@ -172,3 +173,15 @@ def check_config(config: Any, trl_fields: tuple[str, ...]) -> None:
         raise ValueError(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {config.model_shape!r}")
     if config.model is not None and config.model_shape != "tiny":
         raise ValueError("model_shape sizes the embedded model: drop it when model names a model")
+
+
+def check_agent_program(agent_program: str | None, reward_fn: str | None) -> None:
+    """The agent program and its reward function import (names as ``module:function``)."""
+    from rllm_gym.sdk import load_function
+
+    if reward_fn is not None and agent_program is None:
+        raise ValueError("reward_fn scores an agent_program's output: set agent_program too (envs grade their own)")
+    if agent_program is not None:
+        load_function(agent_program, "agent_program")
+    if reward_fn is not None:
+        load_function(reward_fn, "reward_fn")
