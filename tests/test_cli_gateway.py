@@ -8,12 +8,14 @@ import sys
 
 import httpx
 import openai
+import pytest
 
 from tests.conftest import QUIET_ENV, REPO
 
 CALCULATOR = "rllm_gym.agents.openai_calculator"
 
 
+@pytest.mark.slow  # ~20-30 s on 2 cores
 def test_eval_runs_an_agent_program_end_to_end(run_python, tmp_path):
     out = tmp_path / "episodes.jsonl"
     done = run_python(

@@ -9,6 +9,8 @@ import io
 import re
 from pathlib import Path
 
+import pytest
+
 from rllm_gym.agents import openai_calculator
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -20,6 +22,7 @@ def gateway_block() -> str:
     return block
 
 
+@pytest.mark.slow  # ~20-30 s on 2 cores
 def test_the_readme_agent_program_runs_and_prints_what_it_says():
     block = gateway_block()
     out = io.StringIO()

@@ -30,6 +30,7 @@ def reward(task, output):
     return float(len(output or "") % 2)  # any signal that varies within a group
 
 
+@pytest.mark.slow  # ~20-30 s on 2 cores
 def test_grpo_trains_an_agent_program(tmp_path):
     SEEN.clear()
     flags = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--max_steps", "2", "--eval_greedy", "true"]
