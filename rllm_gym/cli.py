@@ -8,6 +8,7 @@ rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
 rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50 --output_dir runs/demo_50   # = grpo.py
 rllm-gym view episodes.jsonl --range 2:5             # or --index -1, --id seed-3:0, --task seed-3, --brief
+rllm-gym gateway --port 8100                         # an OpenAI-compatible API recording sessions (agent programs)
 
 An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
 ``debug``, with tracebacks) shows what the engine does as it goes.
@@ -25,6 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from rllm_gym.cli_eval import add_eval_parser, run_eval_command
+from rllm_gym.cli_gateway import add_gateway_parser, run_gateway_command
 
 __all__ = ["build_parser", "main"]
 
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands, common)
     add_view_parser(commands, common)
+    add_gateway_parser(commands, common)
     return parser
 
 
@@ -153,6 +156,8 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     command = commands_of(parser)[args.command]
     if args.command == "view":
         return run_view(command, args)
+    if args.command == "gateway":
+        return run_gateway_command(command, args)
     return run_eval_command(command, args)
 
 

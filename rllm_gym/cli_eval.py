@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from rllm_gym.cli_gateway import add_agent_program_arguments, agent_program_engine, check_agent_program_args
+
 POLICIES = ("hf", "openai", "vllm")
 # Defaults of the options a model folder written by the trainer may set instead (rllm_gym_training.json).
 EVAL_DEFAULTS: dict[str, Any] = {
@@ -122,6 +124,7 @@ def add_eval_parser(commands: Any, common: argparse.ArgumentParser) -> argparse.
         action="store_true",
         help="no progress bar on stderr (it is drawn only when stderr is a terminal; TQDM_DISABLE=1 also hides it)",
     )
+    add_agent_program_arguments(run)
     return run
 
 
@@ -155,6 +158,7 @@ def check_eval_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """Every check of eval's options (a failure is a usage error, before a model loads); returns the tasks to run."""
     from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
 
+    check_agent_program_args(parser, args)
     try:
         env_spec(args.env)  # raises with the closest ids, as rllm_gym.make does
     except UnknownEnvError as error:
@@ -295,6 +299,8 @@ def run_eval(args: argparse.Namespace, tasks: list[Any], policy: Any = None) -> 
         max_turns=args.max_turns,
         tune_interpreter=True,  # the CLI's process runs nothing but this engine: its loop-lag figures need it
     )
+    if args.agent_program:  # the program is the agent: it runs behind a gateway on the policy instead
+        engine = agent_program_engine(args, policy, sampling)
     # disable=None: drawn only when stderr is a terminal, so logs and CI output get no carriage-return noise.
     bar = tqdm(
         total=len(tasks) * args.n,

@@ -79,6 +79,20 @@ class TrainConfig:
     env_args: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Dict of env constructor arguments (a flag takes it as JSON text)."}
     )
+    agent_program: str | None = field(
+        default=None,
+        metadata={
+            "help": "module:function of an agent program fn(task, base_url) trained in place of the env's agent "
+            "(rllm_gym.sdk): the env's tasks go to the program, whose calls through a gateway are the episode."
+        },
+    )
+    reward_fn: str | None = field(
+        default=None,
+        metadata={
+            "help": "module:function scoring an agent program's output, fn(task, output) -> float or "
+            "RewardOutput; default: the reward the program posts to its session."
+        },
+    )
     max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
     # Model
     model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})

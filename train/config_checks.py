@@ -192,4 +192,20 @@ def _problems(config: Any, trl_fields: tuple[str, ...]) -> list[str]:
         problems.append(f"model_shape must be one of {', '.join(sorted(SHAPES))}, got {config.model_shape!r}")
     if config.model is not None and config.model_shape != "tiny":
         problems.append("model_shape sizes the embedded model: drop it when model names a model")
+    try:
+        check_agent_program(config.agent_program, config.reward_fn)
+    except (ValueError, ImportError, AttributeError) as error:
+        problems.append(str(error))
     return problems
+
+
+def check_agent_program(agent_program: str | None, reward_fn: str | None) -> None:
+    """The agent program and its reward function import (names as ``module:function``)."""
+    from rllm_gym.sdk import load_function
+
+    if reward_fn is not None and agent_program is None:
+        raise ValueError("reward_fn scores an agent_program's output: set agent_program too (envs grade their own)")
+    if agent_program is not None:
+        load_function(agent_program, "agent_program")
+    if reward_fn is not None:
+        load_function(reward_fn, "reward_fn")

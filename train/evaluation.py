@@ -44,8 +44,15 @@ def run_episodes(
     progress: Callable[[Episode], None] | None = None,
     **kwargs: Any,
 ) -> list[Episode]:
-    """Episodes of ``tasks`` with the run's agent, env arguments and turn limit (``kwargs``: engine options);
-    ``progress`` is called with each episode as it finishes."""
+    """Episodes of ``tasks`` with the run's agent, env arguments and turn limit, or its ``agent_program`` (``kwargs``:
+    engine options); ``progress`` is called with each episode as it finishes."""
+    if config.agent_program is not None:  # the program plays the env's tasks through a gateway (rllm_gym.sdk)
+        from rllm_gym.sdk import AgentProgramEngine
+
+        engine = AgentProgramEngine(
+            config.agent_program, policy, reward_fn=config.reward_fn, seed=config.seed, **kwargs
+        )
+        return asyncio.run(engine.run(tasks, n_rollouts=n_rollouts, progress=progress))
     engine = engine_for(
         env_id,
         policy,

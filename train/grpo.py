@@ -296,6 +296,8 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         gamma=config.gamma,
         chat_template_kwargs=config.chat_template_kwargs,
         token_history=config.token_history,
+        agent_program=config.agent_program,
+        reward_fn=config.reward_fn,
     )
     advantage_config = AdvantageConfig(
         estimator=config.estimator,

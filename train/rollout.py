@@ -91,7 +91,9 @@ class EpisodeRollout:
     ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) and ``token_history`` (``"sampled"``, token in,
     token out; or ``"template"``, the chat re-rendered each call, rows split where the template rewrites history) go
     to every policy the trainer's backend builds (:meth:`generation_for`, chosen once per trainer);
-    ``policy_factory(trainer)`` substitutes any other policy.
+    ``policy_factory(trainer)`` substitutes any other policy. With ``agent_program`` (``module:function``), the envs
+    only supply tasks: each episode is that program run through a gateway on the policy
+    (:class:`~rllm_gym.sdk.AgentProgramEngine`), rewarded by ``reward_fn`` or by what the program posts.
 
     Prompt slots that name the same env and task share episodes: the ``k``-th slot of ``(env, task, slot s)`` in a
     call trains trajectory ``s`` of the ``k``-th episode of ``(env, task)``. For a single-agent env that is one
@@ -117,6 +119,8 @@ class EpisodeRollout:
         policy_factory: Callable[[Any], Policy] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         token_history: TokenHistory = "sampled",
+        agent_program: str | None = None,
+        reward_fn: str | None = None,
     ):
         if not envs:
             raise ValueError("EpisodeRollout needs at least one EnvSetup")
@@ -129,6 +133,7 @@ class EpisodeRollout:
         self.policy_factory = policy_factory
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.token_history = check_token_history(token_history, "EpisodeRollout")
+        self.agent_program, self.reward_fn = agent_program, reward_fn
         self.calls = 0
         self._runner: asyncio.Runner | None = None
         self._pool: EnvThreadPool | None = None
@@ -162,6 +167,15 @@ class EpisodeRollout:
         kept = self._engines.get(env_id)
         if kept is not None and kept[0][0] is policy and kept[0][1] == sampling and kept[0][2] is self._pool:
             return kept[1]
+        if self.agent_program is not None:  # the env's tasks, played by the program through a gateway (rllm_gym.sdk)
+            from rllm_gym.sdk import AgentProgramEngine
+
+            engine = AgentProgramEngine(
+                self.agent_program, policy, reward_fn=self.reward_fn, sampling_params=sampling,
+                timeout_s=self.timeout_s, n_parallel=self.n_parallel, executor=self._pool, tune_interpreter=True,
+            )  # fmt: skip
+            self._engines[env_id] = (key, engine)
+            return engine
         setup = self.envs[env_id]
         # Multi-agent episodes have no per-reply truncation rule (every agent must get its turn).
         single_agent = env_id not in env_ids(multi_agent=True)

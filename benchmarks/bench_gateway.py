@@ -1,0 +1,162 @@
+"""Episodes through the gateway against the same policy called directly: what recording agent programs costs.
+
+``--sessions`` episodes (64) are in flight at once on one HFPolicy (the embedded tiny model unless ``--model``), each
+making ``--turns`` chat calls (2) where every call extends the previous one (token continuation on both paths). Direct:
+each episode calls ``policy.generate(messages, previous=step)`` itself. Gateway: each episode is an agent program
+using ``openai.AsyncOpenAI`` against its gateway session, run by :class:`~rllm_gym.sdk.AgentProgramEngine`
+(HTTP, JSON, session recording, the engine's bookkeeping included). Two more rows separate the clients' own costs: the
+openai client with its default TLS set-up built per episode (it loads the CA bundle, ~50 ms of CPU each), and the same
+program on plain aiohttp. Decoding is greedy, so every path generates the same tokens; they are timed in turn,
+``--rounds`` times each, after a warm-up of each, and the ratios of the medians to direct are reported (goal: <= 1.1).
+
+    python benchmarks/bench_gateway.py                  # 64 sessions, 2 turns, 32 tokens a reply, 3 rounds
+    python benchmarks/bench_gateway.py --quick          # 1 round, 16 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import ssl
+import statistics
+import time
+
+import aiohttp
+import httpx
+import openai
+from _measure import write_json
+
+from rllm_gym.policies import HFPolicy
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.sdk import AgentProgramEngine
+from rllm_gym.types import Step
+
+
+def question(task: int) -> str:
+    return f"move left then up, task {task}"
+
+
+async def direct(policy: HFPolicy, sessions: int, turns: int, params: SamplingParams) -> float:
+    async def episode(task: int) -> None:
+        messages = [{"role": "user", "content": question(task)}]
+        previous = None
+        for _ in range(turns):
+            output = await policy.generate(messages, params, previous=previous)
+            reply = {"role": "assistant", "content": output.content}
+            previous = Step(
+                chat_completions=[*messages, reply],
+                prompt_ids=output.prompt_ids,
+                response_ids=output.completion_ids,
+                logprobs=output.logprobs,
+                model_output=output,
+            )
+            messages = [*messages, reply, {"role": "user", "content": "and again"}]
+
+    start = time.perf_counter()
+    await asyncio.gather(*(episode(task) for task in range(sessions)))
+    return time.perf_counter() - start
+
+
+def program_of(turns: int, max_tokens: int, tls: ssl.SSLContext | None):
+    """The agent program: a client of its own per episode, on a TLS context built once (``tls``), or, with ``None``,
+    the client's default, which loads the CA bundle anew (~50 ms of CPU per client)."""
+
+    async def program(task: int, base_url: str) -> str:
+        http_client = None if tls is None else httpx.AsyncClient(verify=tls)
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http_client)
+        messages = [{"role": "user", "content": question(task)}]
+        content = ""
+        for _ in range(turns):
+            reply = await client.chat.completions.create(model="p", messages=messages, max_tokens=max_tokens)
+            content = reply.choices[0].message.content or ""
+            messages = [*messages, {"role": "assistant", "content": content}, {"role": "user", "content": "and again"}]
+        await client.close()
+        return content
+
+    return program
+
+
+def raw_program_of(turns: int, max_tokens: int):
+    """The same program on plain aiohttp (JSON in, JSON out): the gateway's cost without the openai client's."""
+
+    async def program(task: int, base_url: str) -> str:
+        messages = [{"role": "user", "content": question(task)}]
+        content = ""
+        async with aiohttp.ClientSession() as http:
+            for _ in range(turns):
+                body = {"model": "p", "messages": messages, "max_tokens": max_tokens}
+                async with http.post(f"{base_url}/chat/completions", json=body) as response:
+                    content = (await response.json())["choices"][0]["message"]["content"]
+                reply = {"role": "assistant", "content": content}
+                messages = [*messages, reply, {"role": "user", "content": "and again"}]
+        return content
+
+    return program
+
+
+async def through_gateway(engine: AgentProgramEngine, sessions: int) -> float:
+    start = time.perf_counter()
+    episodes = await engine.run(list(range(sessions)))
+    elapsed = time.perf_counter() - start
+    failed = [e for e in episodes if e.termination_reason.value != "env_done"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} gateway episodes failed: {failed[0].metadata.get('error')}")
+    return elapsed
+
+
+async def main(args: argparse.Namespace) -> dict:
+    policy = HFPolicy(args.model, max_batch_size=args.sessions, batch_wait_s=0.005)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    programs = {
+        "gateway": program_of(args.turns, args.max_tokens, ssl.create_default_context()),
+        "gateway_default_client": program_of(args.turns, args.max_tokens, None),
+        "gateway_raw_http": raw_program_of(args.turns, args.max_tokens),
+    }
+    engines = {
+        name: AgentProgramEngine(program, policy, sampling_params=params, n_parallel=args.sessions)
+        for name, program in programs.items()
+    }
+    await direct(policy, args.sessions, args.turns, params)  # warm-ups: first generate, client imports
+    for engine in engines.values():
+        await through_gateway(engine, args.sessions)
+    seconds: dict[str, list[float]] = {"direct": [], **{name: [] for name in engines}}
+    for _ in range(args.rounds):
+        seconds["direct"].append(await direct(policy, args.sessions, args.turns, params))
+        for name, engine in engines.items():
+            seconds[name].append(await through_gateway(engine, args.sessions))
+    base = statistics.median(seconds["direct"])
+    return {
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "max_tokens": args.max_tokens,
+        **{f"{name}_s": [round(s, 3) for s in values] for name, values in seconds.items()},
+        "ratio": round(statistics.median(seconds["gateway"]) / base, 3),
+        "ratio_default_client": round(statistics.median(seconds["gateway_default_client"]) / base, 3),
+        "ratio_raw_http": round(statistics.median(seconds["gateway_raw_http"]) / base, 3),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model folder (default: the embedded tiny model)")
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="1 round of 16-token replies")
+    parser.add_argument("--json", help="also write the results to this file")
+    arguments = parser.parse_args()
+    if arguments.quick:
+        arguments.rounds, arguments.max_tokens = 1, 16
+    results = asyncio.run(main(arguments))
+    print(
+        f"{results['sessions']} sessions x {results['turns']} turns: direct {results['direct_s']} s, "
+        f"gateway {results['gateway_s']} s, ratio {results['ratio']}x (goal <= 1.1); with the client's default TLS "
+        f"set-up per episode {results['gateway_default_client_s']} s, ratio {results['ratio_default_client']}x; "
+        f"plain aiohttp instead of openai {results['gateway_raw_http_s']} s, ratio {results['ratio_raw_http']}x"
+    )
+    write_json(arguments.json, results)

@@ -1,0 +1,434 @@
+"""The gateway: an OpenAI-compatible HTTP server on 127.0.0.1 that records every call of a session as a Step.
+
+A session is one episode of an agent program. Its id is 32 random bytes (``secrets.token_urlsafe``), so the only
+way to read or write a session is to have been given its URL: ``{url}/sessions/{id}/v1`` is the ``base_url`` a
+program's OpenAI client needs, and nothing else. Under it, ``POST .../chat/completions`` and ``POST .../completions``
+run on the gateway's policy; each call (each choice, with ``n`` > 1) becomes a Step of the session's Trajectory with
+the exact prompt and completion token ids and log-probabilities. A chat that extends a recorded call (that call's
+messages plus the reply the client got) continues that call's prompt and sampled ids token for token
+(:mod:`rllm_gym.policies.tokens`); any other chat is rendered whole and starts a new training row.
+``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals,
+``POST /sessions`` opens a session over HTTP and ``DELETE /sessions/{id}`` closes one.
+
+Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
+an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
+(an infrastructure failure, never a wrong answer), and any other fault 500: no request ends the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import sys
+from typing import Any
+
+from aiohttp import web
+
+from rllm_gym.gateway.protocol import (
+    RequestError,
+    assistant_message,
+    chat_chunks,
+    chat_response,
+    completion_response,
+    error_body,
+    parse_chat_request,
+    parse_completion_request,
+)
+from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
+from rllm_gym.types import ModelOutput, Step, Trajectory
+
+__all__ = ["Gateway", "GatewaySession", "SessionLimitError"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_SESSIONS = 4096
+
+
+class SessionLimitError(RuntimeError):
+    """The gateway already has ``max_sessions`` sessions open."""
+
+
+@dataclasses.dataclass
+class GatewaySession:
+    """One episode's recording: its id (the secret), its URLs and its Trajectory (filled in as calls arrive)."""
+
+    id: str
+    base_url: str
+    trajectory: Trajectory
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` for a program in another process (the key is the session id:
+        the gateway needs none, but OpenAI clients refuse to start without one)."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.id}
+
+
+class Gateway:
+    """An OpenAI-compatible server in front of ``policy``, recording each session's calls as a Trajectory.
+
+    Args:
+        policy: any :class:`~rllm_gym.policies.Policy`. With a :class:`~rllm_gym.policies.base.BasePolicy` (HFPolicy,
+            VLLMPolicy, OpenAIPolicy with a tokenizer) the gateway builds the prompt ids itself, so it can refuse a
+            prompt over ``max_context_tokens`` before generating.
+        sampling_params: defaults for the fields a request leaves out (``max_tokens``, ``temperature``, ...).
+        host, port: where to listen; ``port=0`` picks a free port (read :attr:`url` after :meth:`start`).
+        max_context_tokens: prompt plus ``max_tokens`` must fit; defaults to the model's ``max_position_embeddings``
+            when the policy has a model with that config field, else no limit.
+        max_body_bytes: larger request bodies get a 413.
+        max_sessions: the most sessions open at once; one more gets a 429 (HTTP) or a RuntimeError (Python), so a
+            client that opens sessions in a loop cannot exhaust the memory.
+
+    Example::
+
+        async with Gateway(HFPolicy()) as gateway:
+            session = gateway.open_session(task={"question": "2+2?"})
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.id)
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "2+2?"}])
+            trajectory = gateway.close_session(session.id)       # one Step with its token ids and logprobs
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        sampling_params: SamplingParams | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_context_tokens: int | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+    ) -> None:
+        if not callable(getattr(policy, "generate", None)):
+            raise TypeError(f"Gateway(policy=...) must be a Policy (an object with async generate()), got {policy!r}")
+        if sampling_params is not None and not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"Gateway(sampling_params=...) must be a SamplingParams, got {sampling_params!r}")
+        limits = (("max_context_tokens", max_context_tokens), ("max_body_bytes", max_body_bytes))
+        for name, value in (*limits, ("max_sessions", max_sessions)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"Gateway({name}=...) must be an int >= 1, got {value!r}")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
+            raise ValueError(f"Gateway(port=...) must be in [0, 65535] (0 picks a free port), got {port!r}")
+        self.policy = policy
+        self.sampling_params = sampling_params or SamplingParams()
+        self.host, self.port = host, port
+        self.max_context_tokens = max_context_tokens or _model_context(policy)
+        self.max_body_bytes = max_body_bytes
+        self.max_sessions = max_sessions
+        self.tokenizer = getattr(policy, "tokenizer", None)
+        self.url = ""
+        self._sessions: dict[str, GatewaySession] = {}
+        self._runner: web.AppRunner | None = None
+        self._paces_batches = False
+
+    # Life cycle
+
+    async def start(self) -> str:
+        """Listen and return the gateway's URL (``http://127.0.0.1:<port>``)."""
+        if self._runner is not None:
+            return self.url
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        app.router.add_post("/sessions", self._open)
+        app.router.add_get("/sessions/{sid}", self._get)
+        app.router.add_delete("/sessions/{sid}", self._delete)
+        app.router.add_post("/sessions/{sid}/reward", self._reward)
+        app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
+        app.router.add_post("/sessions/{sid}/v1/completions", self._completions)
+        app.router.add_get("/sessions/{sid}/v1/models", self._models)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        self._runner = runner
+        hf = sys.modules.get("rllm_gym.policies.hf")  # a BatchingPolicy exists only once its module was imported
+        if hf is not None and isinstance(self.policy, hf.BatchingPolicy) and self.policy.expected_requests is None:
+            # Each open session has at most one call coming (as an episode in flight has): a batch goes out as soon
+            # as every open session is in it, rather than splitting when replies reach programs a few ms apart.
+            self.policy.expected_requests = self._expected_requests
+            self._paces_batches = True
+        port = runner.addresses[0][1]
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            self.url = ""
+        if self._paces_batches:
+            self.policy.expected_requests = None
+            self._paces_batches = False
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # Sessions
+
+    def open_session(self, task: Any = None, *, name: str = "agent") -> GatewaySession:
+        """A new session (the gateway must be started) whose Trajectory has ``task`` and ``input={"task": task}``."""
+        if not self.url:
+            raise RuntimeError("Gateway.open_session() needs a started gateway: await gateway.start() first")
+        if len(self._sessions) >= self.max_sessions:
+            raise SessionLimitError(
+                f"the gateway has {len(self._sessions)} sessions open, its max_sessions: close finished ones "
+                "(DELETE /sessions/{id}) or raise Gateway(max_sessions=...)"
+            )
+        sid = secrets.token_urlsafe(32)
+        trajectory = Trajectory(name=name, task=task, input={"task": task})
+        session = GatewaySession(sid, f"{self.url}/sessions/{sid}/v1", trajectory)
+        self._sessions[sid] = session
+        return session
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def close_session(self, sid: str) -> Trajectory:
+        """Forget the session and return its Trajectory; later calls under it get 404."""
+        session = self._sessions.pop(sid, None)
+        if session is None:
+            raise KeyError(f"no open gateway session {sid[:8]}...")
+        if self._paces_batches:
+            self.policy.requests_changed()  # one call fewer to wait for
+        return session.trajectory
+
+    def _expected_requests(self) -> int:
+        return max(1, len(self._sessions))
+
+    def _session(self, request: web.Request) -> GatewaySession:
+        session = self._sessions.get(request.match_info["sid"])
+        if session is None:
+            raise RequestError(
+                "no such session: open one with POST /sessions (or the SDK), and use its URL as is",
+                status=404,
+                code="session_not_found",
+                param=None,
+            )
+        return session
+
+    # Handlers
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except RequestError as error:
+            return web.json_response(error.body(), status=error.status)
+        except web.HTTPRequestEntityTooLarge:
+            message = f"the request body is over the gateway's limit of {self.max_body_bytes} bytes"
+            return web.json_response(error_body(message, code="request_too_large"), status=413)
+        except web.HTTPException as error:  # aiohttp's own 404/405 for unknown paths
+            body = error_body(f"{error.reason}: {request.method} {request.path}", code=f"http_{error.status}")
+            return web.json_response(body, status=error.status)
+        except PolicyError as error:
+            return web.json_response(error_body(str(error), type="server_error", code="policy_error"), status=502)
+        except (ConnectionResetError, asyncio.CancelledError):  # the client went away mid-reply
+            raise
+        except Exception as error:  # never the server: a fault in one request is that request's 500
+            logger.exception("gateway request %s %s failed", request.method, request.path)
+            message = f"internal error: {type(error).__name__}: {error}"
+            return web.json_response(error_body(message, type="server_error"), status=500)
+
+    async def _json(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise RequestError(f"the request body is not valid JSON: {error}"[:300], param=None) from None
+
+    async def _open(self, request: web.Request) -> web.Response:
+        body = await self._json(request) if request.can_read_body else {}
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object such as {'task': {...}}", param=None)
+        try:
+            session = self.open_session(body.get("task"))
+        except SessionLimitError as error:
+            raise RequestError(str(error), status=429, code="too_many_sessions", type="rate_limit_error") from None
+        return web.json_response({"id": session.id, "base_url": session.base_url}, status=201)
+
+    async def _get(self, request: web.Request) -> web.Response:
+        return web.json_response(self._session(request).trajectory.to_dict())
+
+    async def _delete(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        return web.json_response(self.close_session(session.id).to_dict())
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._session(request)
+        return web.json_response(
+            {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "rllm-gym"}]}
+        )
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        body = await self._json(request)
+        if not isinstance(body, dict) or not ({"reward", "signals"} & body.keys()):
+            raise RequestError("the body must be {'reward': <number>} and/or {'signals': {name: number}}", param=None)
+        reward, signals = body.get("reward"), body.get("signals", {})
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+            raise RequestError("'reward' must be a number", param="reward")
+        if not isinstance(signals, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in signals.values()
+        ):
+            raise RequestError("'signals' must be an object of numbers, e.g. {'format': 1.0}", param="signals")
+        trajectory = session.trajectory
+        if reward is not None:
+            trajectory.reward = float(reward)
+        if signals:
+            trajectory.signals = {**trajectory.signals, **{str(k): float(v) for k, v in signals.items()}}
+        return web.json_response({"reward": trajectory.reward, "signals": trajectory.signals})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request)
+        chat = parse_chat_request(await self._json(request))
+        params = self._params(chat.sampling)
+        previous = _previous_step(session.trajectory, chat.messages)
+        prompt_ids = self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous))
+        params = self._fit(prompt_ids, params, chat.sampling.max_tokens is None)
+        outputs = await self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids)
+        replies = [assistant_message(output) for output in outputs]
+        for output, reply in zip(outputs, replies, strict=True):
+            _record(session.trajectory, output, [*chat.messages, reply], chat.tools)
+        response = chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
+        if chat.stream:
+            return await _stream(request, chat_chunks(response, chat.include_usage))
+        return web.json_response(response)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        session = self._session(request)
+        completion = parse_completion_request(await self._json(request))
+        params = self._params(completion.sampling)
+        if isinstance(completion.prompt, str):
+            if self.tokenizer is None:
+                raise RequestError(
+                    "this gateway's policy has no tokenizer: send 'prompt' as token ids", param="prompt"
+                )
+            prompt_ids = list(self.tokenizer.encode(completion.prompt, add_special_tokens=False))
+        else:
+            prompt_ids = completion.prompt
+        params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
+        outputs = await self._generate(completion.sampling.n, params, None, None, None, prompt_ids)
+        for output in outputs:
+            _record(session.trajectory, output, [], None)
+        response = completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
+        if completion.stream:
+            base = {key: response[key] for key in ("id", "object", "created", "model")}
+            return await _stream(request, [{**base, "choices": [choice]} for choice in response["choices"]])
+        return web.json_response(response)
+
+    # Generation
+
+    def _params(self, sampling: Any) -> SamplingParams:
+        fields = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_tokens": sampling.max_tokens,
+            "seed": sampling.seed,
+        }
+        changes = {key: value for key, value in fields.items() if value is not None}
+        if sampling.stop:
+            changes["stop"] = sampling.stop
+        return dataclasses.replace(self.sampling_params, **changes)
+
+    def _prompt_ids(self, request: PolicyRequest) -> list[int] | None:
+        """The prompt ids the policy would build (continued from ``previous`` or rendered whole); ``None`` for a
+        policy that does not work on token ids (it gets the messages)."""
+        if not isinstance(self.policy, BasePolicy) or self.policy.tokenizer is None:
+            return None
+        try:
+            return self.policy.prompt_token_ids(request)
+        except Exception as error:  # a chat the template cannot render (a tool message without a call, ...)
+            raise RequestError(
+                f"the chat template cannot render 'messages': {error}"[:400], param="messages"
+            ) from None
+
+    def _fit(self, prompt_ids: list[int] | None, params: SamplingParams, default_max: bool) -> SamplingParams:
+        limit = self.max_context_tokens
+        if limit is None or prompt_ids is None:
+            return params
+        room = limit - len(prompt_ids)
+        if room >= params.max_tokens:
+            return params
+        if default_max and room >= 1:  # the client did not ask for a length: the gateway's default shrinks to fit
+            return dataclasses.replace(params, max_tokens=room)
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prompt_ids) + params.max_tokens} tokens ({len(prompt_ids)} in the messages, {params.max_tokens} in "
+            "the completion). Please reduce the length of the messages or completion.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+
+    async def _generate(
+        self,
+        n: int,
+        params: SamplingParams,
+        messages: list[dict[str, Any]] | None,
+        tools: list[dict[str, Any]] | None,
+        previous: Step | None,
+        prompt_ids: list[int] | None,
+    ) -> list[ModelOutput]:
+        async def one(seed: int | None) -> ModelOutput:
+            choice = params if seed is None else dataclasses.replace(params, seed=seed)
+            if prompt_ids is not None:
+                return await self.policy.generate(None, choice, prompt_ids=prompt_ids)
+            return await self.policy.generate(messages, choice, tools=tools, previous=previous)
+
+        # n choices with one seed would be n copies: each choice gets its own seed.
+        seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
+        try:
+            return list(await asyncio.gather(*(one(seed) for seed in seeds)))
+        except PolicyError:
+            raise
+        except Exception as error:
+            raise PolicyError(f"the policy failed: {type(error).__name__}: {error}") from error
+
+
+def _model_context(policy: Policy) -> int | None:
+    config = getattr(getattr(policy, "model", None), "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _previous_step(trajectory: Trajectory, messages: list[dict[str, Any]]) -> Step | None:
+    """The latest recorded chat call whose messages and reply ``messages`` starts with (the call it continues)."""
+    for step in reversed(trajectory.steps):
+        chat = step.chat_completions
+        if chat and len(chat) <= len(messages) and messages[: len(chat)] == chat:
+            return step
+    return None
+
+
+def _record(trajectory: Trajectory, output: ModelOutput, chat: list[dict[str, Any]], tools: Any) -> None:
+    step = Step(
+        chat_completions=chat,
+        prompt_ids=output.prompt_ids,
+        response_ids=output.completion_ids,
+        logprobs=output.logprobs,
+        model_response=output.text,
+        thought=output.reasoning,
+        action=chat[-1] if chat else output.text,
+        model_output=output,
+        info={"tools": tools} if tools else {},
+    )
+    trajectory.steps.append(step)
+
+
+async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    with contextlib.suppress(ConnectionResetError):  # a client that hung up mid-stream: its loss, not the server's
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    return response

@@ -1,0 +1,231 @@
+"""Run any agent program as an episode: ``fn(task, base_url)`` talks to a gateway session, its calls become Steps.
+
+An agent program is a plain function (sync or async) that takes a task and the ``/v1`` URL of its own
+:class:`~rllm_gym.gateway.Gateway` session and uses any OpenAI-compatible client there::
+
+    from openai import OpenAI
+
+    def solve(task, base_url):
+        client = OpenAI(base_url=base_url, api_key="unused")
+        messages = [{"role": "user", "content": task["question"]}]
+        reply = client.chat.completions.create(model="policy", messages=messages)
+        return reply.choices[0].message.content
+
+    def reward(task, output):
+        return float(str(task["answer"]) in (output or ""))
+
+:class:`AgentProgramWorkflow` is a :class:`~rllm_gym.engine.Workflow`, so
+:class:`~rllm_gym.engine.AgentWorkflowEngine` runs many programs at once with its timeouts, retries and termination
+reasons; :class:`AgentProgramEngine` is that engine with a gateway of its own, and :func:`run_agent_program` runs it
+in one call. The Trajectory keeps the program's
+``input`` (``{"task": task}``), ``output`` (its return value), ``signals`` and ``reward``: from ``reward_fn(task,
+output)`` (a float or a :class:`~rllm_gym.types.RewardOutput`) when given, else what the program posted to
+``/sessions/{id}/reward``. A program that raises ends its episode as ``ERROR``, one that runs past ``timeout_s`` as
+``TIMEOUT``; neither touches the other episodes. A program in another process gets its session through
+``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (:attr:`GatewaySession.environ <rllm_gym.gateway.GatewaySession.environ>`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from rllm_gym.engine.engine import AgentWorkflowEngine
+from rllm_gym.engine.workflow import TerminationEvent, Workflow
+from rllm_gym.gateway import Gateway
+from rllm_gym.policies.base import Policy, SamplingParams
+from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
+
+__all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "load_function", "run_agent_program"]
+
+AgentProgram = Callable[[Any, str], Any]
+RewardFn = Callable[[Any, Any], Any]
+
+
+def load_function(spec: str | Callable[..., Any], what: str = "--agent-program") -> Callable[..., Any]:
+    """The function named ``module:function`` (a dotted attribute path after the colon works too), or ``spec`` itself
+    when it is already callable."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(f"{what} must be 'module:function' (e.g. my_agents.solve:run), got {spec!r}")
+    module_name, attribute = spec.split(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(
+            f"{what} {spec}: cannot import {module_name!r} ({error}); run from the folder that holds it or put it "
+            "on PYTHONPATH"
+        ) from error
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"{what} {spec}: {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"{what} {spec} is a {type(target).__name__}, not a function")
+    return target
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await ``fn(*args)``: on the loop when it is async, else in a thread of its own (a program blocks for a whole
+    episode, so the default executor's few threads would cap how many run at once). A thread left behind by a
+    timeout finishes on its own; its calls then get 404 from the closed session."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as exception:  # handed to the episode, which ends in ERROR
+            result, error = None, exception
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=target, name="rllm-gym-agent-program", daemon=True).start()
+    result = await future
+    return await result if inspect.isawaitable(result) else result
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` when JSON can hold it, else its ``repr`` (the episode is written to JSONL)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+class AgentProgramWorkflow(Workflow):
+    """One episode of an agent program: a gateway session, ``agent_program(task, base_url)``, then the reward.
+
+    Args:
+        policy: the gateway's policy (the engine passes it; the gateway already holds it).
+        gateway: a started :class:`~rllm_gym.gateway.Gateway` shared by every episode.
+        agent_program: ``fn(task, base_url)``, sync or async, or ``"module:function"``.
+        reward_fn: ``fn(task, output)`` returning a float or a RewardOutput (sync or async), or
+            ``"module:function"``; ``None``: the reward the program posted to its session (0 when it posted none).
+        name: the trajectory's role name (training groups by task and name).
+        timeout_s: wall time per episode (a program past it ends as ``TIMEOUT``).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        gateway: Gateway,
+        agent_program: AgentProgram | str,
+        reward_fn: RewardFn | str | None = None,
+        name: str = "agent",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(policy, **kwargs)
+        if not isinstance(gateway, Gateway):
+            raise TypeError(f"AgentProgramWorkflow(gateway=...) must be a started Gateway, got {gateway!r}")
+        self.gateway = gateway
+        self.agent_program = load_function(agent_program, "agent_program")
+        self.reward_fn = None if reward_fn is None else load_function(reward_fn, "reward_fn")
+        self.name = name
+
+    @property
+    def cheap_to_build(self) -> bool:
+        return True
+
+    async def run(self, task: Any, uid: str) -> None:
+        session = self.gateway.open_session(task, name=self.name)
+        trajectory = session.trajectory
+        self.commit(trajectory=trajectory)  # committed first: a program that fails keeps the calls it made
+        try:
+            output = await _call(self.agent_program, task, session.base_url)
+        finally:
+            with contextlib.suppress(KeyError):
+                self.gateway.close_session(session.id)
+        trajectory.output = _json_safe(output)
+        if self.reward_fn is not None:
+            await self._score(trajectory, task, output)
+        if trajectory.steps and trajectory.reward is not None:
+            # The trajectory's reward on its last step, so step rewards add up to it (returns, per-step advantages).
+            trajectory.steps[-1].__dict__["reward"] = trajectory.reward
+        raise TerminationEvent(TerminationReason.ENV_DONE)
+
+    async def _score(self, trajectory: Trajectory, task: Any, output: Any) -> None:
+        assert self.reward_fn is not None
+        result = await _call(self.reward_fn, task, output)
+        if isinstance(result, RewardOutput):
+            trajectory.reward = result.reward
+            if result.is_correct is not None and trajectory.steps:
+                trajectory.steps[-1].info["is_correct"] = result.is_correct
+            numbers = {k: float(v) for k, v in result.metadata.items() if isinstance(v, int | float)}
+            trajectory.signals = {**trajectory.signals, **numbers}
+        elif isinstance(result, int | float) and not isinstance(result, bool):
+            trajectory.reward = float(result)
+        else:
+            raise TypeError(f"reward_fn must return a float or a RewardOutput, got {type(result).__name__}")
+
+
+class AgentProgramEngine(AgentWorkflowEngine):
+    """An :class:`~rllm_gym.engine.AgentWorkflowEngine` of :class:`AgentProgramWorkflow` with a gateway of its own,
+    listening while episodes run (started by ``run``/``stream``, closed when they end).
+
+    ``sampling_params`` are the gateway's defaults for what the program's requests leave out. ``retry_limit=1``
+    (the default here): a program that raises is not run again, as programs may have side effects.
+    """
+
+    def __init__(
+        self,
+        agent_program: AgentProgram | str,
+        policy: Policy,
+        *,
+        reward_fn: RewardFn | str | None = None,
+        sampling_params: SamplingParams | None = None,
+        timeout_s: float | None = None,
+        name: str = "agent",
+        retry_limit: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        self.gateway = Gateway(policy, sampling_params=sampling_params)
+        workflow_args = {
+            "gateway": self.gateway,
+            "agent_program": load_function(agent_program, "agent_program"),
+            "reward_fn": None if reward_fn is None else load_function(reward_fn, "reward_fn"),
+            "timeout_s": timeout_s,
+            "name": name,
+        }
+        super().__init__(AgentProgramWorkflow, policy, workflow_args=workflow_args, retry_limit=retry_limit, **kwargs)
+
+    async def stream_pairs(self, pairs: Sequence[Any]) -> AsyncIterator[Episode]:
+        started_here = not self.gateway.url
+        await self.gateway.start()
+        try:
+            async for episode in super().stream_pairs(pairs):
+                yield episode
+        finally:
+            if started_here:
+                await self.gateway.close()
+
+
+async def run_agent_program(
+    agent_program: AgentProgram | str,
+    tasks: Sequence[Any],
+    policy: Policy,
+    *,
+    reward_fn: RewardFn | str | None = None,
+    n_rollouts: int = 1,
+    **kwargs: Any,
+) -> list[Episode]:
+    """Run ``agent_program`` on every task ``n_rollouts`` times through a gateway on ``policy``: one Episode each,
+    in task and rollout order. ``kwargs`` go to :class:`AgentProgramEngine` (``timeout_s``, ``n_parallel``,
+    ``sampling_params``, ``out``, ``retry_limit``, ``seed``)."""
+    engine = AgentProgramEngine(agent_program, policy, reward_fn=reward_fn, **kwargs)
+    return await engine.run(tasks, n_rollouts)

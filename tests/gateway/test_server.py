@@ -1,0 +1,330 @@
+"""The gateway against real clients on loopback: the official openai package and raw HTTP (aiohttp, sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from rllm_gym.gateway import Gateway, SessionLimitError
+from rllm_gym.policies import HFPolicy, ScriptedPolicy
+from rllm_gym.policies.tokens import render_prompt_ids
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return HFPolicy(tiny_model_dir, max_batch_size=64)
+
+
+def client_of(session) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=session.base_url, api_key=session.id, max_retries=0)
+
+
+async def test_a_chat_call_becomes_a_step_with_its_exact_tokens(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session({"question": "hi"})
+        messages = [{"role": "user", "content": "move left"}]
+        reply = await client_of(session).chat.completions.create(
+            model="policy", messages=messages, max_tokens=12, temperature=1.0, seed=3, logprobs=True
+        )
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
+            recorded = await response.json()
+    (step,) = recorded["steps"]
+    assert recorded["input"] == {"task": {"question": "hi"}}
+    assert step["prompt_ids"] == render_prompt_ids(policy.tokenizer, messages, None, {})
+    assert 1 <= len(step["response_ids"]) <= 12 and len(step["logprobs"]) == len(step["response_ids"])
+    assert [t.logprob for t in reply.choices[0].logprobs.content] == step["logprobs"]
+    assert policy.tokenizer.decode(step["response_ids"], skip_special_tokens=True).startswith(
+        step["model_output"]["text"][:5]
+    )
+    assert reply.usage.prompt_tokens == len(step["prompt_ids"])
+
+
+async def test_a_chat_that_extends_the_last_call_continues_its_tokens(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        messages = [{"role": "user", "content": "move left"}]
+        first = await client.chat.completions.create(model="p", messages=messages, max_tokens=8)
+        messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "again"}]
+        await client.chat.completions.create(model="p", messages=messages, max_tokens=8)
+        await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "new"}], max_tokens=8)
+        trajectory = gateway.close_session(session.id)
+    one, two, three = trajectory.steps
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.response_ids)] == one.prompt_ids + one.response_ids
+    assert len(two.prompt_ids) > len(one.prompt_ids) + len(one.response_ids)
+    # A chat that does not extend a recorded one is rendered whole: a new training row.
+    new_chat = [{"role": "user", "content": "new"}]
+    assert three.prompt_ids == render_prompt_ids(policy.tokenizer, new_chat, None, {})
+
+
+async def test_sessions_in_flight_are_never_mixed(policy):
+    async with Gateway(policy) as gateway:
+        sessions = [gateway.open_session({"i": i}) for i in range(8)]
+
+        async def talk(i, session):
+            content = f"task {i}"
+            await client_of(session).chat.completions.create(
+                model="p", messages=[{"role": "user", "content": content}], max_tokens=4
+            )
+            return content
+
+        contents = await asyncio.gather(*(talk(i, s) for i, s in enumerate(sessions)))
+        trajectories = [gateway.close_session(s.id) for s in sessions]
+    assert len({s.id for s in sessions}) == 8 and all(len(s.id) >= 40 for s in sessions)
+    for content, trajectory in zip(contents, trajectories, strict=True):
+        (step,) = trajectory.steps
+        assert step.chat_completions[0]["content"] == content
+
+
+async def test_unknown_and_closed_sessions_get_404(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        gateway.close_session(session.id)
+        with pytest.raises(openai.NotFoundError) as error:
+            await client_of(session).chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+        assert error.value.body["code"] == "session_not_found"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{gateway.url}/sessions/guess/reward", json={"reward": 1}) as response,
+        ):
+            assert response.status == 404
+            assert (await response.json())["error"]["code"] == "session_not_found"
+
+
+BAD_REQUESTS = [
+    ({"messages": "hi"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"temperature": 7}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"n": 0}, "n"),
+    ({"n": 1.5}, "n"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"stop": [1, 2]}, "stop"),
+    ({"stream": "yes"}, "stream"),
+    ({"tools": {"add": 1}}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"tools": [ADD_TOOL], "tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice"),
+    (
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": 3}]}]},
+        "messages[0].tool_calls[0]",
+    ),
+    ({"model": 3}, "model"),
+]
+
+
+@pytest.mark.parametrize(("change", "param"), BAD_REQUESTS)
+async def test_a_malformed_request_gets_a_400_naming_the_field(policy, change, param):
+    body = {"model": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2} | change
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{session.base_url}/chat/completions", json=body) as response,
+        ):
+            error = (await response.json())["error"]
+            assert response.status == 400
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+        assert param.split("[")[0] in error["message"]
+        assert gateway.close_session(session.id).steps == []
+
+
+async def test_nothing_a_client_sends_crashes_the_gateway(policy):
+    async with Gateway(policy, max_body_bytes=4096) as gateway:
+        session = gateway.open_session()
+        url = f"{session.base_url}/chat/completions"
+        async with aiohttp.ClientSession() as http:
+            for body in (b"{not json", b"\xff\xfe", b"[1, 2]", b"null", b"[" * 2000 + b"]" * 2000):
+                async with http.post(url, data=body) as response:
+                    assert response.status == 400, body[:10]
+                    assert "error" in await response.json()
+            async with http.post(url, data=b"x" * 10_000) as response:
+                assert response.status == 413
+                assert (await response.json())["error"]["code"] == "request_too_large"
+            async with http.get(f"{gateway.url}/nowhere") as response:
+                assert response.status == 404 and "error" in await response.json()
+        # Clients that hang up: mid-headers, mid-body, and right after a complete request.
+        host, port = gateway.url.removeprefix("http://").split(":")
+        request = json.dumps({"model": "p", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+        head = f"POST /sessions/{session.id}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        for data in (
+            head[:30],
+            head + 'Content-Length: 500\r\n\r\n{"mod',
+            head + f"Content-Length: {len(request)}\r\n\r\n" + request,
+        ):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(data.encode())
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+        await asyncio.sleep(0.5)  # let a generation started for the last one finish
+        reply = await client_of(session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "still there?"}], max_tokens=3
+        )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_prompt_over_the_context_gets_context_length_exceeded(policy):
+    async with Gateway(policy, max_context_tokens=40) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "left " * 60}])
+        assert error.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 40"):
+            await client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=39
+            )
+        # Without max_tokens, the default shrinks to the room left.
+        reply = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+        trajectory = gateway.close_session(session.id)
+    assert len(trajectory.steps[0].prompt_ids) + len(trajectory.steps[0].response_ids) <= 40
+    assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_stream_n_stop_and_completions(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        messages = [{"role": "user", "content": "go"}]
+        stream = await client.chat.completions.create(
+            model="p", messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [chunk async for chunk in stream]
+        several = await client.chat.completions.create(model="p", messages=messages, max_tokens=6, n=3, seed=1)
+        stopped = await client.chat.completions.create(model="p", messages=messages, max_tokens=30, stop=["e"])
+        completion = await client.completions.create(model="p", prompt="the agent", max_tokens=5, logprobs=1)
+        trajectory = gateway.close_session(session.id)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == trajectory.steps[0].model_output.content
+    assert chunks[-1].usage.completion_tokens == len(trajectory.steps[0].response_ids)
+    assert [c.index for c in several.choices] == [0, 1, 2]
+    assert len({tuple(s.response_ids) for s in trajectory.steps[1:4]}) > 1  # each choice sampled on its own
+    assert "e" not in stopped.choices[0].message.content
+    last = trajectory.steps[-1]
+    assert last.prompt_ids == policy.tokenizer.encode("the agent", add_special_tokens=False)
+    assert completion.choices[0].text == last.model_output.text
+    assert completion.choices[0].logprobs.token_logprobs == last.logprobs
+    assert len(trajectory.steps) == 1 + 3 + 1 + 1
+
+
+def scripted_tool_caller(messages):
+    """Calls ``add`` first, then answers with the tool's result."""
+    if messages[-1]["role"] == "tool":
+        return f"The sum is {messages[-1]['content']}."
+    return '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+async def test_tool_calls_round_trip_and_continue_the_recorded_chat():
+    async with Gateway(ScriptedPolicy(scripted_tool_caller)) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        messages = [{"role": "user", "content": "2+3?"}]
+        first = await client.chat.completions.create(
+            model="p", messages=messages, tools=[ADD_TOOL], tool_choice="auto"
+        )
+        call = first.choices[0].message.tool_calls[0]
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 2, "b": 3})
+        messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        second = await client.chat.completions.create(model="p", messages=messages, tools=[ADD_TOOL])
+        none = await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "hi"}], tools=[ADD_TOOL], tool_choice="none"
+        )
+        trajectory = gateway.close_session(session.id)
+    assert second.choices[0].message.content == "The sum is 5."
+    assert none.choices[0].finish_reason == "tool_calls"  # the script calls anyway; the chat held no tools
+    assert trajectory.steps[0].info["tools"] == [ADD_TOOL] and "tools" not in trajectory.steps[2].info
+    assert trajectory.is_cumulative() is False  # the third call starts a new chat
+    one, two = trajectory.steps[:2]
+    assert two.chat_completions[: len(one.chat_completions)] == one.chat_completions
+
+
+async def test_reward_and_signals_are_set_by_the_program(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        root = f"{gateway.url}/sessions/{session.id}"
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{root}/reward", json={"reward": "high"}) as response:
+                assert response.status == 400 and (await response.json())["error"]["param"] == "reward"
+            async with http.post(f"{root}/reward", json={"signals": {"format": "ok"}}) as response:
+                assert response.status == 400 and (await response.json())["error"]["param"] == "signals"
+            async with http.post(f"{root}/reward", json={"reward": 0.5, "signals": {"format": 1}}) as response:
+                assert response.status == 200
+            async with http.get(root) as response:
+                recorded = await response.json()
+            async with http.post(f"{gateway.url}/sessions", json={"task": {"q": 1}}) as response:
+                opened = await response.json()
+                assert response.status == 201 and opened["base_url"].endswith(f"/sessions/{opened['id']}/v1")
+            async with http.delete(f"{gateway.url}/sessions/{opened['id']}") as response:
+                assert (await response.json())["task"] == {"q": 1}
+    assert (recorded["reward"], recorded["signals"]) == (0.5, {"format": 1.0})
+
+
+def test_gateway_arguments_are_checked(policy):
+    with pytest.raises(TypeError, match=r"Gateway\(policy=...\) must be a Policy"):
+        Gateway(object())
+    with pytest.raises(ValueError, match=r"Gateway\(max_context_tokens=...\) must be an int >= 1, got 0"):
+        Gateway(policy, max_context_tokens=0)
+    with pytest.raises(RuntimeError, match="needs a started gateway"):
+        Gateway(policy).open_session()
+
+
+async def test_sessions_opened_in_a_loop_hit_the_limit_not_the_memory(policy):
+    async with Gateway(policy, max_sessions=3) as gateway, aiohttp.ClientSession() as http:
+        statuses = []
+        for _ in range(5):
+            async with http.post(f"{gateway.url}/sessions") as response:
+                statuses.append(response.status)
+                body = await response.json()
+        assert statuses == [201, 201, 201, 429, 429] and body["error"]["code"] == "too_many_sessions"
+        with pytest.raises(SessionLimitError, match="3 sessions open"):
+            gateway.open_session()
+
+
+async def test_a_policy_failure_is_a_502_and_the_program_ends_in_error_not_a_wrong_answer():
+    from rllm_gym.sdk import run_agent_program
+    from rllm_gym.types import TerminationReason
+
+    async with Gateway(ScriptedPolicy(["only one reply"])) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "1"}])
+        with pytest.raises(openai.InternalServerError) as error:
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "2"}])
+    assert error.value.status_code == 502 and error.value.body["code"] == "policy_error"
+    assert "ran out of replies" in error.value.body["message"]
+
+    async def program(task, base_url):
+        await openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "hi"}]
+        )
+
+    (episode,) = await run_agent_program(program, [{"q": 1}], ScriptedPolicy(lambda messages: 5))
+    assert episode.termination_reason is TerminationReason.ERROR and not episode.is_correct
+    assert episode.metadata["error"]["type"] == "InternalServerError"
+
+
+async def test_completions_stream_their_text(policy):
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        stream = await client_of(session).completions.create(model="p", prompt=[5, 6, 7], max_tokens=4, stream=True)
+        chunks = [chunk async for chunk in stream]
+        (step,) = gateway.close_session(session.id).steps
+    assert step.prompt_ids == [5, 6, 7] and "".join(c.choices[0].text for c in chunks) == step.model_output.text

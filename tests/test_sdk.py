@@ -1,0 +1,131 @@
+"""The SDK: agent programs (async, sync, in another process) run as episodes through a real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from rllm_gym.policies import HFPolicy, ScriptedPolicy
+from rllm_gym.sdk import AgentProgramEngine, load_function, run_agent_program
+from rllm_gym.types import RewardOutput, TerminationReason
+
+TASKS = [{"question": "move left", "answer": "left"}, {"question": "move up", "answer": "up"}]
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    return HFPolicy(tiny_model_dir, max_batch_size=64)
+
+
+async def two_turn_program(task, base_url):
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": task["question"]}]
+    first = await client.chat.completions.create(model="p", messages=messages, max_tokens=6)
+    messages += [first.choices[0].message.model_dump(), {"role": "user", "content": "once more"}]
+    second = await client.chat.completions.create(model="p", messages=messages, max_tokens=6)
+    return {"text": second.choices[0].message.content}
+
+
+def graded(task, output):
+    return RewardOutput(reward=1.0, is_correct=True, metadata={"length": len(output["text"]), "note": "x"})
+
+
+async def test_an_async_program_becomes_an_episode_with_input_output_and_reward(policy):
+    episodes = await run_agent_program(two_turn_program, TASKS, policy, reward_fn=graded, n_rollouts=2)
+    assert [e.id for e in episodes] == [f"{e.task_id}:{i}" for e in episodes[:1] for i in range(2)] + [
+        f"{episodes[2].task_id}:{i}" for i in range(2)
+    ]
+    for episode, task in zip(episodes, [TASKS[0]] * 2 + [TASKS[1]] * 2, strict=True):
+        (trajectory,) = episode.trajectories
+        assert episode.termination_reason is TerminationReason.ENV_DONE and episode.is_correct
+        assert trajectory.input == {"task": task} and trajectory.output == episode.trajectories[0].output
+        assert trajectory.reward == 1.0 and trajectory.signals == {"length": float(len(trajectory.output["text"]))}
+        one, two = trajectory.steps
+        assert two.prompt_ids[: len(one.prompt_ids) + len(one.response_ids)] == one.prompt_ids + one.response_ids
+        assert len(two.logprobs) == len(two.response_ids) > 0
+        assert (one.reward, two.reward) == (0.0, 1.0)
+
+
+def sync_program(task, base_url):
+    if task["question"] == "raise":
+        raise ValueError("the program broke")
+    if task["question"] == "hang":
+        time.sleep(8)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="p", messages=[{"role": "user", "content": task["question"]}])
+    # The program grades itself through its session.
+    httpx.post(base_url.removesuffix("/v1") + "/reward", json={"reward": 0.25, "signals": {"tries": 1}})
+    return reply.choices[0].message.content
+
+
+async def test_a_program_that_raises_or_hangs_ends_its_own_episode_only():
+    policy = ScriptedPolicy(["done"], cycle=True)
+    tasks = [{"question": "raise"}, {"question": "hang"}, {"question": "fine"}]
+    engine = AgentProgramEngine(sync_program, policy, timeout_s=2.0)
+    episodes = await engine.run(tasks)
+    reasons = [e.termination_reason for e in episodes]
+    assert reasons == [TerminationReason.ERROR, TerminationReason.TIMEOUT, TerminationReason.ENV_DONE]
+    assert episodes[0].metadata["error"]["message"] == "the program broke"
+    fine = episodes[2].trajectories[0]
+    assert (fine.output, fine.reward, fine.signals) == ("done", 0.25, {"tries": 1.0})
+    assert not engine.gateway.url  # the engine's gateway listens only while episodes run
+
+
+PROCESS = """
+import os, sys
+from openai import OpenAI
+client = OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+reply = client.chat.completions.create(model="p", messages=[{"role": "user", "content": sys.argv[1]}], max_tokens=5)
+print(reply.choices[0].message.content)
+"""
+
+
+def program_in_another_process(task, base_url):
+    environment = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "unused", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROCESS, task["question"]], env=environment, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+async def test_a_program_in_another_process_uses_the_openai_environment_variables(policy):
+    (episode,) = await run_agent_program(
+        program_in_another_process, TASKS[:1], policy, reward_fn=lambda task, output: 1.0, timeout_s=120
+    )
+    (step,) = episode.trajectories[0].steps
+    assert episode.termination_reason is TerminationReason.ENV_DONE, episode.metadata
+    assert step.chat_completions[0] == {"role": "user", "content": "move left"}
+    assert len(step.response_ids) == len(step.logprobs) > 0
+    assert episode.trajectories[0].output == step.model_output.content
+
+
+async def test_a_reward_fn_with_a_wrong_return_type_is_an_error_episode():
+    policy = ScriptedPolicy(["x"], cycle=True)
+    (episode,) = await run_agent_program(sync_program, [{"question": "q"}], policy, reward_fn=lambda t, o: "good")
+    assert episode.termination_reason is TerminationReason.ERROR
+    assert "reward_fn must return a float or a RewardOutput, got str" in episode.metadata["error"]["message"]
+
+
+def test_load_function_names_what_is_wrong():
+    assert load_function("rllm_gym.sdk:load_function") is load_function
+    with pytest.raises(ValueError, match="must be 'module:function'"):
+        load_function("rllm_gym.sdk.load_function")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_x'"):
+        load_function("no_such_module_x:f", "--reward-fn")
+    with pytest.raises(ValueError, match="has no attribute 'nothing'"):
+        load_function("rllm_gym.sdk:nothing")
+    with pytest.raises(ValueError, match="is a list, not a function"):
+        load_function("rllm_gym.sdk:__all__")
+
+
+def test_sessions_are_closed_when_episodes_end():
+    policy = ScriptedPolicy(["ok"], cycle=True)
+    engine = AgentProgramEngine(sync_program, policy)
+    asyncio.run(engine.run([{"question": "a"}, {"question": "b"}], n_rollouts=2))
+    assert engine.gateway.open_sessions == 0
