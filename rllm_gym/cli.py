@@ -6,6 +6,7 @@ rllm-gym eval --env rllm/Math-v0 --policy openai --model Qwen/Qwen3-0.6B --base-
 rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished episodes are not redone
 rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50 --output_dir runs/demo_50   # = grpo.py
 rllm-gym view episodes.jsonl --range 2:5             # or --index -1, --id seed-3:0, --task seed-3, --brief
+rllm-gym serve rllm/FrozenLake-v0 --port 8000        # over OpenEnv: gym.make("rllm/OpenEnv-v0", base_url=...)
 
 An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
 ``debug``, with tracebacks) shows what the engine does as it goes.
@@ -23,6 +24,7 @@ from typing import Any
 from rich.console import Console
 
 from rllm_gym.cli_eval import add_eval_parser, run_eval_command
+from rllm_gym.cli_serve import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
 
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands, common)
     add_view_parser(commands, common)
+    add_serve_parser(commands, common)
     return parser
 
 
@@ -144,6 +147,8 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     command = commands_of(parser)[args.command]
     if args.command == "view":
         return run_view(command, args)
+    if args.command == "serve":
+        return run_serve(args)
     return run_eval_command(command, args)
 
 
