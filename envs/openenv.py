@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any
 
 import gymnasium as gym
@@ -80,11 +81,11 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         serve_env_kwargs: dict[str, Any] | None = None,
     ):
         self._local: Any = None
-        if base_url is None:
-            from rllm_gym.integrations.openenv import LocalServer
-
-            self._local = LocalServer(serve_env_id, env_kwargs=serve_env_kwargs)
-            base_url = self._local.base_url
+        self._client: Any = None
+        self._client_pid = os.getpid()
+        self._serve = None if base_url is not None else (serve_env_id, dict(serve_env_kwargs or {}))
+        if self._serve is not None:
+            base_url = self._start_local_server()
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"OpenEnv base_url must be an http(s)://host:port URL, got {base_url!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
@@ -107,10 +108,27 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             )
         self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
         self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
-        self._client: Any = None
         self._last_observation = ""
 
     # Connection
+
+    def _start_local_server(self) -> str:
+        from rllm_gym.integrations.openenv import LocalServer
+
+        env_id, env_kwargs = self._serve or ("", {})
+        self._local = LocalServer(env_id, env_kwargs=env_kwargs)
+        return self._local.base_url
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy opens its own session on first use (and, without base_url, starts its own local server).
+        state = self.__dict__.copy()
+        state.update(_client=None, _local=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._serve is not None:
+            self.base_url = self._start_local_server()
 
     def _schema(self) -> dict[str, Any]:
         where = f"OpenEnv server {self.base_url}"
@@ -144,6 +162,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         )
 
     def _session(self) -> Any:
+        if self._client is not None and self._client_pid != os.getpid():
+            self._client = None  # a forked copy: the client's event-loop thread stayed in the parent
         if self._client is None:
             from openenv.core import GenericEnvClient
 
@@ -151,7 +171,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
                 base_url=self.base_url, connect_timeout_s=self.timeout, message_timeout_s=self.timeout
             ).sync()
             client.connect()
-            self._client = client
+            self._client, self._client_pid = client, os.getpid()
         return self._client
 
     def _call(self, what: str, run: Any) -> Any:
