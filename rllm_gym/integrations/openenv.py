@@ -21,9 +21,18 @@ from pydantic import Field
 
 from rllm_gym.registry import ENV_SPECS, make
 
-__all__ = ["GymTextEnvironment", "LocalServer", "TextAction", "TextObservation", "create_server_app", "serve"]
+__all__ = [
+    "BodyLimit",
+    "GymTextEnvironment",
+    "LocalServer",
+    "TextAction",
+    "TextObservation",
+    "create_server_app",
+    "serve",
+]
 
 MAX_ACTION_CHARS = 1_000_000
+MAX_BODY_BYTES = 16 * 1024 * 1024  # an HTTP body or WebSocket message; an action is at most 1,000,000 characters
 
 
 class TextAction(Action):
@@ -99,13 +108,56 @@ def create_server_app(env_id: str, *, max_sessions: int = 8, env_kwargs: dict[st
     if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
         raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
     GymTextEnvironment(env_id, env_kwargs).close()  # fail fast on a wrong id or wrong kwargs
-    return create_app(
+    app = create_app(
         lambda: GymTextEnvironment(env_id, env_kwargs),
         TextAction,
         TextObservation,
         env_name=env_id.replace("/", "-"),
         max_concurrent_envs=max_sessions,
     )
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    return app
+
+
+class BodyLimit:
+    """ASGI middleware: an HTTP request body over ``max_bytes`` (declared or streamed) is answered 413 before the
+    app parses it, so one huge request cannot take the server's memory."""
+
+    def __init__(self, app: Any, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        body, more = b"", True
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            more = False
+            body = b"x" * (self.max_bytes + 1)
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: the app sees the disconnect below
+            body += message.get("body", b"")
+            more = message.get("more_body", False) and len(body) <= self.max_bytes
+        if len(body) > self.max_bytes:
+            detail = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(detail)).encode())]
+            await send({"type": "http.response.start", "status": 413, "headers": headers})
+            await send({"type": "http.response.body", "body": detail})
+            return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def serve(
@@ -120,7 +172,7 @@ def serve(
     import uvicorn
 
     app = create_server_app(env_id, max_sessions=max_sessions, env_kwargs=env_kwargs)
-    uvicorn.run(app, host=host, port=port, log_level="warning", ws_max_size=16 * 1024 * 1024)
+    uvicorn.run(app, host=host, port=port, log_level="warning", ws_max_size=MAX_BODY_BYTES)
 
 
 class LocalServer:
@@ -137,7 +189,7 @@ class LocalServer:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.bind(("127.0.0.1", 0))
         self.base_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_max_size=16 * 1024 * 1024)
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_max_size=MAX_BODY_BYTES)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, name="rllm-openenv-server", daemon=True
