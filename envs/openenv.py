@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -14,6 +16,10 @@ from rllm_gym.envs.base import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TextRend
 from rllm_gym.spaces import TextSpace
 
 __all__ = ["EnvServerError", "OpenEnvEnv"]
+
+
+# Several replicas: each new env takes the next one, so a process's sessions spread evenly over them.
+_NEXT_REPLICA = itertools.count()
 
 
 class EnvServerError(RuntimeError):
@@ -56,7 +62,9 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
     info), plus ``server_metadata`` (OpenEnv's ``metadata``) and, on ``step``, ``invalid_action``.
 
     ## Arguments
-    ``base_url`` (``http(s)://host:port``; None: this env serves ``serve_env_id`` (default ``rllm/FrozenLake-v0``,
+    ``base_url`` (``http(s)://host:port``, or a list of replicas' URLs: each new env takes the next one in turn,
+    so ``rllm-gym eval --env rllm/OpenEnv-v0 --env-args '{"base_url": [...]}'`` spreads its sessions;
+    None: this env serves ``serve_env_id`` (default ``rllm/FrozenLake-v0``,
     made with ``serve_env_kwargs``) itself on a free loopback port, over the same protocol, until ``close()``: a
     self-contained check of the protocol, used by the tests and ``benchmarks/bench_interop.py``).
     ``action_field`` (the action's text field; default: ``text``, or the
@@ -72,7 +80,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
 
     def __init__(
         self,
-        base_url: str | None = None,
+        base_url: str | Sequence[str] | None = None,
         action_field: str | None = None,
         observation_field: str | None = None,
         timeout: float = 30.0,
@@ -86,8 +94,15 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         self._serve = None if base_url is not None else (serve_env_id, dict(serve_env_kwargs or {}))
         if self._serve is not None:
             base_url = self._start_local_server()
+        if isinstance(base_url, Sequence) and not isinstance(base_url, str):
+            replicas = list(base_url)
+            if not replicas:
+                raise ValueError("OpenEnv base_url is an empty list: give one URL or several replicas' URLs")
+            base_url = replicas[next(_NEXT_REPLICA) % len(replicas)]
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"OpenEnv base_url must be an http(s)://host:port URL, got {base_url!r}")
+            raise ValueError(
+                f"OpenEnv base_url must be an http(s)://host:port URL (or a list of them), got {base_url!r}"
+            )
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ValueError(f"OpenEnv timeout must be a positive number of seconds, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
