@@ -24,7 +24,7 @@ def tools_of(cls: type) -> dict[str, dict]:
     }
 
 
-@pytest.mark.parametrize("env_id", [i for i in env_ids(multi_agent=False) if i != "rllm/ReasoningGym-v0"])
+@pytest.mark.parametrize("env_id", env_ids(multi_agent=False))
 def test_every_single_agent_id_has_documented_typed_tools(env_id: str) -> None:
     tools = tools_of(environment_factory(env_id))
     assert tools
@@ -38,6 +38,8 @@ def test_action_tools_are_named_after_the_action() -> None:
     assert tools_of(environment_factory("rllm/FrozenLake-v0")).keys() == {"move"}
     assert tools_of(environment_factory("rllm/Math-v0")).keys() == {"submit_answer"}
     assert tools_of(environment_factory("rllm/Code-v0")).keys() == {"submit_solution"}
+    assert tools_of(environment_factory("rllm/ReasoningGym-v0")).keys() == {"submit_answer"}
+    assert tools_of(environment_factory("rllm/OpenEnv-v0")).keys() == {"reply"}  # any other text env
     tool_env = tools_of(environment_factory("rllm/Tool-v0"))
     assert tool_env.keys() == {"calculator", "search", "python", "finish"}
     assert tool_env["calculator"]["parameters"]["required"] == ["expression"]
