@@ -112,6 +112,8 @@ def test_bad_servers_are_one_clear_line() -> None:
         MCPServer("http://127.0.0.1:9/mcp", timeout=2)
     with pytest.raises(MCPServerError, match="could not be started or does not speak MCP"):
         MCPServer([sys.executable, "-c", "print('hello, not MCP')"], timeout=2)
+    with pytest.raises(MCPServerError, match=r"could not be started or does not speak MCP \(TimeoutError"):
+        MCPServer([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)  # hangs in the handshake
     with pytest.raises(ValueError, match="mcp_servers entries must be"):
         MCPServer(42)  # type: ignore[arg-type]
     with pytest.raises(MCPServerError, match="no-such-command-xyz"):
