@@ -118,3 +118,18 @@ def test_bad_servers_are_one_clear_line() -> None:
         MCPServer(42)  # type: ignore[arg-type]
     with pytest.raises(MCPServerError, match="no-such-command-xyz"):
         gym.make("rllm/Tool-v0", mcp_servers=["no-such-command-xyz --flag"], mcp_timeout=2)
+
+
+def test_a_copied_env_opens_its_own_session_and_closes_it() -> None:
+    import copy
+
+    before = children()
+    env = gym.make("rllm/Tool-v0", tools=["finish"], mcp_servers=[SERVER], mcp_timeout=5)
+    env.reset(options={"task": TASK})
+    clone = copy.deepcopy(env)
+    assert "<tool_response>\n5\n</tool_response>" in call(clone, "add", a=2, b=3)[0]
+    assert len(children() - before) == 2  # the copy started a server of its own on its first call
+    clone.close()
+    assert "<tool_response>\n9\n</tool_response>" in call(env, "add", a=4, b=5)[0]  # the original is untouched
+    env.close()
+    assert not children() - before
