@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -88,12 +89,28 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         serve_env_id: str = "rllm/FrozenLake-v0",
         serve_env_kwargs: dict[str, Any] | None = None,
     ):
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"OpenEnv timeout must be a positive number of seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.set_render_mode(render_mode)
         self._local: Any = None
         self._client: Any = None
         self._client_pid = os.getpid()
         self._serve = None if base_url is not None else (serve_env_id, dict(serve_env_kwargs or {}))
         if self._serve is not None:
             base_url = self._start_local_server()
+        try:
+            self._connect(base_url, action_field, observation_field)
+        except BaseException:
+            self.close()  # a local server this env started is stopped
+            raise
+        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
+        self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
+        self._last_observation = ""
+
+    # Connection
+
+    def _connect(self, base_url: Any, action_field: str | None, observation_field: str | None) -> None:
         if isinstance(base_url, Sequence) and not isinstance(base_url, str):
             replicas = list(base_url)
             if not replicas:
@@ -103,16 +120,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             raise ValueError(
                 f"OpenEnv base_url must be an http(s)://host:port URL (or a list of them), got {base_url!r}"
             )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
-            raise ValueError(f"OpenEnv timeout must be a positive number of seconds, got {timeout!r}")
         self.base_url = base_url.rstrip("/")
-        self.timeout = float(timeout)
-        self.set_render_mode(render_mode)
-        try:
-            schema = self._schema()
-        except BaseException:
-            self.close()
-            raise
+        schema = self._schema()
         self.action_field = action_field or self._default_action_field(schema)
         observed = _schema_properties(schema, "observation")
         self.observation_field = observation_field or ("text" if "text" in observed else None)
@@ -121,11 +130,6 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
                 f"observation_field {self.observation_field!r} is not a field of {self.base_url}'s observations "
                 f"(fields: {sorted(observed)})"
             )
-        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
-        self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
-        self._last_observation = ""
-
-    # Connection
 
     def _start_local_server(self) -> str:
         from rllm_gym.integrations.openenv import LocalServer
@@ -238,6 +242,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         done = bool(result.done)
         truncated = done and bool(raw.get("truncated", False))
         reward = float(result.reward) if isinstance(result.reward, (int, float)) else 0.0
+        if not math.isfinite(reward):
+            raise EnvServerError(f"OpenEnv server {self.base_url} sent a reward of {reward}: a broken server")
         return self.rendered((observation, reward, done and not truncated, truncated, info))
 
     def close(self) -> None:
