@@ -23,7 +23,8 @@ class ToolAgent(BaseAgent):
     model output's tool calls into action text in that parser's format.
 
     Calls an OpenAI-compatible server returned as structured ``tool_calls`` are rendered into the text, so the env
-    sees them whichever backend produced them; tool results come back as the next user message.
+    sees them whichever backend produced them; tool results come back as the next user message. ``mcp_servers``
+    (as for ``rllm/Tool-v0``) adds the schemas of those MCP servers' tools, read once when the agent is made.
     """
 
     name = "agent"
@@ -35,11 +36,16 @@ class ToolAgent(BaseAgent):
         *,
         instructions: str = INSTRUCTIONS,
         native_tools: bool = False,
+        mcp_servers: Sequence[str | Sequence[str]] = (),
         **kwargs: Any,
     ):
         self.parser = get_parser(parser)
         multi_tool = tools if isinstance(tools, MultiTool) else MultiTool(tools)
         schemas = tool_schemas(multi_tool)
+        if mcp_servers:  # the same servers as the env's mcp_servers: their tools' schemas join the prompt
+            from rllm_gym.tools.mcp import mcp_tool_schemas
+
+            schemas += mcp_tool_schemas(mcp_servers)
         # With native_tools the schemas go to the server (tools=...) and its chat template renders them.
         self.tools_schema = schemas if native_tools else None
         kwargs.setdefault(

@@ -107,6 +107,27 @@ def tools_rows(r: dict[str, Any], command: str) -> list[Row]:
     return [(f"tool-call parsing, replies with 0-3 calls (`{command}`)", f"{rates} replies/s", *NO_BASELINE)]
 
 
+def interop_rows(r: dict[str, Any], command: str) -> list[Row]:
+    step, call = r["env_step"], r["tool_call"]
+    served, local = step["served"]["p50_ms"], step["in_process"]["p50_ms"]
+    mcp, builtin = call["mcp"]["p50_ms"], call["builtin"]["p50_ms"]
+    return [
+        (
+            f"FrozenLake step served by `rllm-gym serve` (OpenEnv, WebSocket session, server in another process), "
+            f"p50 of {step['served']['n']:,} (`{command}`)",
+            f"{served:.3f} ms",
+            f"the same env in process, {local * 1e3:.1f} us",
+            f"{served / local:,.0f}x",
+        ),
+        (
+            f"MCP tool call, stdio server (official SDK), p50 of {call['mcp']['n']:,} (`{command}`)",
+            f"{mcp:.2f} ms",
+            f"built-in calculator tool, {builtin * 1e3:.1f} us",
+            f"{mcp / builtin:,.0f}x",
+        ),
+    ]
+
+
 def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
     latency_ms = r["latency_s"] * 1e3
     over = r["overhead"]
@@ -202,6 +223,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_sandbox": sandbox_rows,
     "bench_engine": engine_rows,
     "bench_tools": tools_rows,
+    "bench_interop": interop_rows,
     "bench_policies": policies_rows,
     "bench_grpo": grpo_rows,
     "bench_vllm": vllm_rows,

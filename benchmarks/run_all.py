@@ -72,6 +72,9 @@ BENCHMARKS = (
     # loop's lag while 4,096 episodes run sandboxed programs, then tool calls (~3 min on 2 cores).
     Benchmark("bench_engine", ("--n", "2048", "--code", "4096", "--tool", "4096")),
     Benchmark("bench_tools", ("--quick",)),
+    # A FrozenLake step through `rllm-gym serve` vs in process, an MCP tool call vs the calculator (~30 s, most of it
+    # the server's start).
+    Benchmark("bench_interop", ("--quick",)),
     Benchmark("bench_policies", ("--quick",)),
     # The full step (8 prompts x 8 generations, 32 tokens, about 95 s): in --quick's 4x4 step our fixed per-step cost
     # (engine, env and agent around generation, ~0.09 s) weighs more, and one quick round swung from 1.0x to 1.4x.

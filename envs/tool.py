@@ -140,7 +140,10 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
     (float >= 0, 0.05). ``max_reply_penalty`` (float >= 0, 0.2) and ``max_episode_penalty`` (float >= 0, 0.5): the
     caps of that penalty. ``reward_bounds`` (``(low, high)``, ``(0.0, 1.0)``): the range of the graded reward.
     ``render_mode`` (``"human"``: the observation printed after every reset and step;
-    ``"ansi"``: ``render()`` returns it; or None).
+    ``"ansi"``: ``render()`` returns it; or None). ``mcp_servers`` (streamable-HTTP URLs or stdio commands of MCP
+    servers, see :mod:`rllm_gym.tools.mcp`: their tools join ``tools``; a server that cannot be started raises
+    ``MCPServerError``, one that fails later answers its calls with an error) and ``mcp_timeout`` (seconds per MCP
+    call, 10.0).
 
     Tool calls run on worker threads of the env's own, started on first use in the process that steps the env (a
     pickled, copied or forked env starts its own) and stopped by :meth:`close`.
@@ -168,6 +171,8 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         max_reply_penalty: float = 0.2,
         max_episode_penalty: float = 0.5,
         reward_bounds: tuple[float, float] = (0.0, 1.0),
+        mcp_servers: Sequence[str | Sequence[str]] = (),
+        mcp_timeout: float = 10.0,
     ):
         if isinstance(tools, MultiTool):
             if tool_map:
@@ -244,6 +249,7 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         self._n_tool_calls = 0
         self._done = True
         self._last_observation = ""
+        self._mcp_servers = self._add_mcp_tools(mcp_servers, mcp_timeout)
 
     @property
     def reward_fn(self) -> RewardFunction:
@@ -288,9 +294,28 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         info["invalid_action"] = not (isinstance(action, ModelOutput) or self.action_space.contains(action))
         return self.rendered((observation, reward, terminated, truncated, info))
 
+    def _add_mcp_tools(self, mcp_servers: Sequence[str | Sequence[str]], timeout: float) -> list[Any]:
+        # Last in __init__, once every other argument is checked: a server is a process or a session to stop.
+        if not mcp_servers:
+            return []
+        from rllm_gym.tools.mcp import open_mcp_servers
+
+        servers = open_mcp_servers(mcp_servers, timeout=timeout)
+        try:
+            mcp_tools = [tool for server in servers for tool in server.tools]
+            self.tools = MultiTool([*self.tools.tools.values(), *mcp_tools])
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        return servers
+
     def close(self) -> None:
-        """Stop the tool worker threads; a later step starts new ones."""
+        """Stop the tool worker threads (a later step starts new ones) and the ``mcp_servers`` sessions (their
+        tools answer with an error after it)."""
         self.tools.close()
+        for server in self._mcp_servers:
+            server.close()
 
     def _turn(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if isinstance(action, str) and not self.action_space.contains(action):

@@ -9,6 +9,7 @@ rllm-gym eval ... --out episodes.jsonl --resume      # after a crash: finished e
 rllm-gym train --config train/configs/demo_cpu.yaml --max_steps 50 --output_dir runs/demo_50   # = grpo.py
 rllm-gym view episodes.jsonl --range 2:5             # or --index -1, --id seed-3:0, --task seed-3, --brief
 rllm-gym gateway --port 8100                         # an OpenAI-compatible API recording sessions (agent programs)
+rllm-gym serve rllm/FrozenLake-v0 --port 8000        # over OpenEnv: gym.make("rllm/OpenEnv-v0", base_url=...)
 
 An eval whose episodes all ended in ERROR exits with status 1 and the errors behind them; ``--log-level info`` (or
 ``debug``, with tracebacks) shows what the engine does as it goes.
@@ -27,6 +28,7 @@ from rich.console import Console
 
 from rllm_gym.cli_eval import add_eval_parser, run_eval_command
 from rllm_gym.cli_gateway import add_gateway_parser, run_gateway_command
+from rllm_gym.cli_serve import add_serve_parser, run_serve
 
 __all__ = ["build_parser", "main"]
 
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(commands, common)
     add_view_parser(commands, common)
     add_gateway_parser(commands, common)
+    add_serve_parser(commands, common)
     return parser
 
 
@@ -158,6 +161,8 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         return run_view(command, args)
     if args.command == "gateway":
         return run_gateway_command(command, args)
+    if args.command == "serve":
+        return run_serve(args)
     return run_eval_command(command, args)
 
 

@@ -84,6 +84,14 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         extras=("reasoning-gym",),
     ),
     EnvSpec(
+        "rllm/OpenEnv-v0",
+        "rllm_gym.envs.openenv:OpenEnvEnv",
+        max_episode_steps=100,
+        agent="rllm_gym.agents.base:BaseAgent",  # the observation is the user message, the reply the action
+        description="any OpenEnv server (base_url=...) as a text env; without base_url it serves FrozenLake itself",
+        extras=("integrations",),
+    ),
+    EnvSpec(
         "rllm/SolverJudge-v0",
         "rllm_gym.envs.solver_judge:env",
         multi_agent=True,

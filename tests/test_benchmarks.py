@@ -150,6 +150,14 @@ def fabricated() -> dict:
                     }
                 },
             },
+            "bench_interop": {
+                "command": "bench_interop.py --quick",
+                "wall_s": 30.0,
+                "results": {
+                    "env_step": {"served": {"p50_ms": 0.5, "n": 200}, "in_process": {"p50_ms": 0.002, "n": 2000}},
+                    "tool_call": {"mcp": {"p50_ms": 5.0, "n": 200}, "builtin": {"p50_ms": 0.01, "n": 200}},
+                },
+            },
             "bench_policies": {
                 "command": "bench_policies.py --quick",
                 "wall_s": 4.0,
@@ -251,6 +259,10 @@ def test_render_names_script_ours_baseline_and_ratio_in_each_row():
         "sandbox runs in flight (load average 1.8) | none | n/a |",
         "| tool-call parsing, replies with 0-3 calls (`bench_tools.py --quick`) "
         "| Hermes 150,000, JSON block 140,000, OpenAI 90,000 replies/s | none | n/a |",
+        "| FrozenLake step served by `rllm-gym serve` (OpenEnv, WebSocket session, server in another process), p50 of "
+        "200 (`bench_interop.py --quick`) | 0.500 ms | the same env in process, 2.0 us | 250x |",
+        "| MCP tool call, stdio server (official SDK), p50 of 200 (`bench_interop.py --quick`) | 5.00 ms | built-in "
+        "calculator tool, 10.0 us | 500x |",
         "| OpenAIPolicy per-request overhead, one request at a time, 1 fast server at 50 ms: the policy vs its "
         "transport (aiohttp) used directly (`bench_policies.py --quick`) | 1.05 ms | raw aiohttp, 1.00 ms (raw httpx "
         "2.00 ms) | +0.05 ms |",

@@ -26,7 +26,13 @@ README = REPO / "README.md"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 TRAIN_BOUNDS = ["--max_steps", "1", "--warm_start_steps", "2", "--eval_limit", "2", "--eval_n", "0"]
 EVAL_BOUNDS = ["--tasks", "4", "--n", "2", "--max-turns", "2"]
-SERVERS = ("vllm serve", "trl vllm-serve", "transformers serve", "python -m vllm.entrypoints.openai.api_server")
+SERVERS = (
+    "vllm serve",
+    "trl vllm-serve",
+    "transformers serve",
+    "python -m vllm.entrypoints.openai.api_server",
+    "rllm-gym serve",  # OpenEnv; run by tests/envs/test_openenv.py
+)
 INSTALLS = ("pip install", "pip uninstall", "python3 -m venv", ". .venv/bin/activate", ". .venv-vllm/bin/activate")
 
 

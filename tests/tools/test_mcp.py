@@ -1,0 +1,135 @@
+"""MCP tools against a real MCP server process (tests/tools/mcp_test_server.py, the official SDK's FastMCP) over
+stdio and streamable HTTP: schemas, calls, results as tool messages in Tool-v0, and a server that misbehaves."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import psutil
+import pytest
+
+import rllm_gym  # noqa: F401 - registers the envs
+from rllm_gym.agents.tool import ToolAgent
+from rllm_gym.tools.mcp import MCPServer, MCPServerError
+from rllm_gym.types import ModelOutput, ToolCall
+
+SERVER = [sys.executable, str(Path(__file__).with_name("mcp_test_server.py"))]
+TASK = {"question": "What is 2 + 40?", "ground_truth": "42"}
+
+
+def children() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def call(env: gym.Env, name: str, **arguments) -> tuple[str, float, bool]:
+    observation, reward, terminated, _, _ = env.step(
+        ModelOutput(tool_calls=[ToolCall(name=name, arguments=arguments)])
+    )
+    return observation, reward, terminated
+
+
+@pytest.fixture
+def http_server():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([*SERVER, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_stdio_server_tools_join_tool_env_and_answer_as_tool_messages() -> None:
+    before = children()
+    env = gym.make("rllm/Tool-v0", tools=["finish"], mcp_servers=[SERVER], mcp_timeout=5, parser="hermes")
+    try:
+        assert children() - before  # the server process the env started
+        _, info = env.reset(options={"task": TASK})
+        assert info["tool_names"] == ["finish", "add", "shout", "hang", "fail", "crash", "garbage"]
+        assert '"name": "add"' in info["system_prompt"]  # the schema is rendered for the model
+        observation, _, terminated = call(env, "add", a=2, b=40)
+        assert "<tool_response>\n42\n</tool_response>" in observation and not terminated
+        observation, reward, _ = call(env, "add", a="two", b=40)  # checked against the server's schema, not sent
+        assert "is not of type 'integer'" in observation and reward < 0
+        observation, _, _ = call(env, "shout", text="ab", times=3)
+        assert "ABABAB" in observation
+        observation, _, _ = call(env, "fail", message="boom")
+        assert "Error" in observation and "boom" in observation
+        _, reward, terminated = call(env, "finish", response="42")
+        assert terminated and reward == 1.0
+    finally:
+        env.close()
+    assert not children() - before  # close() stopped the server it started
+
+
+def test_a_hanging_crashing_or_garbage_server_gives_observations() -> None:
+    env = gym.make("rllm/Tool-v0", tools=["finish"], mcp_servers=[SERVER], mcp_timeout=1.5)
+    try:
+        env.reset(options={"task": TASK})
+        observation, _, terminated = call(env, "hang", seconds=30)
+        assert "timed out" in observation.lower() and not terminated
+        observation, _, _ = call(env, "add", a=1, b=1)  # the server is still there after a slow call
+        assert "<tool_response>\n2\n</tool_response>" in observation
+        observation, _, _ = call(env, "garbage")
+        assert "Error" in observation and not terminated
+        observation, _, terminated = call(env, "crash")
+        assert "Error" in observation and not terminated
+        observation, _, _ = call(env, "add", a=1, b=1)
+        assert re.search(r"Error: MCP server .* (is gone|failed the call)", observation)
+    finally:
+        env.close()
+
+
+def test_streamable_http_server_and_tool_agent(http_server: str) -> None:
+    server = MCPServer(http_server, timeout=5, max_output_chars=50)
+    try:
+        assert server.call("add", {"a": 5, "b": 6}).output == "11"
+        long = next(tool for tool in server.tools if tool.name == "shout")(text="x", times=500)
+        assert long.truncated and len(long.output) <= 50 + 40  # cut to max_output_chars, with a marker
+    finally:
+        server.close()
+    assert server.call("add", {"a": 1, "b": 1}).error == f"MCP server {http_server!r} was closed"
+    agent = ToolAgent(tools=["finish"], mcp_servers=[http_server], native_tools=True)
+    assert [schema["function"]["name"] for schema in agent.tools_schema][:3] == ["finish", "add", "shout"]
+
+
+def test_bad_servers_are_one_clear_line() -> None:
+    with pytest.raises(MCPServerError, match=r"MCP server 'http://127\.0\.0\.1:9/mcp' could not be reached"):
+        MCPServer("http://127.0.0.1:9/mcp", timeout=2)
+    with pytest.raises(MCPServerError, match="could not be started or does not speak MCP"):
+        MCPServer([sys.executable, "-c", "print('hello, not MCP')"], timeout=2)
+    with pytest.raises(MCPServerError, match=r"could not be started or does not speak MCP \(TimeoutError"):
+        MCPServer([sys.executable, "-c", "import time; time.sleep(60)"], timeout=1)  # hangs in the handshake
+    with pytest.raises(ValueError, match="mcp_servers entries must be"):
+        MCPServer(42)  # type: ignore[arg-type]
+    with pytest.raises(MCPServerError, match="no-such-command-xyz"):
+        gym.make("rllm/Tool-v0", mcp_servers=["no-such-command-xyz --flag"], mcp_timeout=2)
+
+
+def test_a_copied_env_opens_its_own_session_and_closes_it() -> None:
+    import copy
+
+    before = children()
+    env = gym.make("rllm/Tool-v0", tools=["finish"], mcp_servers=[SERVER], mcp_timeout=5)
+    env.reset(options={"task": TASK})
+    clone = copy.deepcopy(env)
+    assert "<tool_response>\n5\n</tool_response>" in call(clone, "add", a=2, b=3)[0]
+    assert len(children() - before) == 2  # the copy started a server of its own on its first call
+    clone.close()
+    assert "<tool_response>\n9\n</tool_response>" in call(env, "add", a=4, b=5)[0]  # the original is untouched
+    env.close()
+    assert not children() - before
