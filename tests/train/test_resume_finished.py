@@ -112,7 +112,9 @@ def test_a_taken_output_dir_is_refused_before_torch_and_trl_load(tmp_path, entry
     output_dir.mkdir()
     (output_dir / "metrics.jsonl").write_text("")
     config = tmp_path / "run.yaml"  # the folder named by the YAML, not a flag
-    config.write_text(TINY.read_text().replace("output_dir: runs/test_tiny", f"output_dir: {output_dir}"))
+    text = TINY.read_text().replace("output_dir: runs/test_tiny", f"output_dir: {output_dir}")
+    maps = TINY.parent / "frozenlake_demo_maps.jsonl"  # named by an absolute path: the copy is in another folder
+    config.write_text(text.replace("[frozenlake_demo_maps.jsonl]", f"[{maps}]"))
     command = [sys.executable, "-X", "importtime", *entry, "--config", str(config)]
     result = subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=120)
     assert result.returncode == 2
