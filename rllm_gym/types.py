@@ -92,7 +92,9 @@ class ModelOutput(Record):
     ``logprobs`` holds one log-probability per token of ``completion_ids`` when the backend returns them.
     ``text_rendered`` is True when the server took the chat as text and rendered it itself (an OpenAI-compatible
     chat endpoint without token prompts): the model was then not given the previous calls' sampled tokens, and any
-    ``prompt_ids`` are a local rendering of the chat, not necessarily the tokens it saw.
+    ``prompt_ids`` are a local rendering of the chat, not necessarily the tokens it saw. ``policy_version`` is the
+    version of the weights that sampled it (the trainer's optimizer steps; always 0 under the synchronous trainer,
+    whose rollouts are sampled by the weights being trained).
     """
 
     text: str = ""
@@ -106,6 +108,7 @@ class ModelOutput(Record):
     completion_length: int = 0
     finish_reason: str | None = None
     text_rendered: bool = False
+    policy_version: int = 0
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Self:

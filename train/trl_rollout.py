@@ -2,20 +2,18 @@
 
 :class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: it collects the step's episodes first
 (:meth:`~rllm_gym.train.rollout.EpisodeRollout.collect`, a :class:`~rllm_gym.train.rollout.RolloutBatch` with one
-training row or more per prompt), repeats TRL's inputs once per row (padded with untrained rows to a size every
-process shares, ``rollout/padding_rows``), lets TRL build the batch from them (its ``rollout_func`` returns that
-batch's rows), then gathers the episodes of every process, computes
-:func:`~rllm_gym.train.advantages.compute_advantages` over the groups ``{task_id}:{trajectory.name}`` (so roles are
-compared only with themselves), and replaces TRL's advantages with ours, per row (``broadcast``) or per token
-(``per_step``, ``state``); masked trajectories get ``env_mask`` 0 throughout. ``rollout/prefix_mismatch`` is the
-share of trajectories split into several rows, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when none
-is) and ``rollout/text_rendered`` the share of LLM calls a server rendered from text. Tested with TRL 1.16 (the
-``rollout_func`` hook is experimental there, hence the pinned range in pyproject.toml).
+training row or more per prompt, padded with untrained rows to a size every process shares), gathers the episodes of
+every process and builds the step's :class:`~rllm_gym.train.batch.TrainingBatch` (train/batch.py: the one place that
+says what a step trains on, its advantages, loss mask and metrics). TRL is handed that batch's rows once (its
+``rollout_func`` returns them; TRL's inputs are repeated once per row), builds its tensors from them, and its
+advantages are replaced with the batch's, per row (``broadcast``) or per token (``per_step``, ``state``), its
+``tool_mask`` multiplied by the batch's loss mask. Tested with TRL 1.16 (the ``rollout_func`` hook is experimental
+there, hence the pinned range in pyproject.toml).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,7 +24,8 @@ from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
-from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
+from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.batch import PaddingFacts, TrainingBatch, build_training_batch, row_counts, training_view
 from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
 from rllm_gym.train.sequences import (
     TrainingSequence,
@@ -37,7 +36,7 @@ from rllm_gym.train.sequences import (
     width_groups,
 )
 from rllm_gym.train.vllm_colocate import TrainerVLLMPolicy
-from rllm_gym.types import Episode, Trajectory
+from rllm_gym.types import Episode
 
 # The rollout's names are re-exported: scripts and tests import the trainer and what it is built from in one place.
 __all__ = [
@@ -78,23 +77,6 @@ def _outside_a_step(prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
 def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
     """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
     return list(trajectory_reward)
-
-
-def _training_view(episode: Episode, slot: int) -> Episode:
-    """The episode as advantage computation needs it: id, termination reason and the trained trajectory's rewards."""
-    trajectory = episode.trajectories[slot] if slot < len(episode.trajectories) else Trajectory()
-    steps = [step.model_copy(update={"chat_completions": [], "model_output": None}) for step in trajectory.steps]
-    trimmed = trajectory.model_copy(update={"steps": steps, "task": None})
-    metadata = {"env": episode.metadata.get("env")}
-    if "error" in episode.metadata:  # type and message only: the traceback stays in the process that ran it
-        metadata["error"] = {key: episode.metadata["error"].get(key) for key in ("type", "message")}
-    return Episode(
-        id=episode.id,
-        termination_reason=episode.termination_reason,
-        is_correct=episode.is_correct,
-        trajectories=[trimmed],
-        metadata=metadata,
-    )
 
 
 @contextmanager
@@ -285,13 +267,13 @@ class RLLMGRPOTrainer(GRPOTrainer):
         return batch.padded(self._row_count(len(batch.sequences)))
 
     @contextmanager
-    def _trl_rows(self, batch: RolloutBatch) -> Iterator[None]:
+    def _trl_rows(self, batch: TrainingBatch) -> Iterator[None]:
         """TRL's ``rollout_func`` answers with ``batch``'s rows for the block: TRL calls the function it holds from
         inside ``_generate`` (with the trainer, not our batch), so the batch is bound to it for this one call."""
 
         def rows(prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-            if len(prompts) != len(batch.sequences):
-                raise RuntimeError(f"{len(prompts)} prompts for {len(batch.sequences)} collected rows")
+            if len(prompts) != len(batch.rows):
+                raise RuntimeError(f"{len(prompts)} prompts for {len(batch.rows)} collected rows")
             return batch.trl_output()
 
         self.rollout_func = rows
@@ -312,84 +294,41 @@ class RLLMGRPOTrainer(GRPOTrainer):
 
             sync_weights(self.vllm_generation)
             self._last_loaded_step = self.state.global_step
-        batch = self.collect([example["prompt"] for example in inputs])
-        sequences = batch.sequences
-        with self._trl_rows(batch):
-            output = super()._generate_and_score_completions([dict(inputs[max(s.source, 0)]) for s in sequences])
-        mode = "train" if self.model.training else "eval"
-        local = [_training_view(e, s) for e, s in zip(batch.episodes, batch.slots, strict=True)]
+        rollout = self.collect([example["prompt"] for example in inputs])
+        local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
         everyone = gather_object(local)
         self._count_episodes(everyone)
-        result = compute_advantages(everyone, self.advantage_config)
-
-        device = output["completion_ids"].device
-        width = output["completion_ids"].size(1)
-        per_token = torch.zeros(len(sequences), width, device=device)  # (rows, T)
-        per_row = torch.zeros(len(sequences), device=device)  # (rows,)
-        mask = output.get("tool_mask")
-        if mask is None:
-            mask = output["completion_mask"].clone()
-        for row, sequence in enumerate(sequences):
-            if sequence.source < 0 or not sequence.spans:
-                mask[row] = 0
-                continue
-            entry = result.by_uid[local[sequence.source].trajectories[0].uid]
-            steps = range(sequence.first_step, sequence.first_step + len(sequence.spans))
-            for (start, end), step in zip(sequence.spans, steps, strict=True):
-                per_token[row, start:end] = entry.advantages[step]
-                if not entry.mask[step]:
-                    mask[row, start:end] = 0
-            per_row[row] = entry.advantages[sequence.first_step]  # broadcast: every step has the trajectory's
-        output["advantages"] = per_row if self.advantage_config.mode == "broadcast" else per_token
-        output["tool_mask"] = mask
-        loss_mask = output["completion_mask"] * mask
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        split = {s.source for s in sequences if s.prefix_mismatch}
-        episodes = {e.id: e for e in batch.episodes}.values()  # slots of one multi-agent episode share it
-        calls = [s.model_output for e in episodes for t in e.trajectories for s in t.steps]
-        counts = gather_object(
-            [
-                (
-                    len(split),
-                    sum(s.source >= 0 for s in sequences),
-                    len(sequences),
-                    sum(sum(s.env_mask) for s in sequences),
-                    sum(o is not None and o.text_rendered for o in calls),
-                    len(calls),
-                )
-            ]
+        batch = build_training_batch(
+            rollout.sequences,
+            local,
+            everyone,
+            self.advantage_config,
+            PaddingFacts(self.processing_class.pad_token_id, self.args.pad_to_multiple_of),
+            rewards=rollout.rewards,
+            counts=gather_object([row_counts(rollout.sequences, rollout.episodes)]),
+            seconds=rollout.seconds,
+            backend_metrics=rollout.metrics,
         )
-        split_trajectories, trained_rows, rows, tokens, text_rendered, all_calls = (
-            sum(column) for column in zip(*counts, strict=True)
-        )
-        n = max(len(everyone), 1)
-        metrics = {
-            "rollout/prefix_mismatch": split_trajectories / n,
-            "rollout/text_rendered": text_rendered / max(all_calls, 1),
-            "rollout/rows_per_trajectory": trained_rows / n,
-            "rollout/padding_rows": (rows - trained_rows) / max(rows, 1),
-            "rollout/model_tokens_per_s": tokens / max(batch.seconds, 1e-9),
-        }
-        self._log_rollout(mode, everyone, {**result.metrics, **metrics, **batch.metrics})
-        return output
+        with self._trl_rows(batch):
+            output = super()._generate_and_score_completions([dict(inputs[max(s.source, 0)]) for s in batch.rows])
+        return self._with_batch(output, batch)
 
-    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float]) -> None:
-        """Per step: advantage stats, turns, pass rate, reward per role and env, termination reasons, speed."""
-        for name, value in metrics.items():
+    def _with_batch(self, output: dict[str, Any], batch: TrainingBatch) -> dict[str, Any]:
+        """TRL's batch ``output`` with ``batch``'s advantages and loss mask in it, and ``batch``'s metrics logged."""
+        completion_ids = output["completion_ids"]
+        if tuple(completion_ids.shape) != batch.completion_ids.shape:
+            raise RuntimeError(
+                f"TRL built completions of shape {tuple(completion_ids.shape)} from rows the TrainingBatch pads to "
+                f"{batch.completion_ids.shape}: TRL's padding changed, update train/batch.py's PaddingFacts"
+            )
+        device = completion_ids.device
+        output["advantages"] = torch.as_tensor(batch.loss_advantages, device=device)
+        mask = output.get("tool_mask")  # TRL's env_mask, less truncated completions when it masks those
+        loss_mask = torch.as_tensor(batch.loss_mask, device=device)
+        output["tool_mask"] = loss_mask if mask is None else mask * loss_mask
+        trained_tokens = (output["completion_mask"] * output["tool_mask"]).sum()
+        output["num_items_in_batch"] = self.accelerator.gather(trained_tokens).sum()
+        mode = "train" if self.model.training else "eval"
+        for name, value in batch.metrics.items():
             self._metrics[mode][name].append(value)
-        self._metrics[mode]["rollout/pass_rate"].append(sum(e.is_correct for e in episodes) / max(len(episodes), 1))
-        n = max(len(episodes), 1)
-        self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
-        by_role: dict[str, list[float]] = defaultdict(list)
-        for episode in episodes:
-            for trajectory in episode.trajectories:
-                by_role[trajectory.name].append(float(trajectory.reward or 0.0))
-        by_env: dict[str, list[float]] = defaultdict(list)
-        for episode in episodes:
-            by_env[str(episode.metadata.get("env"))].extend(float(t.reward or 0.0) for t in episode.trajectories)
-        for prefix, groups in (("role", by_role), ("env", by_env)):
-            for name, rewards in groups.items():
-                self._metrics[mode][f"train/reward/{prefix}/{name}"].append(sum(rewards) / len(rewards))
-        reasons = Counter(e.termination_reason.value if e.termination_reason else "unknown" for e in episodes)
-        for reason, count in reasons.items():
-            self._metrics[mode][f"rollout/termination/{reason}"].append(count / n)
+        return output
