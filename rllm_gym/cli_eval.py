@@ -15,13 +15,15 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from rllm_gym.types import DEFAULT_MAX_TURNS
+
 POLICIES = ("hf", "openai", "vllm")
 # Defaults of the options a model folder written by the trainer may set instead (rllm_gym_training.json).
 EVAL_DEFAULTS: dict[str, Any] = {
     "env": "rllm/FrozenLake-v0",
     "agent_args": {},
     "env_args": {},
-    "max_turns": 10,
+    "max_turns": DEFAULT_MAX_TURNS,
     "max_tokens": 256,
     "thinking": None,
     "chat_template_kwargs": {},

@@ -17,6 +17,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "DEFAULT_MAX_TURNS",
     "Episode",
     "ModelOutput",
     "Record",
@@ -64,6 +65,11 @@ class Record(BaseModel):
     @classmethod
     def from_json(cls, text: str | bytes) -> Self:
         return cls.model_validate_json(text)
+
+
+# The per-episode LLM-call limit when none is given: the engines, the trainer (TrainConfig, EpisodeRollout) and
+# `rllm-gym eval` all take this one default.
+DEFAULT_MAX_TURNS = 10
 
 
 class TerminationReason(str, Enum):

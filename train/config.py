@@ -25,6 +25,7 @@ from rllm_gym.train.advantages import ESTIMATORS, MODES
 from rllm_gym.train.config_checks import DTYPES, JSON_OBJECT_FIELDS, check_config, closest, json_object
 from rllm_gym.train.config_file import ConfigError, read_config_file
 from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR
+from rllm_gym.types import DEFAULT_MAX_TURNS
 
 __all__ = ["DTYPES", "TRL_FIELDS", "TrainConfig", "closest", "load_config", "trl_options"]
 
@@ -79,7 +80,10 @@ class TrainConfig:
     env_args: dict[str, Any] = field(
         default_factory=dict, metadata={"help": "Dict of env constructor arguments (a flag takes it as JSON text)."}
     )
-    max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
+    max_turns: int = field(
+        default=DEFAULT_MAX_TURNS,
+        metadata={"help": "LLM calls per episode (one move per turn on FrozenLake); the engines' and eval's default."},
+    )
     # Model
     model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
     model_shape: str = field(
