@@ -26,6 +26,8 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from rllm_gym.train.trl_adapter import step_phase_methods
+
 
 @dataclass
 class TrainerSettings:
@@ -80,20 +82,14 @@ def instrument(trainer: GRPOTrainer, kind: str) -> None:
     Our ``_generate`` only hands TRL the rows the trainer collected (its ``rollout_func``): timing it instead would
     put next to nothing there, and generation tokens/s about 100x too high.
     """
-    for name, phase in (
-        ("_generate_and_score_completions", "generate_and_score"),
-        ("_calculate_rewards", "rewards"),
-        ("compute_loss", "loss_forward"),
-    ):
+    methods = {**step_phase_methods(generates_itself=kind == "trl"), "compute_loss": "loss_forward"}
+    for name, phase in methods.items():
         setattr(trainer, name, timed(phase, getattr(trainer, name)))
     trainer.accelerator.backward = timed("backward", trainer.accelerator.backward)
     if getattr(trainer, "use_vllm", False):  # bench_gpu.py: TRL syncs inside _generate, ours before the rollout
         generation = trainer.vllm_generation
         generation.sync_weights = timed("sync_weights", generation.sync_weights)
-    if kind == "trl":
-        trainer._generate = timed("generate", trainer._generate)
-        trainer._generate_single_turn = timed("model_generate", trainer._generate_single_turn)
-    else:
+    if kind != "trl":
         # The trainer's collect (the rollout's episodes and rows); the latest batch is kept for the checks. Only the
         # latest: every step's episodes kept alive made each garbage collection of our steps (and only ours) longer.
         collect = timed("generate", trainer.collect)

@@ -16,6 +16,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from rllm_gym.cli_gateway import add_agent_program_arguments, agent_program_engine, check_agent_program_args
+from rllm_gym.types import DEFAULT_MAX_TURNS
 
 POLICIES = ("hf", "openai", "vllm")
 # Defaults of the options a model folder written by the trainer may set instead (rllm_gym_training.json).
@@ -23,7 +24,7 @@ EVAL_DEFAULTS: dict[str, Any] = {
     "env": "rllm/FrozenLake-v0",
     "agent_args": {},
     "env_args": {},
-    "max_turns": 10,
+    "max_turns": DEFAULT_MAX_TURNS,
     "max_tokens": 256,
     "thinking": None,
     "chat_template_kwargs": {},

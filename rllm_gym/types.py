@@ -17,6 +17,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
+    "DEFAULT_MAX_TURNS",
     "Episode",
     "ModelOutput",
     "Record",
@@ -66,6 +67,11 @@ class Record(BaseModel):
         return cls.model_validate_json(text)
 
 
+# The per-episode LLM-call limit when none is given: the engines, the trainer (TrainConfig, EpisodeRollout) and
+# `rllm-gym eval` all take this one default.
+DEFAULT_MAX_TURNS = 10
+
+
 class TerminationReason(str, Enum):
     """Why an episode ended. Only ``ERROR`` and ``INFRA_FAILED`` episodes are retried by the engines; the others are
     outcomes. ``INFRA_FAILED``: a step's ``info["infra_failed"]`` said its reward came from the infrastructure (the
@@ -96,7 +102,9 @@ class ModelOutput(Record):
     ``logprobs`` holds one log-probability per token of ``completion_ids`` when the backend returns them.
     ``text_rendered`` is True when the server took the chat as text and rendered it itself (an OpenAI-compatible
     chat endpoint without token prompts): the model was then not given the previous calls' sampled tokens, and any
-    ``prompt_ids`` are a local rendering of the chat, not necessarily the tokens it saw.
+    ``prompt_ids`` are a local rendering of the chat, not necessarily the tokens it saw. ``policy_version`` is the
+    version of the weights that sampled it (the trainer's optimizer steps; always 0 under the synchronous trainer,
+    whose rollouts are sampled by the weights being trained).
     """
 
     text: str = ""
@@ -110,6 +118,7 @@ class ModelOutput(Record):
     completion_length: int = 0
     finish_reason: str | None = None
     text_rendered: bool = False
+    policy_version: int = 0
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Self:

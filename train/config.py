@@ -25,6 +25,7 @@ from rllm_gym.train.advantages import ESTIMATORS, MODES
 from rllm_gym.train.config_checks import DTYPES, JSON_OBJECT_FIELDS, check_config, closest, json_object
 from rllm_gym.train.config_file import ConfigError, read_config_file
 from rllm_gym.train.run_dir import DEFAULT_OUTPUT_DIR, missing_task_files
+from rllm_gym.types import DEFAULT_MAX_TURNS
 
 __all__ = ["DTYPES", "TRL_FIELDS", "TrainConfig", "closest", "load_config", "trl_options"]
 
@@ -93,7 +94,10 @@ class TrainConfig:
             "RewardOutput; default: the reward the program posts to its session."
         },
     )
-    max_turns: int = field(default=8, metadata={"help": "LLM calls per episode (one move per turn on FrozenLake)."})
+    max_turns: int = field(
+        default=DEFAULT_MAX_TURNS,
+        metadata={"help": "LLM calls per episode (one move per turn on FrozenLake); the engines' and eval's default."},
+    )
     # Model
     model: str | None = field(default=None, metadata={"help": "Model folder or hub name; default: the tiny model."})
     model_shape: str = field(

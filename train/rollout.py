@@ -38,7 +38,7 @@ from rllm_gym.train.sequences import (
     placeholder_sequence,
     trajectory_to_sequences,
 )
-from rllm_gym.types import Episode, Trajectory
+from rllm_gym.types import DEFAULT_MAX_TURNS, Episode, Trajectory
 
 __all__ = ["EnvSetup", "EpisodeRollout", "RolloutBatch"]
 
@@ -111,7 +111,7 @@ class EpisodeRollout:
         self,
         envs: list[EnvSetup],
         *,
-        max_turns: int = 8,
+        max_turns: int = DEFAULT_MAX_TURNS,
         n_parallel: int = 256,
         gamma: float = 1.0,
         timeout_s: float | None = None,

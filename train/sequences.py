@@ -44,7 +44,8 @@ def decode_prompt(prompt: Any) -> tuple[str, Any, int]:
 @dataclass
 class TrainingSequence:
     """One row of TRL's batch: ``env_mask`` 1 on model tokens; ``spans[i]`` are the reply tokens of the trajectory's
-    step ``first_step + i``; ``source`` is the prompt (trajectory) it trains, -1 for a row that only pads the batch."""
+    step ``first_step + i``; ``source`` is the prompt (trajectory) it trains, -1 for a row that only pads the batch;
+    ``policy_version`` the oldest policy version that sampled one of its replies (``ModelOutput.policy_version``)."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
@@ -54,6 +55,7 @@ class TrainingSequence:
     first_step: int = 0
     source: int = 0
     prefix_mismatch: bool = False  # this row starts at a step whose prompt did not extend the previous row's tokens
+    policy_version: int = 0
 
 
 def placeholder_sequence(filler_id: int, source: int = -1) -> TrainingSequence:
@@ -80,15 +82,21 @@ def trajectory_to_sequences(trajectory: Trajectory, filler_id: int = 0, source: 
     rows: list[TrainingSequence] = []
     context: list[int] = []
     for index, step in enumerate(trajectory.steps):
+        version = step.model_output.policy_version if step.model_output is not None else 0
         if rows and step.prompt_ids[: len(context)] == context:
             added = step.prompt_ids[len(context) :]
             row = rows[-1]
             row.completion_ids += added
             row.env_mask += [0] * len(added)
             row.logprobs += [0.0] * len(added)
+            row.policy_version = min(row.policy_version, version)
         else:
             row = TrainingSequence(
-                prompt_ids=list(step.prompt_ids), first_step=index, source=source, prefix_mismatch=bool(rows)
+                prompt_ids=list(step.prompt_ids),
+                first_step=index,
+                source=source,
+                prefix_mismatch=bool(rows),
+                policy_version=version,
             )
             rows.append(row)
         start = len(row.completion_ids)

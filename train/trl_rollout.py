@@ -1,32 +1,28 @@
 """TRL's GRPOTrainer with generation through rllm-gym's envs, agents and engine, and our advantages in its loss.
 
-:class:`RLLMGRPOTrainer` narrows TRL's ``_generate_and_score_completions``: it collects the step's episodes first
+:class:`RLLMGRPOTrainer` is the trainer (TRL's, through the one adapter that knows TRL's internals,
+:class:`~rllm_gym.train.trl_adapter.GRPOAdapter`): at each step it collects the step's episodes first
 (:meth:`~rllm_gym.train.rollout.EpisodeRollout.collect`, a :class:`~rllm_gym.train.rollout.RolloutBatch` with one
-training row or more per prompt), repeats TRL's inputs once per row (padded with untrained rows to a size every
-process shares, ``rollout/padding_rows``), lets TRL build the batch from them (its ``rollout_func`` returns that
-batch's rows), then gathers the episodes of every process, computes
-:func:`~rllm_gym.train.advantages.compute_advantages` over the groups ``{task_id}:{trajectory.name}`` (so roles are
-compared only with themselves), and replaces TRL's advantages with ours, per row (``broadcast``) or per token
-(``per_step``, ``state``); masked trajectories get ``env_mask`` 0 throughout. ``rollout/prefix_mismatch`` is the
-share of trajectories split into several rows, ``rollout/rows_per_trajectory`` the rows per trajectory (1.0 when none
-is) and ``rollout/text_rendered`` the share of LLM calls a server rendered from text. Tested with TRL 1.16 (the
-``rollout_func`` hook is experimental there, hence the pinned range in pyproject.toml).
+training row or more per prompt, padded with untrained rows to a size every process shares), gathers the episodes of
+every process and builds the step's :class:`~rllm_gym.train.batch.TrainingBatch` (train/batch.py: the one place that
+says what a step trains on, its advantages, loss mask and metrics). TRL is handed that batch's rows once (its
+``rollout_func`` returns them; TRL's inputs are repeated once per row), builds its tensors from them, and its
+advantages are replaced with the batch's, per row (``broadcast``) or per token (``per_step``, ``state``), its
+``tool_mask`` multiplied by the batch's loss mask. Tested with TRL 1.16 (the ``rollout_func`` hook is experimental
+there, hence the pinned range in pyproject.toml).
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import Counter
 from typing import Any
 
-import torch
 from transformers import TrainerCallback
-from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
-from rllm_gym.train.advantages import AdvantageConfig, compute_advantages
+from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.batch import PaddingFacts, TrainingBatch, build_training_batch, row_counts, training_view
 from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
 from rllm_gym.train.sequences import (
     TrainingSequence,
@@ -34,10 +30,10 @@ from rllm_gym.train.sequences import (
     encode_prompt,
     placeholder_sequence,
     trajectory_to_sequences,
-    width_groups,
 )
+from rllm_gym.train.trl_adapter import GRPOAdapter
 from rllm_gym.train.vllm_colocate import TrainerVLLMPolicy
-from rllm_gym.types import Episode, Trajectory
+from rllm_gym.types import Episode
 
 # The rollout's names are re-exported: scripts and tests import the trainer and what it is built from in one place.
 __all__ = [
@@ -70,59 +66,12 @@ class _LogAtStart(TrainerCallback):
             self.trainer.log_evaluation(self.metrics)
 
 
-def _outside_a_step(prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-    """TRL's ``rollout_func`` between steps: rows exist only inside ``_generate_and_score_completions``."""
-    raise RuntimeError("RLLMGRPOTrainer's rows exist only in _generate_and_score_completions (collect, then TRL)")
-
-
 def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
     """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
     return list(trajectory_reward)
 
 
-def _training_view(episode: Episode, slot: int) -> Episode:
-    """The episode as advantage computation needs it: id, termination reason and the trained trajectory's rewards."""
-    trajectory = episode.trajectories[slot] if slot < len(episode.trajectories) else Trajectory()
-    steps = [step.model_copy(update={"chat_completions": [], "model_output": None}) for step in trajectory.steps]
-    trimmed = trajectory.model_copy(update={"steps": steps, "task": None})
-    metadata = {"env": episode.metadata.get("env")}
-    if "error" in episode.metadata:  # type and message only: the traceback stays in the process that ran it
-        metadata["error"] = {key: episode.metadata["error"].get(key) for key in ("type", "message")}
-    return Episode(
-        id=episode.id,
-        termination_reason=episode.termination_reason,
-        is_correct=episode.is_correct,
-        trajectories=[trimmed],
-        metadata=metadata,
-    )
-
-
-@contextmanager
-def _completion_positions_only() -> Iterator[None]:
-    """While inside, TRL's fused LM head (``trl.trainer.utils.add_fused_lm_head``) computes the log-probabilities and
-    entropies of the scored positions only (labels not -100: the completion), as it does where its Triton kernel runs.
-
-    TRL 1.16 couples the two: off CUDA/XPU it runs its PyTorch kernel over every position of every row, prompt and
-    padding included, then zeroes what is not scored. Our rows are long prompts with replies of a few tokens (the main
-    job: ~46 prompt tokens, 2 reply tokens), so that was most of the LM head's forward and backward on a CPU: ~0.4 s of
-    a ~1.6 s step. The kernel itself still takes its own device check (the PyTorch one here); only the choice of rows
-    changes, and every scored position gets the same value up to the rounding of a smaller matrix product (tested).
-    Restored on exit; a TRL without ``_use_triton`` in that module is left as it is. Process-wide while inside, which
-    the trainer's single-threaded loss computation allows."""
-    from trl.trainer import utils as trl_utils
-
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None:
-        yield
-        return
-    trl_utils._use_triton = lambda device: True  # read by the fused forward only, to pick the compact rows
-    try:
-        yield
-    finally:
-        trl_utils._use_triton = original
-
-
-class RLLMGRPOTrainer(GRPOTrainer):
+class RLLMGRPOTrainer(GRPOAdapter):
     """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages.
 
     It counts the run's episodes per termination reason (``terminations``) and its distinct errors (``errors``), and
@@ -145,7 +94,7 @@ class RLLMGRPOTrainer(GRPOTrainer):
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
-        super().__init__(*args, rollout_func=_outside_a_step, **kwargs)
+        super().__init__(*args, **kwargs)
         self.rollout = rollout
         self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
         self.advantage_config = advantage_config
@@ -157,58 +106,6 @@ class RLLMGRPOTrainer(GRPOTrainer):
         self.last_evaluation: dict[str, float] | None = None
         if evaluation_before:
             self.add_callback(_LogAtStart(self, evaluation_before))
-
-    def _get_per_token_logps_and_entropies(
-        self,
-        model: Any,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        logits_to_keep: int,
-        batch_size: int | None = None,
-        compute_entropy: bool = False,
-        compute_aux_loss: bool = False,
-        **multimodal: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """TRL's, with its fused LM head scoring only the completion positions on every device (see
-        :func:`_completion_positions_only`), run on groups of rows of similar length, each cut to its own widest row.
-
-        TRL pads every prompt on the left to the batch's longest: one long prompt (a reply the env could not parse
-        brings its error message into the next one) made every row of a main-job step ~108 tokens wide instead of ~48,
-        and the step twice as slow. Rows are grouped by their width without the left padding
-        (:func:`~rllm_gym.train.sequences.width_groups`) and put back in order; each row's values are the same up to
-        rounding (its positions shift, and rotary attention depends only on their differences). Rows with images
-        are scored as TRL scores them; with several processes the rows are one group, cut to their common padding
-        only: every process must run the same number of forwards there (DDP syncs buffers, DeepSpeed ZeRO-3 and FSDP
-        gather parameters, collectively at each one), and each process's rows group differently.
-        """
-
-        def score(rows: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-            width = min(max(width, logits_to_keep + 1), input_ids.size(1))  # the last prompt token scores the first
-            return super(RLLMGRPOTrainer, self)._get_per_token_logps_and_entropies(
-                model,
-                input_ids[rows, -width:],
-                attention_mask[rows, -width:],
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **multimodal,
-            )
-
-        with _completion_positions_only():
-            if any(value is not None for value in multimodal.values()):
-                return score(slice(None), input_ids.size(1))
-            widths = (input_ids.size(1) - (attention_mask.cumsum(dim=1) == 0).sum(dim=1)).tolist()  # (B,) no left pad
-            groups = width_groups(widths) if self.accelerator.num_processes == 1 else []
-            if len(groups) <= 1:
-                return score(slice(None), max(widths, default=0))
-            device = input_ids.device
-            scored = [score(torch.tensor(rows, device=device), max(widths[row] for row in rows)) for rows in groups]
-            order = torch.tensor([row for rows in groups for row in rows], device=device).argsort()  # (B,) as before
-            logps = torch.cat([logps for logps, _, _ in scored])[order]  # (B, T)
-            entropies = torch.cat([entropies for _, entropies, _ in scored])[order] if compute_entropy else None
-            aux_loss = torch.stack([aux for _, _, aux in scored]).mean() if compute_aux_loss else None
-            return logps, entropies, aux_loss
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         """Run :attr:`evaluation` on the model being trained (ZeRO-3 shards gathered once for all of it) and log it."""
@@ -242,16 +139,6 @@ class RLLMGRPOTrainer(GRPOTrainer):
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """Nothing: train/grpo.py writes a filled-in card into each model folder (train/model_record.py)."""
 
-    def _issue_warnings_after_load(self, load_result: Any) -> None:
-        """Warn about the missing keys of a resumed checkpoint that were really not loaded. A tied weight (the
-        embedded model's lm_head is its embedding) is saved once, under the name it shares, so every resume "missed"
-        it although loading the shared tensor loaded it too: that warning looked like a corrupt checkpoint."""
-        state = self.model.state_dict(keep_vars=True)
-        missing = set(load_result.missing_keys)
-        loaded = {tensor.data_ptr() for name, tensor in state.items() if name not in missing}
-        kept = [name for name in load_result.missing_keys if name not in state or state[name].data_ptr() not in loaded]
-        super()._issue_warnings_after_load(load_result._replace(missing_keys=kept))
-
     def _count_episodes(self, episodes: list[Episode]) -> None:
         """Add a step's episodes (every process's, each once) to the run's counts; stop on too many failed steps."""
         unique = list({episode.id: episode for episode in episodes}.values())
@@ -284,113 +171,31 @@ class RLLMGRPOTrainer(GRPOTrainer):
         batch = self.rollout.collect(prompts, self.generation)
         return batch.padded(self._row_count(len(batch.sequences)))
 
-    @contextmanager
-    def _trl_rows(self, batch: RolloutBatch) -> Iterator[None]:
-        """TRL's ``rollout_func`` answers with ``batch``'s rows for the block: TRL calls the function it holds from
-        inside ``_generate`` (with the trainer, not our batch), so the batch is bound to it for this one call."""
-
-        def rows(prompts: list[Any], trainer: GRPOTrainer) -> dict[str, Any]:
-            if len(prompts) != len(batch.sequences):
-                raise RuntimeError(f"{len(prompts)} prompts for {len(batch.sequences)} collected rows")
-            return batch.trl_output()
-
-        self.rollout_func = rows
-        try:
-            yield
-        finally:
-            self.rollout_func = _outside_a_step
-
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    def training_batch(self, prompts: list[Any]) -> TrainingBatch:
+        """The step's batch: this process's episodes for ``prompts`` (vLLM's weights synced first), every process's
+        gathered for the advantages and counts (:func:`~rllm_gym.train.batch.build_training_batch`)."""
         from accelerate.utils import gather_object
 
         # The episodes run first, so that TRL's batch can hold a row per training sample (a trajectory whose template
         # rewrote its history has several, see trajectory_to_sequences): TRL's inputs are repeated per row, padded
         # with untrained rows to a size every process shares. TRL syncs vLLM's weights in _generate, after the
         # rollout: here that would be too late, so it is done before.
-        if self.use_vllm and self.state.global_step != self._last_loaded_step:
+        if self.use_vllm:
             from rllm_gym.train.vllm_cpu import sync_weights  # TRL's sync, or on vLLM's CPU build one that can load
 
-            sync_weights(self.vllm_generation)
-            self._last_loaded_step = self.state.global_step
-        batch = self.collect([example["prompt"] for example in inputs])
-        sequences = batch.sequences
-        with self._trl_rows(batch):
-            output = super()._generate_and_score_completions([dict(inputs[max(s.source, 0)]) for s in sequences])
-        mode = "train" if self.model.training else "eval"
-        local = [_training_view(e, s) for e, s in zip(batch.episodes, batch.slots, strict=True)]
+            self.sync_vllm_weights(sync_weights)
+        rollout = self.collect(prompts)
+        local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
         everyone = gather_object(local)
         self._count_episodes(everyone)
-        result = compute_advantages(everyone, self.advantage_config)
-
-        device = output["completion_ids"].device
-        width = output["completion_ids"].size(1)
-        per_token = torch.zeros(len(sequences), width, device=device)  # (rows, T)
-        per_row = torch.zeros(len(sequences), device=device)  # (rows,)
-        mask = output.get("tool_mask")
-        if mask is None:
-            mask = output["completion_mask"].clone()
-        for row, sequence in enumerate(sequences):
-            if sequence.source < 0 or not sequence.spans:
-                mask[row] = 0
-                continue
-            entry = result.by_uid[local[sequence.source].trajectories[0].uid]
-            steps = range(sequence.first_step, sequence.first_step + len(sequence.spans))
-            for (start, end), step in zip(sequence.spans, steps, strict=True):
-                per_token[row, start:end] = entry.advantages[step]
-                if not entry.mask[step]:
-                    mask[row, start:end] = 0
-            per_row[row] = entry.advantages[sequence.first_step]  # broadcast: every step has the trajectory's
-        output["advantages"] = per_row if self.advantage_config.mode == "broadcast" else per_token
-        output["tool_mask"] = mask
-        loss_mask = output["completion_mask"] * mask
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        split = {s.source for s in sequences if s.prefix_mismatch}
-        episodes = {e.id: e for e in batch.episodes}.values()  # slots of one multi-agent episode share it
-        calls = [s.model_output for e in episodes for t in e.trajectories for s in t.steps]
-        counts = gather_object(
-            [
-                (
-                    len(split),
-                    sum(s.source >= 0 for s in sequences),
-                    len(sequences),
-                    sum(sum(s.env_mask) for s in sequences),
-                    sum(o is not None and o.text_rendered for o in calls),
-                    len(calls),
-                )
-            ]
+        return build_training_batch(
+            rollout.sequences,
+            local,
+            everyone,
+            self.advantage_config,
+            PaddingFacts(self.processing_class.pad_token_id, self.args.pad_to_multiple_of),
+            rewards=rollout.rewards,
+            counts=gather_object([row_counts(rollout.sequences, rollout.episodes)]),
+            seconds=rollout.seconds,
+            backend_metrics=rollout.metrics,
         )
-        split_trajectories, trained_rows, rows, tokens, text_rendered, all_calls = (
-            sum(column) for column in zip(*counts, strict=True)
-        )
-        n = max(len(everyone), 1)
-        metrics = {
-            "rollout/prefix_mismatch": split_trajectories / n,
-            "rollout/text_rendered": text_rendered / max(all_calls, 1),
-            "rollout/rows_per_trajectory": trained_rows / n,
-            "rollout/padding_rows": (rows - trained_rows) / max(rows, 1),
-            "rollout/model_tokens_per_s": tokens / max(batch.seconds, 1e-9),
-        }
-        self._log_rollout(mode, everyone, {**result.metrics, **metrics, **batch.metrics})
-        return output
-
-    def _log_rollout(self, mode: str, episodes: list[Episode], metrics: dict[str, float]) -> None:
-        """Per step: advantage stats, turns, pass rate, reward per role and env, termination reasons, speed."""
-        for name, value in metrics.items():
-            self._metrics[mode][name].append(value)
-        self._metrics[mode]["rollout/pass_rate"].append(sum(e.is_correct for e in episodes) / max(len(episodes), 1))
-        n = max(len(episodes), 1)
-        self._metrics[mode]["rollout/turns"].append(sum(len(e.trajectories[0].steps) for e in episodes) / n)
-        by_role: dict[str, list[float]] = defaultdict(list)
-        for episode in episodes:
-            for trajectory in episode.trajectories:
-                by_role[trajectory.name].append(float(trajectory.reward or 0.0))
-        by_env: dict[str, list[float]] = defaultdict(list)
-        for episode in episodes:
-            by_env[str(episode.metadata.get("env"))].extend(float(t.reward or 0.0) for t in episode.trajectories)
-        for prefix, groups in (("role", by_role), ("env", by_env)):
-            for name, rewards in groups.items():
-                self._metrics[mode][f"train/reward/{prefix}/{name}"].append(sum(rewards) / len(rewards))
-        reasons = Counter(e.termination_reason.value if e.termination_reason else "unknown" for e in episodes)
-        for reason, count in reasons.items():
-            self._metrics[mode][f"rollout/termination/{reason}"].append(count / n)
-        self._metrics[mode]["rollout/infra_failed"].append(float(reasons["infra_failed"]))  # episodes, not a share

@@ -18,6 +18,7 @@ from trl import GRPOTrainer
 from rllm_gym.policies.base import PolicyRequest, SamplingParams, build_model_output
 from rllm_gym.policies.hf import BatchingPolicy
 from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.train.trl_adapter import mark_vllm_weights_asleep, vllm_weights_asleep
 from rllm_gym.train.vllm_server import prompt_too_long, sampled_logprobs
 from rllm_gym.types import ModelOutput
 
@@ -124,7 +125,7 @@ def awake_for_rollout(generation: Any, device: torch.device) -> Iterator[None]:
     the sync's copies (queued on this thread's stream) before any generate call is queued there.
     """
     sleeps = getattr(generation, "enable_sleep_mode", False)
-    if sleeps and getattr(generation, "_llm_weights_sleeping", False):
+    if sleeps and vllm_weights_asleep(generation):
         generation.sync_weights()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -138,4 +139,4 @@ def awake_for_rollout(generation: Any, device: torch.device) -> Iterator[None]:
     finally:
         generation.enable_sleep_mode = True
         generation.llm.sleep(level=2)
-        generation._llm_weights_sleeping = True
+        mark_vllm_weights_asleep(generation)

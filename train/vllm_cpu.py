@@ -70,8 +70,8 @@ def sync_weights(generation: Any) -> None:
         return
     if getattr(generation, "enable_sleep_mode", False):
         raise ValueError("vllm_enable_sleep_mode is not supported on vLLM's CPU backend: leave it off")
-    engine = generation.llm.llm_engine
-    model = engine.model_executor.driver_worker.model_runner.model
-    # TRL's iterator does the gathering (DeepSpeed, FSDP) and PEFT merging, and names tensors as vLLM expects.
-    load_weights_on_cpu(model, generation._iter_named_params())
+    from rllm_gym.train.trl_adapter import cpu_vllm_model
+
+    model, weights = cpu_vllm_model(generation)
+    load_weights_on_cpu(model, weights)
     generation.llm.reset_prefix_cache()

@@ -31,10 +31,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # SolverJudgeWorkflow moved next to its agents; the old import path still finds it, without the engine importing
-    # any env-specific agent when it loads.
+    # SolverJudgeWorkflow moved next to its agents; the old import path still finds it (with a warning), without the
+    # engine importing any env-specific agent when it loads.
     if name == "SolverJudgeWorkflow":
+        import warnings
+
         from rllm_gym.agents.solver_judge import SolverJudgeWorkflow
+
+        warnings.warn(
+            "rllm_gym.engine.SolverJudgeWorkflow is deprecated: import it from rllm_gym.agents.solver_judge",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
         return SolverJudgeWorkflow
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

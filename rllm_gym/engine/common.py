@@ -19,6 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from rllm_gym.types import DEFAULT_MAX_TURNS
+
 __all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turns_of", "task_id_of"]
 
 
@@ -174,7 +176,7 @@ def task_id_of(task: Any, index: int) -> str:
     return str(task_id) if task_id not in (None, "") else f"task-{index}"
 
 
-def max_turns_of(max_turns: int | None, max_steps: int | None, default: int, owner: str) -> int:
+def max_turns_of(max_turns: int | None, max_steps: int | None, owner: str, default: int = DEFAULT_MAX_TURNS) -> int:
     """The per-episode LLM-call limit from ``max_turns``, or from ``max_steps``, its deprecated name (a warning)."""
     if max_steps is not None:
         if max_turns is not None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rllm_gym.agents.base import BaseAgent
+from rllm_gym.agent import BaseAgent
 from rllm_gym.engine.common import EnvThreadPool, call_in_executor, default_env_workers, max_turns_of, task_id_of
 from rllm_gym.engine.interpreter import responsive_loop
 from rllm_gym.engine.seeds import EpisodeSpec, check_seed, episode_specs, reset_seed
@@ -351,7 +351,7 @@ class AgentExecutionEngine(AgentWorkflowEngine):
             raise TypeError(f"env_id must be a registered env id or an env class/factory, got {env_id!r}")
         if not callable(agent_cls):
             raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
-        max_turns = max_turns_of(max_turns, max_steps, 10, type(self).__name__)
+        max_turns = max_turns_of(max_turns, max_steps, type(self).__name__)
         workflow_args = {
             "env": env_id,
             "agent_cls": agent_cls,

@@ -15,7 +15,7 @@ PettingZoo agent ids follow ``"<role>_<n>"`` (``solver_0``, ``solver_1``, ``judg
 agent object of that role's class, one policy per role (or one shared policy) answers it, and its trajectory is named
 after the role, so training groups trajectories by ``{task_id}:{role}``. Env-specific runners subclass
 :class:`MultiAgentWorkflow` next to their env's agents (``rllm_gym.agents.solver_judge.SolverJudgeWorkflow``); this
-module knows only :class:`~rllm_gym.agents.base.BaseAgent`.
+module knows only :class:`~rllm_gym.agent.BaseAgent`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from pettingzoo import AECEnv, ParallelEnv
 
-from rllm_gym.agents.base import BaseAgent
+from rllm_gym.agent import BaseAgent
 from rllm_gym.engine.common import max_turns_of, task_id_of
 from rllm_gym.engine.seeds import reset_seed
 from rllm_gym.engine.workflow import TerminationEvent, Workflow, make_env, reset_kwargs
@@ -128,7 +128,7 @@ class MultiAgentWorkflow(Workflow):
         **kwargs: Any,
     ):
         super().__init__(RolePolicies.of(policy), **kwargs)
-        max_turns = max_turns_of(max_turns, max_steps, 32, type(self).__name__)
+        max_turns = max_turns_of(max_turns, max_steps, type(self).__name__)
         self.env = self._build_env(env, env_args, parallel)
         if agent_classes is None:
             if not isinstance(env, str):

@@ -24,7 +24,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rllm_gym.agents.base import BaseAgent
+from rllm_gym.agent import BaseAgent
 from rllm_gym.engine.common import call_in_executor, max_turns_of
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, ModelOutput, Step, TerminationReason, Trajectory
@@ -368,7 +368,7 @@ class MultiTurnWorkflow(Workflow):
         **kwargs: Any,
     ):
         super().__init__(policy, **kwargs)
-        max_turns = max_turns_of(max_turns, max_steps, 10, type(self).__name__)
+        max_turns = max_turns_of(max_turns, max_steps, type(self).__name__)
         if not callable(agent_cls):
             raise TypeError(f"agent_cls must be a BaseAgent subclass (or a factory of agents), got {agent_cls!r}")
         self.stop_on_truncation = stop_on_truncation

@@ -209,7 +209,8 @@ async def test_sampling_params_reach_the_policy():
 
 
 async def test_engine_for_plays_single_and_multi_agent_ids():
-    from rllm_gym.engine import SolverJudgeWorkflow, engine_for
+    from rllm_gym.agents.solver_judge import SolverJudgeWorkflow
+    from rllm_gym.engine import engine_for
 
     policy = ScriptedPolicy(lambda messages: "<verdict>1</verdict> \\boxed{2} up")
     single = engine_for("rllm/FrozenLake-v0", policy, max_turns=2)
