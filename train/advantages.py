@@ -18,9 +18,9 @@ that acted on the same observation (an anchor state, whichever turn it came at) 
 with the same estimator, a state met once adding nothing (GiGPO: Feng et al. 2025, "Group-in-Group Policy
 Optimization for LLM Agent Training"). With ``gamma < 1`` a move that reaches the goal sooner, or that does not walk
 into a hole, is told apart from the others taken from the same state: credit goes to the step that earned it.
-Trajectories of episodes whose termination reason is in ``exclude_termination`` (default ``infra_failed``) are
-masked: they enter no group statistic, get advantage 0 and a False mask. With ``drop_uniform_groups``, a group
-whose rewards are all equal (no signal) is dropped the same way and counted.
+Trajectories of episodes whose termination reason is in ``exclude_termination`` (default ``error`` and
+``infra_failed``) are masked: they enter no group statistic, get advantage 0 and a False mask. With
+``drop_uniform_groups``, a group whose rewards are all equal (no signal) is dropped the same way and counted.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ class AdvantageConfig:
     mode: str = "broadcast"
     norm_by_std: bool = True
     drop_uniform_groups: bool = False
-    exclude_termination: tuple[str, ...] = ("infra_failed",)  # a reward the infrastructure gave teaches nothing
+    # An exception or the infrastructure ended these, not the model: a reward of 0 there would teach nothing true.
+    exclude_termination: tuple[str, ...] = ("error", "infra_failed")
     eps: float = 1e-6
 
     def __post_init__(self) -> None:

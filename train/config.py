@@ -171,10 +171,12 @@ class TrainConfig:
     norm_adv_by_std: bool = field(default=True, metadata={"help": "Divide GRPO advantages by the group std."})
     drop_uniform_groups: bool = field(default=False, metadata={"help": "Drop groups whose rewards are all equal."})
     exclude_termination: list[str] = field(
-        default_factory=lambda: ["infra_failed"],
+        default_factory=lambda: ["error", "infra_failed"],
         metadata={
             "help": "Termination reasons whose episodes are masked, e.g. max_response_length_exceeded. Default "
-            "['infra_failed']: a reward the infrastructure gave (sandbox or grader failed) is no training sample."
+            "['error', 'infra_failed']: an episode that an exception ended (a policy or env server unreachable, an "
+            "env or agent crash) or whose reward the infrastructure gave (sandbox or grader failed) has no reward "
+            "of the model's own, so it is no training sample (both are retried first, and counted)."
         },
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount of Monte Carlo returns (per_step, state)."})

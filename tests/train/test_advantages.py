@@ -161,10 +161,12 @@ def test_state_mode_leaves_dropped_and_excluded_trajectories_untrained():
         assert entry.mask == [False] * len(trajectory.steps) and entry.advantages == [0.0] * len(trajectory.steps)
 
 
-def test_infra_failed_episodes_are_left_out_by_default():
-    """A reward the infrastructure gave (sandbox or grader failed) is no training sample: masked unless asked."""
+@pytest.mark.parametrize("reason", [TerminationReason.INFRA_FAILED, TerminationReason.ERROR])
+def test_infra_failed_and_errored_episodes_are_left_out_by_default(reason):
+    """A reward the infrastructure gave (sandbox or grader failed), or the 0 of an episode an exception ended (a
+    policy server unreachable), is no training sample: masked unless asked."""
     kept = [episode("t", 0, traj(1.0)), episode("t", 1, traj(0.0))]
-    failed = episode("t", 2, traj(0.0), reason=TerminationReason.INFRA_FAILED)
+    failed = episode("t", 2, traj(0.0), reason=reason)
     result = compute_advantages([*kept, failed], AdvantageConfig(estimator="drgrpo"))
     assert [result.by_uid[e.trajectories[0].uid].advantages[0] for e in kept] == [0.5, -0.5]
     assert result.by_uid[failed.trajectories[0].uid].mask == [False]
