@@ -4,6 +4,7 @@ function per benchmark script turns that script's ``--json`` results into rows o
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,21 @@ def interop_rows(r: dict[str, Any], command: str) -> list[Row]:
     ]
 
 
+def gateway_rows(r: dict[str, Any], command: str) -> list[Row]:
+    # Medians over the rounds, as the script's own ratios are.
+    direct, gateway, raw = (statistics.median(r[key]) for key in ("direct_s", "gateway_s", "gateway_raw_http_s"))
+    return [
+        (
+            f"agent programs through the gateway, {r['sessions']} sessions in flight x {r['turns']} turns, "
+            f"{r['max_tokens']} tokens a reply, tiny model, CPU: the `openai` client (TLS context built once), and "
+            f"plain aiohttp (`{command}`)",
+            f"{gateway:.2f} s (aiohttp {raw:.2f} s)",
+            f"the same HFPolicy called directly, {direct:.2f} s",
+            f"{r['ratio']:.2f}x the time (aiohttp {r['ratio_raw_http']:.2f}x; goal 1.1x)",
+        )
+    ]
+
+
 def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
     latency_ms = r["latency_s"] * 1e3
     over = r["overhead"]
@@ -225,6 +241,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_tools": tools_rows,
     "bench_interop": interop_rows,
     "bench_policies": policies_rows,
+    "bench_gateway": gateway_rows,
     "bench_grpo": grpo_rows,
     "bench_vllm": vllm_rows,
 }

@@ -76,6 +76,8 @@ BENCHMARKS = (
     # the server's start).
     Benchmark("bench_interop", ("--quick",)),
     Benchmark("bench_policies", ("--quick",)),
+    # 64 agent-program sessions of 2 turns through the gateway vs the same HFPolicy called directly (~1 min).
+    Benchmark("bench_gateway", ("--quick",)),
     # The full step (8 prompts x 8 generations, 32 tokens, about 95 s): in --quick's 4x4 step our fixed per-step cost
     # (engine, env and agent around generation, ~0.09 s) weighs more, and one quick round swung from 1.0x to 1.4x.
     Benchmark("bench_grpo", ()),

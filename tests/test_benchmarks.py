@@ -158,6 +158,22 @@ def fabricated() -> dict:
                     "tool_call": {"mcp": {"p50_ms": 5.0, "n": 200}, "builtin": {"p50_ms": 0.01, "n": 200}},
                 },
             },
+            "bench_gateway": {
+                "command": "bench_gateway.py --quick",
+                "wall_s": 40.0,
+                "results": {
+                    "sessions": 64,
+                    "turns": 2,
+                    "max_tokens": 16,
+                    "direct_s": [1.0],
+                    "gateway_s": [1.5],
+                    "gateway_default_client_s": [4.0],
+                    "gateway_raw_http_s": [1.2],
+                    "ratio": 1.5,
+                    "ratio_default_client": 4.0,
+                    "ratio_raw_http": 1.2,
+                },
+            },
             "bench_policies": {
                 "command": "bench_policies.py --quick",
                 "wall_s": 4.0,
@@ -273,6 +289,9 @@ def test_render_names_script_ours_baseline_and_ratio_in_each_row():
         "| OpenAIPolicy vs raw httpx (the policy's former transport, same connection limit, same server), 256 "
         "requests in flight, 1 fast server at 50 ms (`bench_policies.py --quick`) | 2,880 req/s | raw httpx 90/s "
         "| 32.0x the throughput |",
+        "| agent programs through the gateway, 64 sessions in flight x 2 turns, 16 tokens a reply, tiny model, CPU: "
+        "the `openai` client (TLS context built once), and plain aiohttp (`bench_gateway.py --quick`) | 1.50 s "
+        "(aiohttp 1.20 s) | the same HFPolicy called directly, 1.00 s | 1.50x the time (aiohttp 1.20x; goal 1.1x) |",
         "| GRPO step, single-turn Math-v0, 4 prompts x 4 generations, 16 tokens, tiny model, CPU "
         "(`bench_grpo.py --quick --rounds 2`) | 0.300 s (median of 24) | TRL's plain GRPOTrainer, 0.250 s "
         "| 1.20x the time |",

@@ -25,7 +25,7 @@ def expected_output(block: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("index", "min_claims"), [(0, 4), (1, 2), (3, 1), (4, 3)], ids=["tour", "custom-env", "multi-agent", "interop"]
+    ("index", "min_claims"), [(0, 4), (1, 2), (3, 1), (5, 3)], ids=["tour", "custom-env", "multi-agent", "interop"]
 )
 def test_block_runs_and_prints_what_it_says(index, min_claims):
     block = python_blocks()[index]

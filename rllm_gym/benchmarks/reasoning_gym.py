@@ -27,7 +27,8 @@ SUITES: dict[str, tuple[str, ...]] = {
         "products",
     ),
     "algebra": ("complex_arithmetic", "polynomial_multiplication", "simple_equations"),
-    "logic": ("aiw", "circuit_logic", "knights_knaves", "propositional_logic", "syllogism"),
+    # propositional_logic is left out: its scorer pays the premises restated (rllm/ReasoningGym-v0 refuses it).
+    "logic": ("aiw", "circuit_logic", "knights_knaves", "syllogism"),
     "graphs": ("course_schedule", "family_relationships", "largest_island", "shortest_path"),
 }
 
