@@ -78,7 +78,7 @@ from rllm_gym.data import MathTaskGenerator
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.rewards.math import MathGrader, MathVerifyPool, shared_pool
 from rllm_gym.tiny_model import build_tiny_model
-from rllm_gym.train import trl_rollout
+from rllm_gym.train import batch as training_batch
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
@@ -187,7 +187,7 @@ class Probes:
         patches = [
             patch.object(HFPolicy, "_generate_batch", generate_batch),
             patch.object(MathVerifyPool, "verify", counted_verify),
-            patch.object(trl_rollout, "compute_advantages", timed("advantages", trl_rollout.compute_advantages)),
+            patch.object(training_batch, "compute_advantages", timed("advantages", training_batch.compute_advantages)),
         ]
         if self.hf_max_batch is not None:
             patches.append(patch.object(HFPolicy, "__init__", capped_init))
