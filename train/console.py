@@ -16,7 +16,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,17 +54,58 @@ def quiet_libraries(progress: bool) -> None:
 @contextmanager
 def without_build_notices() -> Iterator[None]:
     """Drop the "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" line that DeepSpeed's CPU
-    backend prints (a plain ``print`` to stdout, once per process) while it starts; anything else printed meanwhile
-    is passed on as it was."""
-    captured = io.StringIO()
-    with redirect_stdout(captured):
+    backend prints (a plain ``print`` to stdout, once per process, whenever it starts its communication backend);
+    every other line passes at once, unchanged. ``sys.stdout`` is restored after the block."""
+    stream = sys.stdout
+    sys.stdout = filtered = _WithoutLines(stream, BUILD_NOTICE)
+    try:
         yield
-    kept = [line for line in captured.getvalue().splitlines(keepends=True) if not BUILD_NOTICE.fullmatch(line.strip())]
-    sys.stdout.write("".join(kept))
-    sys.stdout.flush()
+    finally:
+        filtered.close_pending()
+        sys.stdout = stream
 
 
 BUILD_NOTICE = re.compile(r"DeepSpeed [\w.]+ built successfully")
+
+
+class _WithoutLines(io.TextIOBase):
+    """A text stream that passes each line written to ``stream`` except those ``pattern`` matches whole."""
+
+    def __init__(self, stream: Any, pattern: re.Pattern[str]):
+        self.stream, self.pattern, self.pending = stream, pattern, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        kept = "".join(line + "\n" for line in lines if not self.pattern.fullmatch(line.strip()))
+        if kept:
+            self.stream.write(kept)
+        return len(text)
+
+    def flush(self) -> None:
+        if (
+            self.pending
+            and not "DeepSpeed ".startswith(self.pending[:10])
+            and not self.pending.startswith("DeepSpeed")
+        ):
+            self.stream.write(self.pending)  # a partial line that cannot be the notice: shown now, as flushed
+            self.pending = ""
+        self.stream.flush()
+
+    def close_pending(self) -> None:
+        if self.pending and not self.pattern.fullmatch(self.pending.strip()):
+            self.stream.write(self.pending)
+        self.pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", "utf-8")
 
 
 def progress_bar(config: TrainConfig, total: int, desc: str, unit: str, *, show: bool = True) -> tqdm:

@@ -258,7 +258,9 @@ def start(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     """The run of a loaded config, with its logging set up; returns its summary."""
     configure_logging(config.log_level)
     quiet_libraries(config.progress)
-    with logging_redirect_tqdm(loggers=[logger]):  # log records print above the progress bars, not on their line
+    # Log records print above the progress bars, not on their line; DeepSpeed's CPU backend prints a build notice on
+    # stdout whenever it starts its communication (at the processes' start, again when the trainer is built).
+    with logging_redirect_tqdm(loggers=[logger]), without_build_notices():
         return run(config, config_dir)
 
 
@@ -284,8 +286,7 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
 
     # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
-    with without_build_notices():  # starting the processes, DeepSpeed's CPU backend prints a build notice
-        args = grpo_args(config, output_dir, load_dtype(config))
+    args = grpo_args(config, output_dir, load_dtype(config))
     model, tokenizer, peft_config = load_model(config)
 
     dataset = build_prompts(config, splits)

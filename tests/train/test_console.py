@@ -122,3 +122,16 @@ def test_evaluation_lines_give_the_share_and_the_count_solved():
     metrics = evaluator.metrics([*results, ("train", "greedy", "rllm/FrozenLake-v0", 1, 0)])
     assert metrics["eval_heldout/tasks"] == 4 and metrics["eval_heldout/greedy"] == 0.75
     assert metrics["eval_train/tasks"] == 1
+
+
+def test_deepspeeds_build_notice_is_dropped_and_every_other_line_passes_at_once(capsys):
+    from rllm_gym.train.console import without_build_notices
+
+    with without_build_notices():
+        print("step     1  reward 0.500")
+        print("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully")
+        print("a partial", end="", flush=True)
+        assert capsys.readouterr().out == "step     1  reward 0.500\na partial"  # nothing held back
+        print(" line")
+        print("DeepSpeed says something else")
+    assert capsys.readouterr().out == " line\nDeepSpeed says something else\n"
