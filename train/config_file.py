@@ -14,7 +14,15 @@ import typing
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "as_type", "describe_type", "read_config_file", "read_yaml_mapping", "train_config_hints"]
+__all__ = [
+    "ConfigError",
+    "as_type",
+    "config_relative",
+    "describe_type",
+    "read_config_file",
+    "read_yaml_mapping",
+    "train_config_hints",
+]
 
 # The spellings HfArgumentParser takes for a boolean flag.
 TRUE, FALSE = ("true", "yes", "y", "t", "1"), ("false", "no", "n", "f", "0")
@@ -70,6 +78,13 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{path} must be a mapping of field: value lines, got {type(values).__name__}")
     return values
+
+
+def config_relative(location: str, config_dir: Path) -> Path:
+    """Where a config's file path points: as written when absolute or found from where the command runs, else next to
+    the config (``config_dir``). Task sources, the checks made before the imports and the model card all read it so."""
+    path = Path(location)
+    return path if path.is_absolute() or path.exists() else config_dir / location
 
 
 def train_config_hints() -> dict[str, Any]:

@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.train.config_file import config_relative
+
 __all__ = [
     "EVAL_SETTINGS",
     "TRAINING_FILE",
@@ -227,8 +229,7 @@ def heldout_files(eval_tasks: list[str] | None, config_dir: Path) -> list[str | 
         if Path(location).suffix not in (".jsonl", ".parquet"):
             found.append(None)
             continue
-        path = Path(location) if Path(location).is_absolute() or Path(location).exists() else config_dir / location
-        path = path.resolve()
+        path = config_relative(location, config_dir).resolve()
         found.append(str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path))
     return found
 

@@ -268,6 +268,8 @@ def missing_task_files(tasks: Any, eval_tasks: Any, config_dir: Path) -> list[st
 def _missing_files(sources: Any, config_dir: Path) -> list[tuple[str, list[Path]]]:
     """The sources of a ``tasks``/``eval_tasks`` value that name a .jsonl or .parquet file found neither where the
     command runs nor next to the config (how train/splits.py looks for them), with the places looked at."""
+    from rllm_gym.train.config_file import config_relative
+
     if not isinstance(sources, list):
         return []
     missing = []
@@ -275,8 +277,8 @@ def _missing_files(sources: Any, config_dir: Path) -> list[tuple[str, list[Path]
         location = source.partition("@")[0]
         if Path(location).suffix not in (".jsonl", ".parquet"):
             continue
-        places = [Path(location)] if Path(location).is_absolute() else [Path(location), config_dir / location]
-        if not any(place.exists() for place in places):
+        if not config_relative(location, config_dir).exists():
+            places = [Path(location)] if Path(location).is_absolute() else [Path(location), config_dir / location]
             missing.append((source, list(dict.fromkeys(places))))
     return missing
 

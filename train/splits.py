@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import rllm_gym
+from rllm_gym.train.config_file import config_relative
 
 __all__ = ["TaskSplit", "load_source", "make_split", "split_record", "task_key"]
 
@@ -52,7 +53,7 @@ def load_source(source: str, config_dir: Path) -> Sequence[Any]:
     if source.startswith("seeds:"):
         raise ValueError(f"tasks: {source!r} is not a seed range: write seeds:N (seeds 0 to N-1) or seeds:A-B")
     location, _, split = source.partition("@")
-    path = Path(location) if Path(location).is_absolute() or Path(location).exists() else config_dir / location
+    path = config_relative(location, config_dir)
     if path.suffix == ".jsonl":
         return _read_jsonl(path, source)
     if path.exists():
