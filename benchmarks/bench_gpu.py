@@ -148,7 +148,7 @@ def measure(kind: str, model_path: str, settings: Settings, server_url: str | No
     import bench_grpo  # the CPU benchmark's prompts and reward, and the step timer and phase clocks it imports
 
     from rllm_gym.train.advantages import AdvantageConfig
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer
+    from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer
 
     class Lengths(TrainerCallback):
         def __init__(self) -> None:

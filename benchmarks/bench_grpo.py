@@ -3,7 +3,7 @@
 Both trainers train the same tiny model (built offline into a temporary folder) from the same weights and seed, on the
 same prompts (``rllm/Math-v0``'s offline generator, rendered by the env and the math agent; checked token for token),
 with the same prompts per step, group size, completion length, learning rate and loss, on the CPU, without gradient
-checkpointing. Ours is :class:`~rllm_gym.train.trl_rollout.RLLMGRPOTrainer` (generation through the env, the agent, the
+checkpointing. Ours is :class:`~rllm_gym.train.trainer.RLLMGRPOTrainer` (generation through the env, the agent, the
 engine and :class:`~rllm_gym.policies.hf.HFPolicy`; our advantages); TRL's gets the same prompts as conversational
 ``prompt`` messages and a reward function grading the completion text as :func:`~rllm_gym.rewards.math.math_reward_fn`
 does (the same default grader, on math-verify workers of its own, so neither trainer finds answers the other graded in
@@ -80,7 +80,7 @@ from rllm_gym.rewards.math import MathGrader, MathVerifyPool, shared_pool
 from rllm_gym.tiny_model import build_tiny_model
 from rllm_gym.train import batch as training_batch
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 ENV_ID = "rllm/Math-v0"
 GOAL = 1.15

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from rllm_gym.tiny_model import build_tiny_model
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 MULTI_TURN_ENV = "rllm/FrozenLake-v0"
 

@@ -5,7 +5,7 @@ facts into a :class:`TrainingBatch`.
 This is the whole of a step's data: the token rows, which tokens the model sampled (``env_mask``) and which the loss
 trains (``loss_mask``), each token's advantage, the behaviour log-probabilities the policy sampled with, the policy
 version that sampled each row, each row's task and advantage group, and the step's metrics. The trainer's adapter
-(:mod:`rllm_gym.train.trl_rollout`) hands the rows to TRL and puts the advantages and the loss mask into TRL's batch;
+(:mod:`rllm_gym.train.trainer`) hands the rows to TRL and puts the advantages and the loss mask into TRL's batch;
 nothing else decides what is trained. Pure: numpy only, no torch, TRL or transformers, tested without a model.
 """
 

@@ -2,7 +2,7 @@
 trains on and on the tasks held out from training, and sampled pass@k on the held-out ones.
 
 It runs before training, every ``eval_steps`` steps, and after the last step (see :class:`EvalSchedule` and
-:meth:`rllm_gym.train.trl_rollout.RLLMGRPOTrainer.evaluate`). The results are flat metrics named after their split
+:meth:`rllm_gym.train.trainer.RLLMGRPOTrainer.evaluate`). The results are flat metrics named after their split
 (``eval_train/...``: tasks drawn for training; ``eval_heldout/...``: the eval split, never trained on), so that
 transformers' loggers file them under ``eval/`` next to the training curves:
 

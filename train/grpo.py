@@ -11,7 +11,7 @@ and the reward curve. The config's fields and loading are in :mod:`rllm_gym.trai
 checkpoint) in :mod:`rllm_gym.train.console`. Each step's episodes go through our envs, agents and engine
 (:mod:`rllm_gym.train.rollout`, which returns them as a ``RolloutBatch``; the generation backend, chosen once, in
 :mod:`rllm_gym.train.generation`), the trainer that turns them into TRL's batch is
-:mod:`rllm_gym.train.trl_rollout`, advantages come from :mod:`rllm_gym.train.advantages`, the loss from TRL.
+:mod:`rllm_gym.train.trainer`, advantages come from :mod:`rllm_gym.train.advantages`, the loss from TRL.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from rllm_gym.train.run_dir import (
     write_run_record,
 )
 from rllm_gym.train.splits import TaskSplit, make_split, split_record
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
 from rllm_gym.train.warm_start import warm_start
 
 # Config: TrainConfig and load_config (YAML, then CLI flags) live in train/config.py, its checks in config_checks.py.

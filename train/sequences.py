@@ -2,7 +2,7 @@
 trajectory becomes (one sequence of the episode's tokens; a new row only where the chat itself did not continue), and
 the groups of similar length that the trainer scores those rows in (:func:`width_groups`).
 
-:mod:`rllm_gym.train.trl_rollout` feeds these rows to TRL; they are pure functions, tested without a model.
+:mod:`rllm_gym.train.trainer` feeds these rows to TRL; they are pure functions, tested without a model.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def decode_prompt(prompt: Any) -> tuple[str, Any, int]:
         return data["env"], data["task"], int(data.get("slot", 0))
     except (TypeError, ValueError, KeyError) as error:
         raise ValueError(
-            f"a training prompt must be made by rllm_gym.train.trl_rollout.encode_prompt(env_id, task), got {prompt!r}"
+            f"a training prompt must be made by rllm_gym.train.trainer.encode_prompt(env_id, task), got {prompt!r}"
         ) from error
 
 

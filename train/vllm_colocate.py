@@ -2,7 +2,7 @@
 
 :class:`TrainerVLLMPolicy` batches the requests of the episodes in flight into TRL's ``VLLMGeneration.generate``;
 :func:`awake_for_rollout` keeps the engine awake (TRL's sleep mode) and the weight sync ordered before generation for
-one rollout. :class:`~rllm_gym.train.trl_rollout.EpisodeRollout` uses both when the trainer has ``use_vllm=True``
+one rollout. :class:`~rllm_gym.train.trainer.EpisodeRollout` uses both when the trainer has ``use_vllm=True``
 and ``vllm_mode="colocate"``; server mode is :mod:`rllm_gym.train.vllm_server`.
 """
 

@@ -139,7 +139,7 @@ class ServerVLLMPolicy(BasePolicy):
         if mode != "server":
             raise ValueError(
                 f"ServerVLLMPolicy needs TRL's vLLM server mode (GRPOConfig(use_vllm=True, vllm_mode='server')), got "
-                f"vllm_mode {mode!r}; for vllm_mode='colocate' use rllm_gym.train.trl_rollout.TrainerVLLMPolicy"
+                f"vllm_mode {mode!r}; for vllm_mode='colocate' use rllm_gym.train.trainer.TrainerVLLMPolicy"
             )
         self.batch_wait_s = _seconds("ServerVLLMPolicy", "batch_wait_s", batch_wait_s)
         self.max_wait_s = _seconds("ServerVLLMPolicy", "max_wait_s", max_wait_s)

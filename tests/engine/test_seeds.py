@@ -117,7 +117,7 @@ def test_a_multi_agent_episode_outside_the_engine_resets_with_the_derived_seed()
 
 
 def training_resets(run_seed, calls=1):
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+    from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 
     RESETS.clear()
     rollout = EpisodeRollout(

@@ -8,7 +8,7 @@ import pytest
 from datasets import Dataset
 
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.trl_rollout import RLLMGRPOTrainer
+from rllm_gym.train.trainer import RLLMGRPOTrainer
 
 
 @pytest.fixture

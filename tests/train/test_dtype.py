@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.train.grpo import TrainConfig, grpo_args, load_model, main
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 from rllm_gym.types import RewardOutput
 
 TINY = Path(__file__).resolve().parents[2] / "train" / "configs" / "test_tiny.yaml"

@@ -13,7 +13,7 @@ from rllm_gym.train.evaluation import pass_at_k
 from rllm_gym.train.grpo import main
 from rllm_gym.train.run_dir import OutputDirError
 from rllm_gym.train.sequences import decode_prompt
-from rllm_gym.train.trl_rollout import RLLMGRPOTrainer
+from rllm_gym.train.trainer import RLLMGRPOTrainer
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "train" / "configs" / "test_tiny.yaml"

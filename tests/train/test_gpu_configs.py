@@ -97,7 +97,7 @@ def test_the_single_gpu_dtype_setup_lets_lr_1e_6_move_the_weights(dtype, tiny_mo
 
     from rllm_gym.policies.scripted import ScriptedPolicy
     from rllm_gym.train.grpo import grpo_args, load_model
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+    from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 
     flags = ["--config", str(CONFIGS / "qwen_math_1gpu.yaml"), "--model", str(tiny_model_dir), "--use_vllm", "false"]
     flags += ["--prompts_per_step", "2", "--num_generations", "4", "--max_steps", "1", "--max_completion_length", "8"]

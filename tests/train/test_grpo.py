@@ -100,7 +100,7 @@ def test_lora_run_trains_an_adapter(tmp_path):
 
 def test_a_multi_agent_task_gives_one_prompt_per_trajectory_side_by_side(tmp_path):
     from rllm_gym.train.grpo import build_prompts, make_splits
-    from rllm_gym.train.trl_rollout import decode_prompt
+    from rllm_gym.train.trainer import decode_prompt
 
     config = TrainConfig(
         env=["rllm/SolverJudge-v0", "rllm/FrozenLake-v0"], env_args='{"n_solvers": 2}', prompts_per_step=6, max_steps=4

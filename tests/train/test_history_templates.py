@@ -15,7 +15,7 @@ from trl import GRPOConfig
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 from rllm_gym.types import RewardOutput
 
 # Like Qwen3's: an earlier assistant turn is rendered without its <think> block.

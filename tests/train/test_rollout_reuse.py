@@ -10,7 +10,7 @@ import torch
 
 from rllm_gym.engine import AgentWorkflowEngine
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 
 
 def stand_in_trainer() -> SimpleNamespace:

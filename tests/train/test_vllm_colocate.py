@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 from rllm_gym.types import TerminationReason
 
 ENV = "rllm/FrozenLake-v0"

@@ -355,7 +355,7 @@ class BoundedClient(ReplyClient):
 def test_a_prompt_too_long_for_the_server_ends_its_episode_and_not_the_round(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from rllm_gym.train.trl_rollout import EnvSetup, EpisodeRollout, encode_prompt
+    from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, encode_prompt
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     reply = [*tokenizer.encode("up", add_special_tokens=False), tokenizer.eos_token_id]

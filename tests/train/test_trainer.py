@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
-from rllm_gym.train.trl_rollout import (
+from rllm_gym.train.trainer import (
     EnvSetup,
     EpisodeRollout,
     decode_prompt,
@@ -242,7 +242,7 @@ class StandInTrainer:
 async def test_trainer_vllm_policy_batches_episodes_into_one_generate_call(tiny_model_dir):
     from rllm_gym.agents.frozenlake import FrozenLakeAgent
     from rllm_gym.engine import AgentExecutionEngine
-    from rllm_gym.train.trl_rollout import TrainerVLLMPolicy
+    from rllm_gym.train.trainer import TrainerVLLMPolicy
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     trainer = StandInTrainer(tokenizer)
@@ -339,3 +339,17 @@ def test_the_trainers_own_model_keeps_its_policy_and_workflows_from_step_to_step
     for _, batch in steps:
         assert len(batch.episodes) == 8
         assert all(e.termination_reason.value != "error" for e in batch.episodes)
+
+
+def test_old_module_name_still_works_with_a_warning():
+    import importlib
+    import sys
+
+    import rllm_gym.train.trainer as trainer
+
+    sys.modules.pop("rllm_gym.train.trl_rollout", None)
+    with pytest.warns(FutureWarning, match="rllm_gym.train.trainer"):
+        old = importlib.import_module("rllm_gym.train.trl_rollout")
+    assert old.RLLMGRPOTrainer is trainer.RLLMGRPOTrainer
+    assert set(old.__all__) == set(trainer.__all__)
+    assert all(getattr(old, name) is getattr(trainer, name) for name in trainer.__all__)

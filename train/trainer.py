@@ -1,0 +1,201 @@
+"""TRL's GRPOTrainer with generation through rllm-gym's envs, agents and engine, and our advantages in its loss.
+
+:class:`RLLMGRPOTrainer` is the trainer (TRL's, through the one adapter that knows TRL's internals,
+:class:`~rllm_gym.train.trl_adapter.GRPOAdapter`): at each step it collects the step's episodes first
+(:meth:`~rllm_gym.train.rollout.EpisodeRollout.collect`, a :class:`~rllm_gym.train.rollout.RolloutBatch` with one
+training row or more per prompt, padded with untrained rows to a size every process shares), gathers the episodes of
+every process and builds the step's :class:`~rllm_gym.train.batch.TrainingBatch` (train/batch.py: the one place that
+says what a step trains on, its advantages, loss mask and metrics). TRL is handed that batch's rows once (its
+``rollout_func`` returns them; TRL's inputs are repeated once per row), builds its tensors from them, and its
+advantages are replaced with the batch's, per row (``broadcast``) or per token (``per_step``, ``state``), its
+``tool_mask`` multiplied by the batch's loss mask. Tested with TRL 1.16 (the ``rollout_func`` hook is experimental
+there, hence the pinned range in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from transformers import TrainerCallback
+from trl.models import unwrap_model_for_generation
+
+from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
+from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.batch import PaddingFacts, TrainingBatch, build_training_batch, row_counts, training_view
+from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
+from rllm_gym.train.sequences import (
+    TrainingSequence,
+    decode_prompt,
+    encode_prompt,
+    placeholder_sequence,
+    trajectory_to_sequences,
+)
+from rllm_gym.train.trl_adapter import GRPOAdapter
+from rllm_gym.train.vllm_colocate import TrainerVLLMPolicy
+from rllm_gym.types import Episode
+
+# The rollout's names are re-exported: scripts and tests import the trainer and what it is built from in one place.
+__all__ = [
+    "EnvSetup",
+    "EpisodeRollout",
+    "RLLMGRPOTrainer",
+    "RolloutBatch",
+    "TrainerVLLMPolicy",
+    "TrainingSequence",
+    "TrainingStopped",
+    "decode_prompt",
+    "encode_prompt",
+    "placeholder_sequence",
+    "trajectory_to_sequences",
+]
+
+
+class TrainingStopped(RuntimeError):
+    """Training cannot go on (e.g. every episode of several steps in a row ended in ERROR); the message says why."""
+
+
+class _LogAtStart(TrainerCallback):
+    """Logs the evaluation before training at step 0, after the ``report_to`` loggers have started."""
+
+    def __init__(self, trainer: RLLMGRPOTrainer, metrics: dict[str, float]):
+        self.trainer, self.metrics = trainer, metrics
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0:
+            self.trainer.log_evaluation(self.metrics)
+
+
+def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
+    """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
+    return list(trajectory_reward)
+
+
+class RLLMGRPOTrainer(GRPOAdapter):
+    """GRPOTrainer whose completions come from :class:`EpisodeRollout` and whose loss uses our advantages.
+
+    It counts the run's episodes per termination reason (``terminations``) and its distinct errors (``errors``), and
+    raises :class:`TrainingStopped` once ``max_error_steps`` steps in a row had only ERROR episodes (0 = never).
+
+    ``evaluation`` (a :class:`rllm_gym.train.evaluation.Evaluator`) is what :meth:`evaluate` runs whenever the
+    trainer's control asks for it (train/evaluation.py's ``EvalSchedule``); its metrics go through ``log`` to the
+    callbacks and ``report_to`` loggers, and the last ones stay in ``last_evaluation``. ``evaluation_before``, the
+    metrics taken before training, are logged at step 0 once those loggers are up.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        rollout: EpisodeRollout,
+        advantage_config: AdvantageConfig,
+        max_error_steps: int = 0,
+        evaluation: Any = None,
+        evaluation_before: dict[str, float] | None = None,
+        **kwargs: Any,
+    ):
+        kwargs.setdefault("reward_funcs", [episode_reward])
+        super().__init__(*args, **kwargs)
+        self.rollout = rollout
+        self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
+        self.advantage_config = advantage_config
+        self.max_error_steps = max_error_steps
+        self.terminations: Counter[str] = Counter()
+        self.errors = ErrorTally()
+        self.error_streak = 0  # steps in a row whose episodes all ended in ERROR
+        self.evaluation = evaluation
+        self.last_evaluation: dict[str, float] | None = None
+        if evaluation_before:
+            self.add_callback(_LogAtStart(self, evaluation_before))
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """Run :attr:`evaluation` on the model being trained (ZeRO-3 shards gathered once for all of it) and log it."""
+        if self.evaluation is None:
+            return {}
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator) as model:
+            metrics = self.evaluation(
+                model,
+                f"eval at step {self.state.global_step}",
+                rank=self.accelerator.process_index,
+                world=self.accelerator.num_processes,
+                show=self.is_world_process_zero(),
+            )
+        self.last_evaluation = {"step": self.state.global_step, **metrics}
+        self.log_evaluation(metrics)
+        # As transformers' own evaluate: the callbacks hear of it, and the request is cleared (or the end of the epoch,
+        # which checks it again, would evaluate the same weights a second time).
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    def log_evaluation(self, metrics: dict[str, float]) -> None:
+        """Log evaluation metrics on their own: in eval mode, GRPOTrainer.log leaves the training metrics of the steps
+        since the last logging step where they are, for that step's line."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            self.log(dict(metrics))
+        finally:
+            self.model.train(training)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Nothing: train/grpo.py writes a filled-in card into each model folder (train/model_record.py)."""
+
+    def _count_episodes(self, episodes: list[Episode]) -> None:
+        """Add a step's episodes (every process's, each once) to the run's counts; stop on too many failed steps."""
+        unique = list({episode.id: episode for episode in episodes}.values())
+        self.terminations.update(e.termination_reason.value if e.termination_reason else "unknown" for e in unique)
+        self.errors.add(unique)
+        self.error_streak = self.error_streak + 1 if all_errored(unique) else 0
+        if self.max_error_steps and self.error_streak >= self.max_error_steps:
+            step_errors = ErrorTally()
+            step_errors.add(unique)
+            raise TrainingStopped(
+                f"training stopped at step {self.state.global_step + 1}: every episode of the last "
+                f"{self.error_streak} steps ended in ERROR (max_error_steps={self.max_error_steps}):\n"
+                f"{describe_errors(step_errors.groups())}"
+            )
+
+    def _row_count(self, count: int) -> int:
+        """Rows every process trains: the most any process has, then up to a batch TRL can group and split whole
+        (a multiple of ``num_generations`` over all processes, of ``steps_per_generation`` on each)."""
+        from accelerate.utils import gather_object
+
+        rows = max(gather_object([count]))
+        group = self.num_generations if self.model.training else self.num_generations_eval
+        world = self.accelerator.num_processes
+        while rows % self.args.steps_per_generation or (rows * world) % group:
+            rows += 1
+        return rows
+
+    def collect(self, prompts: list[Any]) -> RolloutBatch:
+        """The step's episodes for this process's ``prompts``, padded to the rows every process trains."""
+        batch = self.rollout.collect(prompts, self.generation)
+        return batch.padded(self._row_count(len(batch.sequences)))
+
+    def training_batch(self, prompts: list[Any]) -> TrainingBatch:
+        """The step's batch: this process's episodes for ``prompts`` (vLLM's weights synced first), every process's
+        gathered for the advantages and counts (:func:`~rllm_gym.train.batch.build_training_batch`)."""
+        from accelerate.utils import gather_object
+
+        # The episodes run first, so that TRL's batch can hold a row per training sample (a trajectory whose template
+        # rewrote its history has several, see trajectory_to_sequences): TRL's inputs are repeated per row, padded
+        # with untrained rows to a size every process shares. TRL syncs vLLM's weights in _generate, after the
+        # rollout: here that would be too late, so it is done before.
+        if self.use_vllm:
+            from rllm_gym.train.vllm_cpu import sync_weights  # TRL's sync, or on vLLM's CPU build one that can load
+
+            self.sync_vllm_weights(sync_weights)
+        rollout = self.collect(prompts)
+        local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
+        everyone = gather_object(local)
+        self._count_episodes(everyone)
+        return build_training_batch(
+            rollout.sequences,
+            local,
+            everyone,
+            self.advantage_config,
+            PaddingFacts(self.processing_class.pad_token_id, self.args.pad_to_multiple_of),
+            rewards=rollout.rewards,
+            counts=gather_object([row_counts(rollout.sequences, rollout.episodes)]),
+            seconds=rollout.seconds,
+            backend_metrics=rollout.metrics,
+        )
