@@ -12,6 +12,11 @@ messages plus the reply the client got) continues that call's prompt and sampled
 ``DELETE /sessions/{id}`` closes one. A session opened with ``max_turns`` refuses its call ``N + 1`` with a 400
 ``max_turns_exceeded`` (not retried by OpenAI clients), which the SDK turns into the episode's ``MAX_TURNS_EXCEEDED``.
 
+``stream: true`` is answered with Server-Sent Events in OpenAI's ``chat.completion.chunk`` shape (per choice: role and
+content, tool calls with their index, finish reason; usage last when ``stream_options.include_usage``), sent once the
+reply is complete: a :class:`~rllm_gym.policies.Policy` hands back whole replies (HFPolicy generates a batch at a
+time, and its ``generate`` returns every row at once), so there are no earlier tokens to send.
+
 Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
 an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
 (an infrastructure failure, never a wrong answer), and any other fault 500: no request ends the server.

@@ -418,3 +418,23 @@ async def test_tool_choice_on_the_model_continues_the_opening_and_refuses_what_i
                 model="p", messages=messages, tools=[ADD_TOOL], tool_choice="required"
             )
         assert error.value.body["param"] == "tool_choice" and "tokenizer" in error.value.message
+
+
+async def test_a_streamed_tool_call_reads_back_whole_with_the_openai_stream_helper():
+    async with Gateway(ScriptedPolicy(scripted_tool_caller)) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        messages = [{"role": "user", "content": "2+3?"}]
+        async with client.chat.completions.stream(
+            model="p", messages=messages, tools=[ADD_TOOL], n=2, stream_options={"include_usage": True}
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_completion()
+        trajectory = gateway.close_session(session.id)
+    assert "tool_calls.function.arguments.done" in kinds and "chunk" in kinds
+    assert [choice.index for choice in final.choices] == [0, 1]
+    for choice in final.choices:
+        (call,) = choice.message.tool_calls
+        assert choice.finish_reason == "tool_calls"
+        assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 2, "b": 3})
+    assert final.usage.completion_tokens == sum(len(step.response_ids) for step in trajectory.steps)
