@@ -1,13 +1,17 @@
 """Episodes through the gateway against the same policy called directly: what recording agent programs costs.
 
 ``--sessions`` episodes (64) are in flight at once on one HFPolicy (the embedded tiny model unless ``--model``), each
-making ``--turns`` chat calls (2) where every call extends the previous one (token continuation on both paths). Direct:
-each episode calls ``policy.generate(messages, previous=step)`` itself. Gateway: each episode is an agent program
-using ``openai.AsyncOpenAI`` against its gateway session, run by :class:`~rllm_gym.sdk.AgentProgramEngine`
-(HTTP, JSON, session recording, the engine's bookkeeping included). Two more rows separate the clients' own costs: the
+making ``--turns`` chat calls (2) where every call extends the previous one (token continuation on both paths), and
+both paths run as episodes of an :class:`~rllm_gym.engine.AgentWorkflowEngine` (the same bookkeeping, the same
+interpreter settings as ``rllm-gym eval`` and the trainer: ``tune_interpreter=True``). Direct: each episode's workflow
+calls ``policy.generate(messages, previous=step)`` itself and records the Steps. Gateway: each episode is an agent
+program using ``openai.AsyncOpenAI`` against its gateway session, run by :class:`~rllm_gym.sdk.AgentProgramEngine`
+(HTTP, JSON and session recording added). Two more rows separate the clients' own costs: the
 openai client with its default TLS set-up built per episode (it loads the CA bundle, ~50 ms of CPU each), and the same
 program on plain aiohttp. Decoding is greedy, so every path generates the same tokens; they are timed in turn,
 ``--rounds`` times each, after a warm-up of each, and the ratios of the medians to direct are reported (goal: <= 1.1).
+The process's CPU time per LLM call over the direct path's (``*_cpu_ms_per_call``) says what each way of calling
+costs, whatever else the machine runs: the clients run in this process, on the cores that also generate.
 
     python benchmarks/bench_gateway.py                  # 64 sessions, 2 turns, 32 tokens a reply, 3 rounds
     python benchmarks/bench_gateway.py --quick          # 1 round, 16 tokens
@@ -28,35 +32,51 @@ import httpx
 import openai
 from _measure import write_json
 
+from rllm_gym.engine import AgentWorkflowEngine
+from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.policies import HFPolicy
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.sdk import AgentProgramEngine
-from rllm_gym.types import Step
+from rllm_gym.types import Step, TerminationReason, Trajectory
 
 
 def question(task: int) -> str:
     return f"move left then up, task {task}"
 
 
-async def direct(policy: HFPolicy, sessions: int, turns: int, params: SamplingParams) -> float:
-    async def episode(task: int) -> None:
+class DirectWorkflow(Workflow):
+    """The agent program's episode with the policy called in process: the same calls, recorded as the gateway records
+    them (a Trajectory with the task as input, a Step per call, the last reply as output)."""
+
+    def __init__(self, policy: HFPolicy, *, turns: int, **kwargs) -> None:
+        super().__init__(policy, **kwargs)
+        self.turns = turns
+
+    @property
+    def cheap_to_build(self) -> bool:
+        return True
+
+    async def run(self, task: int, uid: str) -> None:
+        trajectory = Trajectory(name="agent", task=task, input={"task": task})
+        self.commit(trajectory=trajectory)
         messages = [{"role": "user", "content": question(task)}]
-        previous = None
-        for _ in range(turns):
-            output = await policy.generate(messages, params, previous=previous)
+        for _ in range(self.turns):
+            previous = trajectory.steps[-1] if trajectory.steps else None
+            output = await self.policy.generate(messages, self.sampling_params, previous=previous)
             reply = {"role": "assistant", "content": output.content}
-            previous = Step(
+            step = Step(
                 chat_completions=[*messages, reply],
                 prompt_ids=output.prompt_ids,
                 response_ids=output.completion_ids,
                 logprobs=output.logprobs,
+                model_response=output.text,
+                action=reply,
                 model_output=output,
             )
+            trajectory.steps.append(step)
             messages = [*messages, reply, {"role": "user", "content": "and again"}]
-
-    start = time.perf_counter()
-    await asyncio.gather(*(episode(task) for task in range(sessions)))
-    return time.perf_counter() - start
+        trajectory.output = output.content
+        raise TerminationEvent(TerminationReason.ENV_DONE)
 
 
 def program_of(turns: int, max_tokens: int, tls: ssl.SSLContext | None):
@@ -96,14 +116,15 @@ def raw_program_of(turns: int, max_tokens: int):
     return program
 
 
-async def through_gateway(engine: AgentProgramEngine, sessions: int) -> float:
-    start = time.perf_counter()
+async def timed(engine: AgentWorkflowEngine, sessions: int) -> tuple[float, float]:
+    """Wall seconds and process CPU seconds of one run of ``sessions`` episodes."""
+    start, cpu = time.perf_counter(), time.process_time()
     episodes = await engine.run(list(range(sessions)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     failed = [e for e in episodes if e.termination_reason.value != "env_done"]
     if failed:
-        raise RuntimeError(f"{len(failed)} gateway episodes failed: {failed[0].metadata.get('error')}")
-    return elapsed
+        raise RuntimeError(f"{len(failed)} episodes failed: {failed[0].metadata.get('error')}")
+    return elapsed, cpu
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -114,19 +135,33 @@ async def main(args: argparse.Namespace) -> dict:
         "gateway_default_client": program_of(args.turns, args.max_tokens, None),
         "gateway_raw_http": raw_program_of(args.turns, args.max_tokens),
     }
-    engines = {
-        name: AgentProgramEngine(program, policy, sampling_params=params, n_parallel=args.sessions)
-        for name, program in programs.items()
+    settings = {"sampling_params": params, "n_parallel": args.sessions, "tune_interpreter": True}
+    engines: dict[str, AgentWorkflowEngine] = {
+        "direct": AgentWorkflowEngine(
+            DirectWorkflow,
+            policy,
+            workflow_args={"turns": args.turns, "sampling_params": params},
+            n_parallel=args.sessions,
+            tune_interpreter=True,
+        ),
+        **{name: AgentProgramEngine(program, policy, **settings) for name, program in programs.items()},
     }
-    await direct(policy, args.sessions, args.turns, params)  # warm-ups: first generate, client imports
-    for engine in engines.values():
-        await through_gateway(engine, args.sessions)
-    seconds: dict[str, list[float]] = {"direct": [], **{name: [] for name in engines}}
+    for engine in engines.values():  # warm-ups: first generate, client imports
+        await timed(engine, args.sessions)
+    seconds: dict[str, list[float]] = {name: [] for name in engines}
+    cpu: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(args.rounds):
-        seconds["direct"].append(await direct(policy, args.sessions, args.turns, params))
         for name, engine in engines.items():
-            seconds[name].append(await through_gateway(engine, args.sessions))
+            wall, used = await timed(engine, args.sessions)
+            seconds[name].append(wall)
+            cpu[name].append(used)
     base = statistics.median(seconds["direct"])
+    calls = args.sessions * args.turns
+    base_cpu = statistics.median(cpu["direct"])
+    cpu_per_call = {
+        f"{name}_cpu_ms_per_call": round(1e3 * (statistics.median(cpu[name]) - base_cpu) / calls, 3)
+        for name in programs
+    }
     return {
         "sessions": args.sessions,
         "turns": args.turns,
@@ -135,6 +170,8 @@ async def main(args: argparse.Namespace) -> dict:
         "ratio": round(statistics.median(seconds["gateway"]) / base, 3),
         "ratio_default_client": round(statistics.median(seconds["gateway_default_client"]) / base, 3),
         "ratio_raw_http": round(statistics.median(seconds["gateway_raw_http"]) / base, 3),
+        "direct_cpu_s": [round(s, 3) for s in cpu["direct"]],
+        **cpu_per_call,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
     }
@@ -157,6 +194,9 @@ if __name__ == "__main__":
         f"{results['sessions']} sessions x {results['turns']} turns: direct {results['direct_s']} s, "
         f"gateway {results['gateway_s']} s, ratio {results['ratio']}x (goal <= 1.1); with the client's default TLS "
         f"set-up per episode {results['gateway_default_client_s']} s, ratio {results['ratio_default_client']}x; "
-        f"plain aiohttp instead of openai {results['gateway_raw_http_s']} s, ratio {results['ratio_raw_http']}x"
+        f"plain aiohttp instead of openai {results['gateway_raw_http_s']} s, ratio {results['ratio_raw_http']}x. "
+        f"CPU per call over direct: openai {results['gateway_cpu_ms_per_call']} ms, with its default TLS set-up "
+        f"{results['gateway_default_client_cpu_ms_per_call']} ms, "
+        f"aiohttp {results['gateway_raw_http_cpu_ms_per_call']} ms"
     )
     write_json(arguments.json, results)

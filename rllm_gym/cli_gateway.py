@@ -52,6 +52,7 @@ def agent_program_engine(args: argparse.Namespace, policy: Any, sampling: Any) -
         reward_fn=args.reward_fn,
         sampling_params=sampling,
         timeout_s=args.timeout,
+        max_turns=args.max_turns,
         n_parallel=args.n_parallel,
         out=args.out,
         seed=args.seed,

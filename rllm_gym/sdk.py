@@ -21,7 +21,10 @@ in one call. The Trajectory keeps the program's
 ``input`` (``{"task": task}``), ``output`` (its return value), ``signals`` and ``reward``: from ``reward_fn(task,
 output)`` (a float or a :class:`~rllm_gym.types.RewardOutput`) when given, else what the program posted to
 ``/sessions/{id}/reward``. A program that raises ends its episode as ``ERROR``, one that runs past ``timeout_s`` as
-``TIMEOUT``; neither touches the other episodes. A program in another process gets its session through
+``TIMEOUT``; neither touches the other episodes. ``max_turns`` caps the LLM calls of an episode: the gateway refuses
+the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a ``BadRequestError`` to the ``openai``
+client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then returns (its output is scored) or
+raises. A program in another process gets its session through
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (:attr:`GatewaySession.environ <rllm_gym.gateway.GatewaySession.environ>`).
 """
 
@@ -36,9 +39,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from rllm_gym.engine.common import max_turns_of
 from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
-from rllm_gym.gateway import Gateway
+from rllm_gym.gateway import Gateway, GatewaySession
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
@@ -117,6 +121,8 @@ class AgentProgramWorkflow(Workflow):
         reward_fn: ``fn(task, output)`` returning a float or a RewardOutput (sync or async), or
             ``"module:function"``; ``None``: the reward the program posted to its session (0 when it posted none).
         name: the trajectory's role name (training groups by task and name).
+        max_turns: the most LLM calls per episode (default ``DEFAULT_MAX_TURNS``); the next one is refused and the
+            episode ends as ``MAX_TURNS_EXCEEDED``.
         timeout_s: wall time per episode (a program past it ends as ``TIMEOUT``).
     """
 
@@ -128,6 +134,7 @@ class AgentProgramWorkflow(Workflow):
         agent_program: AgentProgram | str,
         reward_fn: RewardFn | str | None = None,
         name: str = "agent",
+        max_turns: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(policy, **kwargs)
@@ -137,17 +144,22 @@ class AgentProgramWorkflow(Workflow):
         self.agent_program = load_function(agent_program, "agent_program")
         self.reward_fn = None if reward_fn is None else load_function(reward_fn, "reward_fn")
         self.name = name
+        self.max_turns = max_turns_of(max_turns, None, type(self).__name__)
 
     @property
     def cheap_to_build(self) -> bool:
         return True
 
     async def run(self, task: Any, uid: str) -> None:
-        session = self.gateway.open_session(task, name=self.name)
+        session = self.gateway.open_session(task, name=self.name, max_turns=self.max_turns)
         trajectory = session.trajectory
         self.commit(trajectory=trajectory)  # committed first: a program that fails keeps the calls it made
         try:
             output = await _call(self.agent_program, task, session.base_url)
+        except Exception as error:
+            if session.turns_exceeded:  # most likely the refused call's error, raised through the program
+                raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, _turns_message(session)) from error
+            raise
         finally:
             with contextlib.suppress(KeyError):
                 self.gateway.close_session(session.id)
@@ -157,6 +169,8 @@ class AgentProgramWorkflow(Workflow):
         if trajectory.steps and trajectory.reward is not None:
             # The trajectory's reward on its last step, so step rewards add up to it (returns, per-step advantages).
             trajectory.steps[-1].__dict__["reward"] = trajectory.reward
+        if session.turns_exceeded:
+            raise TerminationEvent(TerminationReason.MAX_TURNS_EXCEEDED, _turns_message(session))
         raise TerminationEvent(TerminationReason.ENV_DONE)
 
     async def _score(self, trajectory: Trajectory, task: Any, output: Any) -> None:
@@ -174,12 +188,17 @@ class AgentProgramWorkflow(Workflow):
             raise TypeError(f"reward_fn must return a float or a RewardOutput, got {type(result).__name__}")
 
 
+def _turns_message(session: GatewaySession) -> str:
+    return f"the program asked for more than max_turns={session.max_turns} LLM calls"
+
+
 class AgentProgramEngine(AgentWorkflowEngine):
     """An :class:`~rllm_gym.engine.AgentWorkflowEngine` of :class:`AgentProgramWorkflow` with a gateway of its own,
     listening while episodes run (started by ``run``/``stream``, closed when they end).
 
-    ``sampling_params`` are the gateway's defaults for what the program's requests leave out. ``retry_limit=1``
-    (the default here): a program that raises is not run again, as programs may have side effects.
+    ``sampling_params`` are the gateway's defaults for what the program's requests leave out. ``max_turns``: the most
+    LLM calls per episode (default ``DEFAULT_MAX_TURNS``, as every engine). ``retry_limit=1`` (the default here): a
+    program that raises is not run again, as programs may have side effects.
     """
 
     def __init__(
@@ -191,6 +210,7 @@ class AgentProgramEngine(AgentWorkflowEngine):
         sampling_params: SamplingParams | None = None,
         timeout_s: float | None = None,
         name: str = "agent",
+        max_turns: int | None = None,
         retry_limit: int = 1,
         **kwargs: Any,
     ) -> None:
@@ -201,6 +221,7 @@ class AgentProgramEngine(AgentWorkflowEngine):
             "reward_fn": None if reward_fn is None else load_function(reward_fn, "reward_fn"),
             "timeout_s": timeout_s,
             "name": name,
+            "max_turns": max_turns_of(max_turns, None, type(self).__name__),
         }
         super().__init__(AgentProgramWorkflow, policy, workflow_args=workflow_args, retry_limit=retry_limit, **kwargs)
 
@@ -225,7 +246,7 @@ async def run_agent_program(
     **kwargs: Any,
 ) -> list[Episode]:
     """Run ``agent_program`` on every task ``n_rollouts`` times through a gateway on ``policy``: one Episode each,
-    in task and rollout order. ``kwargs`` go to :class:`AgentProgramEngine` (``timeout_s``, ``n_parallel``,
-    ``sampling_params``, ``out``, ``retry_limit``, ``seed``)."""
+    in task and rollout order. ``kwargs`` go to :class:`AgentProgramEngine` (``timeout_s``,
+    ``max_turns``, ``n_parallel``, ``sampling_params``, ``out``, ``retry_limit``, ``seed``)."""
     engine = AgentProgramEngine(agent_program, policy, reward_fn=reward_fn, **kwargs)
     return await engine.run(tasks, n_rollouts)

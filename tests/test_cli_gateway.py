@@ -36,6 +36,30 @@ def test_eval_runs_an_agent_program_end_to_end(run_python, tmp_path):
         assert step["info"]["tools"][0]["function"]["name"] == "add"
 
 
+KEEPS_ASKING = """
+import openai
+
+def run(task, base_url):
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    for _ in range(20):
+        client.chat.completions.create(model="p", messages=[{"role": "user", "content": "more"}], max_tokens=2)
+"""
+
+
+@pytest.mark.slow  # ~15 s on 2 cores
+def test_eval_max_turns_caps_an_agent_programs_calls(run_python, tmp_path):
+    (tmp_path / "keeps_asking.py").write_text(KEEPS_ASKING)
+    out = tmp_path / "episodes.jsonl"
+    done = run_python(
+        "-m", "rllm_gym.cli", "eval", "--agent-program", "keeps_asking:run", "--max-turns", "3", "--tasks", "2",
+        "--n", "1", "--out", str(out), "--json", env={**QUIET_ENV, "PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    episodes = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [e["termination_reason"] for e in episodes] == ["max_turns_exceeded"] * 2
+    assert [len(e["trajectories"][0]["steps"]) for e in episodes] == [3, 3]
+
+
 def test_eval_agent_program_usage_errors_name_the_flag(run_python):
     cases = [
         (["--reward-fn", f"{CALCULATOR}:reward"], "--reward-fn scores an --agent-program's output"),

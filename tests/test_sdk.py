@@ -129,3 +129,38 @@ def test_sessions_are_closed_when_episodes_end():
     engine = AgentProgramEngine(sync_program, policy)
     asyncio.run(engine.run([{"question": "a"}, {"question": "b"}], n_rollouts=2))
     assert engine.gateway.open_sessions == 0
+
+
+async def calls_until_refused(task, base_url):
+    """Asks again and again; returns what it saw when the gateway refuses a call, or raises (task["raise"])."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    for _ in range(10):
+        try:
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "again"}])
+        except openai.BadRequestError as error:
+            if task.get("raise"):
+                raise
+            return error.code
+    return "never refused"
+
+
+def output_of(task, output):
+    return float(output == "max_turns_exceeded")
+
+
+async def test_max_turns_refuses_the_next_call_and_ends_the_episode_as_max_turns_exceeded():
+    policy = ScriptedPolicy(["ok"], cycle=True)
+    tasks = [{"raise": False}, {"raise": True}]
+    episodes = await run_agent_program(calls_until_refused, tasks, policy, reward_fn=output_of, max_turns=3)
+    for episode in episodes:
+        assert episode.termination_reason is TerminationReason.MAX_TURNS_EXCEEDED, episode.metadata
+        assert len(episode.trajectories[0].steps) == 3
+    returned, raised = (episode.trajectories[0] for episode in episodes)
+    # The program saw the OpenAI error code; its answer is still scored when it returns one.
+    assert (returned.output, returned.reward) == ("max_turns_exceeded", 1.0)
+    assert raised.output is None and raised.reward == 0.0
+    # A program within its limit ends as usual.
+    (fine,) = await run_agent_program(calls_until_refused, tasks[:1], policy, reward_fn=output_of, max_turns=10)
+    assert fine.termination_reason is TerminationReason.ENV_DONE and fine.trajectories[0].output == "never refused"
+    with pytest.raises(ValueError, match="max_turns must be >= 1"):
+        AgentProgramEngine(calls_until_refused, policy, max_turns=0)

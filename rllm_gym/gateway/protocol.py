@@ -16,12 +16,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rllm_gym.policies.base import build_model_output, split_reasoning
 from rllm_gym.types import ModelOutput
 
 __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "RequestError",
+    "ToolChoice",
+    "apply_tool_choice",
     "assistant_message",
     "chat_chunks",
     "chat_response",
@@ -33,6 +36,7 @@ __all__ = [
 ]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CALL_OPEN = "<tool_call>\n"
 MAX_N = 16
 MAX_STOP = 4
 
@@ -75,10 +79,30 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class ToolChoice:
+    """A request's ``tool_choice``: ``mode`` is ``"auto"``, ``"none"`` or ``"required"``; ``name`` is the function a
+    named choice (``{"type": "function", "function": {"name": ...}}``) requires, else ``None``."""
+
+    mode: str = "auto"
+    name: str | None = None
+
+    @property
+    def opening(self) -> str | None:
+        """The text that starts the reply when a call is required: the Hermes tool-call opening (the format the
+        gateway reads tool calls in), with the function's name for a named choice; ``None`` otherwise."""
+        if self.mode != "required":
+            return None
+        if self.name is None:
+            return TOOL_CALL_OPEN
+        return f'{TOOL_CALL_OPEN}{{"name": {json.dumps(self.name)}, "arguments": '
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
+    tool_choice: ToolChoice
     sampling: Sampling
     stream: bool
     include_usage: bool
@@ -233,10 +257,14 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, ToolChoice]:
+    """The tools the template is told about (``None`` for ``tool_choice: "none"``) and the checked ``tool_choice``."""
     tools = body.get("tools")
+    choice = body.get("tool_choice")
     if tools is None or tools == []:
-        return None
+        if choice is None or choice in ("none", "auto"):
+            return None, ToolChoice("none" if choice == "none" else "auto")
+        raise RequestError("'tool_choice' requires a tool call, but the request has no 'tools'", param="tool_choice")
     if not isinstance(tools, list):
         raise RequestError("'tools' must be a list of {'type': 'function', 'function': {...}}", param="tools")
     for i, tool in enumerate(tools):
@@ -246,20 +274,21 @@ def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                 f"'tools[{i}]' must be {{'type': 'function', 'function': {{'name': str, 'parameters': {{...}}}}}}",
                 param=f"tools[{i}]",
             )
-    choice = body.get("tool_choice")
-    if choice is None or choice in ("auto", "required"):
-        return tools
+    if choice is None or choice == "auto":
+        return tools, ToolChoice("auto")
+    if choice == "required":
+        return tools, ToolChoice("required")
     if choice == "none":
-        return None  # the model is not told about tools it must not call
+        return None, ToolChoice("none")  # the model is not told about tools it must not call
     names = {tool["function"]["name"] for tool in tools}
     function = choice.get("function") if isinstance(choice, dict) else None
     if not isinstance(function, dict) or function.get("name") not in names:
         raise RequestError(
             "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': <one of "
-            f"the tools: {', '.join(sorted(names))}>}}}}",
+            f"the tools: {', '.join(sorted(names))}>}}}}"[:400],
             param="tool_choice",
         )
-    return tools
+    return tools, ToolChoice("required", function["name"])
 
 
 def _body(body: Any) -> dict[str, Any]:
@@ -276,10 +305,12 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise RequestError(
             "'stream_options' must be an object such as {'include_usage': true}", param="stream_options"
         )
+    tools, tool_choice = _tools(body)
     return ChatRequest(
         model=_model(body),
         messages=normalize_messages(body.get("messages")),
-        tools=_tools(body),
+        tools=tools,
+        tool_choice=tool_choice,
         sampling=_sampling(body),
         stream=_flag(body, "stream"),
         include_usage=_flag(options or {}, "include_usage"),
@@ -306,6 +337,26 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         stream=_flag(body, "stream"),
         logprobs=logprobs is not None,
     )
+
+
+def apply_tool_choice(output: ModelOutput, choice: ToolChoice) -> ModelOutput:
+    """The reply as ``choice`` reads it. ``"none"``: no tool calls (markup the model wrote anyway stays in the content,
+    the finish reason is ``"stop"`` or ``"length"``). ``"required"`` / named: the completion continues the choice's
+    :attr:`~ToolChoice.opening`, which the gateway put at the end of the prompt, so the calls are parsed from the
+    opening plus the completion (a completion that does not finish a well-formed call stays content: malformed output
+    is normal input). ``text``, token ids and log-probabilities stay the completion's own."""
+    finish = "length" if output.finish_reason == "length" else "stop"
+    if choice.mode == "none":
+        if not output.tool_calls:
+            return output
+        content = split_reasoning(output.text)[1].strip()
+        return output.model_copy(update={"content": content, "tool_calls": [], "finish_reason": finish})
+    opening = choice.opening
+    if opening is None:
+        return output
+    parsed = build_model_output(opening + output.text, finish_reason=finish)
+    fields = ("content", "reasoning", "tool_calls", "finish_reason")
+    return output.model_copy(update={name: getattr(parsed, name) for name in fields})
 
 
 def _tool_call_json(output: ModelOutput) -> list[dict[str, Any]]:

@@ -8,7 +8,14 @@ the exact prompt and completion token ids and log-probabilities. A chat that ext
 messages plus the reply the client got) continues that call's prompt and sampled ids token for token
 (:mod:`rllm_gym.policies.tokens`); any other chat is rendered whole and starts a new training row.
 ``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals,
-``POST /sessions`` opens a session over HTTP and ``DELETE /sessions/{id}`` closes one.
+``POST /sessions`` opens a session over HTTP (``{"task": ..., "max_turns": N}``, both optional) and
+``DELETE /sessions/{id}`` closes one. A session opened with ``max_turns`` refuses its call ``N + 1`` with a 400
+``max_turns_exceeded`` (not retried by OpenAI clients), which the SDK turns into the episode's ``MAX_TURNS_EXCEEDED``.
+
+``stream: true`` is answered with Server-Sent Events in OpenAI's ``chat.completion.chunk`` shape (per choice: role and
+content, tool calls with their index, finish reason; usage last when ``stream_options.include_usage``), sent once the
+reply is complete: a :class:`~rllm_gym.policies.Policy` hands back whole replies (HFPolicy generates a batch at a
+time, and its ``generate`` returns every row at once), so there are no earlier tokens to send.
 
 Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
 an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
@@ -30,6 +37,7 @@ from aiohttp import web
 
 from rllm_gym.gateway.protocol import (
     RequestError,
+    apply_tool_choice,
     assistant_message,
     chat_chunks,
     chat_response,
@@ -55,11 +63,17 @@ class SessionLimitError(RuntimeError):
 
 @dataclasses.dataclass
 class GatewaySession:
-    """One episode's recording: its id (the secret), its URLs and its Trajectory (filled in as calls arrive)."""
+    """One episode's recording: its id (the secret), its URLs and its Trajectory (filled in as calls arrive).
+
+    ``max_turns`` is the most LLM calls the session takes (``None``: no limit); ``calls`` counts those it took, and
+    ``turns_exceeded`` says a call past the limit was refused (400 ``max_turns_exceeded``)."""
 
     id: str
     base_url: str
     trajectory: Trajectory
+    max_turns: int | None = None
+    calls: int = 0
+    turns_exceeded: bool = False
 
     @property
     def environ(self) -> dict[str, str]:
@@ -173,8 +187,11 @@ class Gateway:
 
     # Sessions
 
-    def open_session(self, task: Any = None, *, name: str = "agent") -> GatewaySession:
-        """A new session (the gateway must be started) whose Trajectory has ``task`` and ``input={"task": task}``."""
+    def open_session(self, task: Any = None, *, name: str = "agent", max_turns: int | None = None) -> GatewaySession:
+        """A new session (the gateway must be started) whose Trajectory has ``task`` and ``input={"task": task}``;
+        with ``max_turns``, its call number ``max_turns + 1`` is refused (400 ``max_turns_exceeded``)."""
+        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"open_session(max_turns=...) must be an int >= 1 (LLM calls) or None, got {max_turns!r}")
         if not self.url:
             raise RuntimeError("Gateway.open_session() needs a started gateway: await gateway.start() first")
         if len(self._sessions) >= self.max_sessions:
@@ -184,7 +201,7 @@ class Gateway:
             )
         sid = secrets.token_urlsafe(32)
         trajectory = Trajectory(name=name, task=task, input={"task": task})
-        session = GatewaySession(sid, f"{self.url}/sessions/{sid}/v1", trajectory)
+        session = GatewaySession(sid, f"{self.url}/sessions/{sid}/v1", trajectory, max_turns)
         self._sessions[sid] = session
         return session
 
@@ -214,6 +231,18 @@ class Gateway:
                 param=None,
             )
         return session
+
+    @staticmethod
+    def _count_call(session: GatewaySession) -> None:
+        """Count one LLM call of ``session``, or refuse it past the session's ``max_turns``."""
+        if session.max_turns is not None and session.calls >= session.max_turns:
+            session.turns_exceeded = True
+            raise RequestError(
+                f"this session's limit of {session.max_turns} LLM calls (max_turns) is reached: the episode ends "
+                "here, return the program's answer",
+                code="max_turns_exceeded",
+            )
+        session.calls += 1
 
     # Handlers
 
@@ -249,8 +278,11 @@ class Gateway:
         body = await self._json(request) if request.can_read_body else {}
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object such as {'task': {...}}", param=None)
+        max_turns = body.get("max_turns")
+        if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
+            raise RequestError("'max_turns' must be an integer >= 1 (LLM calls) or null", param="max_turns")
         try:
-            session = self.open_session(body.get("task"))
+            session = self.open_session(body.get("task"), max_turns=max_turns)
         except SessionLimitError as error:
             raise RequestError(str(error), status=429, code="too_many_sessions", type="rate_limit_error") from None
         return web.json_response({"id": session.id, "base_url": session.base_url}, status=201)
@@ -293,8 +325,19 @@ class Gateway:
         params = self._params(chat.sampling)
         previous = _previous_step(session.trajectory, chat.messages)
         prompt_ids = self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous))
+        opening = chat.tool_choice.opening
+        if opening is not None:  # a call is required: the reply starts with the tool-call opening, as prompt tokens
+            if prompt_ids is None:
+                raise RequestError(
+                    "'tool_choice' 'required' or a named function needs a policy with a tokenizer (the gateway starts "
+                    "the reply with the tool-call opening as prompt tokens); this one has none: use 'auto'",
+                    param="tool_choice",
+                )
+            prompt_ids = [*prompt_ids, *self.tokenizer.encode(opening, add_special_tokens=False)]
         params = self._fit(prompt_ids, params, chat.sampling.max_tokens is None)
+        self._count_call(session)  # a request refused above made no LLM call
         outputs = await self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids)
+        outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
         replies = [assistant_message(output) for output in outputs]
         for output, reply in zip(outputs, replies, strict=True):
             _record(session.trajectory, output, [*chat.messages, reply], chat.tools)
@@ -316,6 +359,7 @@ class Gateway:
         else:
             prompt_ids = completion.prompt
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
+        self._count_call(session)
         outputs = await self._generate(completion.sampling.n, params, None, None, None, prompt_ids)
         for output in outputs:
             _record(session.trajectory, output, [], None)

@@ -121,6 +121,8 @@ BAD_REQUESTS = [
     ({"tools": {"add": 1}}, "tools"),
     ({"tools": [{"type": "function"}]}, "tools[0]"),
     ({"tools": [ADD_TOOL], "tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice"),
+    ({"tools": [ADD_TOOL], "tool_choice": "always"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
     (
         {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": 3}]}]},
         "messages[0].tool_calls[0]",
@@ -249,7 +251,9 @@ async def test_tool_calls_round_trip_and_continue_the_recorded_chat():
         )
         trajectory = gateway.close_session(session.id)
     assert second.choices[0].message.content == "The sum is 5."
-    assert none.choices[0].finish_reason == "tool_calls"  # the script calls anyway; the chat held no tools
+    # tool_choice "none": the script calls anyway, but the reply has no tool calls (the markup stays its content).
+    assert none.choices[0].finish_reason == "stop" and none.choices[0].message.tool_calls is None
+    assert none.choices[0].message.content.startswith("<tool_call>")
     assert trajectory.steps[0].info["tools"] == [ADD_TOOL] and "tools" not in trajectory.steps[2].info
     assert trajectory.is_cumulative() is False  # the third call starts a new chat
     one, two = trajectory.steps[:2]
@@ -328,3 +332,109 @@ async def test_completions_stream_their_text(policy):
         chunks = [chunk async for chunk in stream]
         (step,) = gateway.close_session(session.id).steps
     assert step.prompt_ids == [5, 6, 7] and "".join(c.choices[0].text for c in chunks) == step.model_output.text
+
+
+async def test_a_session_with_max_turns_refuses_the_call_past_it():
+    async with Gateway(ScriptedPolicy(["ok"], cycle=True)) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session(max_turns=2)
+        client = client_of(session)
+        for _ in range(2):
+            await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.completions.create(model="p", prompt=[1, 2])
+        assert error.value.code == "max_turns_exceeded" and "limit of 2 LLM calls" in error.value.message
+        assert session.turns_exceeded and len(gateway.close_session(session.id).steps) == 2
+        async with http.post(f"{gateway.url}/sessions", json={"max_turns": 0}) as response:
+            assert response.status == 400 and (await response.json())["error"]["param"] == "max_turns"
+        async with http.post(f"{gateway.url}/sessions", json={"max_turns": 1}) as response:
+            opened = await response.json()
+        body = {"model": "p", "prompt": [1, 2]}
+        statuses = []
+        for _ in range(2):
+            async with http.post(f"{opened['base_url']}/completions", json=body) as response:
+                statuses.append(response.status)
+        assert statuses == [200, 400]
+    with pytest.raises(ValueError, match=r"open_session\(max_turns=...\) must be an int >= 1"):
+        gateway.open_session(max_turns="3")
+
+
+async def test_tool_choice_required_and_named_start_the_reply_with_the_tool_call_opening(policy):
+    tokenizer = policy.tokenizer
+    # The script writes what follows the opening the gateway put in the prompt.
+    replies = ['{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>', '{"a": 4, "b": 5}}\n</tool_call>', "no"]
+    scripted = ScriptedPolicy(replies, tokenizer=tokenizer)
+    messages = [{"role": "user", "content": "2+3?"}]
+    named = {"type": "function", "function": {"name": "add"}}
+    async with Gateway(scripted) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        required = await client.chat.completions.create(
+            model="p", messages=messages, tools=[ADD_TOOL], tool_choice="required"
+        )
+        chosen = await client.chat.completions.create(
+            model="p", messages=messages, tools=[ADD_TOOL], tool_choice=named
+        )
+        malformed = await client.chat.completions.create(
+            model="p", messages=messages, tools=[ADD_TOOL], tool_choice="required"
+        )
+        for choice in ("required", named):  # a call is required, but there are no tools to call
+            with pytest.raises(openai.BadRequestError) as error:
+                await client.chat.completions.create(model="p", messages=messages, tool_choice=choice)
+            assert error.value.body["param"] == "tool_choice"
+        trajectory = gateway.close_session(session.id)
+    rendered = render_prompt_ids(tokenizer, messages, [ADD_TOOL], {})
+    opening = tokenizer.encode("<tool_call>\n", add_special_tokens=False)
+    named_opening = tokenizer.encode('<tool_call>\n{"name": "add", "arguments": ', add_special_tokens=False)
+    for reply, arguments in ((required, {"a": 2, "b": 3}), (chosen, {"a": 4, "b": 5})):
+        (call,) = reply.choices[0].message.tool_calls
+        assert (call.function.name, json.loads(call.function.arguments)) == ("add", arguments)
+        assert reply.choices[0].finish_reason == "tool_calls"
+    # The opening is prompt: recorded in the prompt ids, never in the sampled ids (which are the script's own).
+    one, two, three = trajectory.steps
+    assert one.prompt_ids == rendered + opening and two.prompt_ids == rendered + named_opening
+    assert one.response_ids == tokenizer.encode(replies[0], add_special_tokens=False)
+    assert len(one.logprobs) == len(one.response_ids)
+    # A completion that does not finish a call is content, not an error.
+    assert malformed.choices[0].finish_reason == "stop" and malformed.choices[0].message.tool_calls is None
+    assert three.prompt_ids == rendered + opening
+
+
+async def test_tool_choice_on_the_model_continues_the_opening_and_refuses_what_it_cannot_honour(policy):
+    messages = [{"role": "user", "content": "2+3?"}]
+    named = {"type": "function", "function": {"name": "add"}}
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        await client_of(session).chat.completions.create(
+            model="p", messages=messages, tools=[ADD_TOOL], tool_choice=named, max_tokens=8
+        )
+        (step,) = gateway.close_session(session.id).steps
+    opening = policy.tokenizer.encode('<tool_call>\n{"name": "add", "arguments": ', add_special_tokens=False)
+    assert step.prompt_ids[-len(opening) :] == opening and 1 <= len(step.response_ids) <= 8
+    # A policy without token ids cannot be given the opening: refused, naming the field, rather than ignored.
+    async with Gateway(ScriptedPolicy(["x"], cycle=True)) as gateway:
+        client = client_of(gateway.open_session())
+        with pytest.raises(openai.BadRequestError) as error:
+            await client.chat.completions.create(
+                model="p", messages=messages, tools=[ADD_TOOL], tool_choice="required"
+            )
+        assert error.value.body["param"] == "tool_choice" and "tokenizer" in error.value.message
+
+
+async def test_a_streamed_tool_call_reads_back_whole_with_the_openai_stream_helper():
+    async with Gateway(ScriptedPolicy(scripted_tool_caller)) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        messages = [{"role": "user", "content": "2+3?"}]
+        async with client.chat.completions.stream(
+            model="p", messages=messages, tools=[ADD_TOOL], n=2, stream_options={"include_usage": True}
+        ) as stream:
+            kinds = [event.type async for event in stream]
+            final = await stream.get_final_completion()
+        trajectory = gateway.close_session(session.id)
+    assert "tool_calls.function.arguments.done" in kinds and "chunk" in kinds
+    assert [choice.index for choice in final.choices] == [0, 1]
+    for choice in final.choices:
+        (call,) = choice.message.tool_calls
+        assert choice.finish_reason == "tool_calls"
+        assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 2, "b": 3})
+    assert final.usage.completion_tokens == sum(len(step.response_ids) for step in trajectory.steps)
