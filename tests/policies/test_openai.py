@@ -44,6 +44,8 @@ async def test_openai_and_hf_agree_on_a_greedy_request(served_model, tiny_model_
             # The server returns no ids: they come from tokenizing its text locally, which decodes back to it.
             assert hf.tokenizer.decode(remote_out.completion_ids) == remote_out.text
             assert remote_out.logprobs == []
+    # transformers serve refuses vLLM's token-id fields (a 422 naming them): asked once, then asked without them.
+    assert remote.server_token_ids is False
 
 
 @pytest.mark.slow
