@@ -59,6 +59,17 @@ def _max_logprob_gap(llm, reference) -> float:
     return float((expected - got).abs().max())
 
 
+def test_pyproject_allows_the_vllm_range_the_adapter_checks():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    from rllm_gym.train.trl_adapter import SUPPORTED_VLLM
+
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert SpecifierSet(requirement.removeprefix("vllm")) == SUPPORTED_VLLM
+
+
 def test_the_adapter_reaches_the_colocated_model_where_vllm_keeps_it(llm, monkeypatch):
     import vllm
 
