@@ -15,6 +15,7 @@ made and stops it with the supported range. tests/train/test_trl_adapter.py fail
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -35,8 +36,10 @@ from rllm_gym.train.sequences import width_groups
 __all__ = [
     "INTERNALS",
     "SUPPORTED_TRL",
+    "SUPPORTED_VLLM",
     "GRPOAdapter",
     "available",
+    "colocated_vllm_model",
     "completion_positions_only",
     "cpu_vllm_model",
     "mark_vllm_weights_asleep",
@@ -71,6 +74,31 @@ def _vllm_generation_has(name: str) -> Callable[[], bool]:
         return name in source
 
     return check
+
+
+# The vLLM versions whose in-process engine keeps its model at llm_engine.model_executor.driver_worker.model_runner
+# .model (read in the source of 0.22, 0.25, 0.28 and 0.31; pyproject.toml's `vllm` extra allows the same range).
+SUPPORTED_VLLM = SpecifierSet(">=0.22,<=0.31.0")
+
+
+def _vllm_has_driver_worker() -> bool:
+    """Whether the installed vLLM is in :data:`SUPPORTED_VLLM` and still builds that path: ``LLMEngine`` keeps its
+    in-process executor as ``model_executor``, whose ``driver_worker`` (a worker wrapper) holds the ``model_runner``.
+    False without vLLM."""
+    try:
+        import vllm
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor.uniproc_executor import UniProcExecutor
+        from vllm.v1.worker.worker_base import WorkerBase
+    except ImportError:
+        return False
+    if Version(vllm.__version__).public not in SUPPORTED_VLLM:  # public: without a build's local label (+cpu)
+        return False
+    return (
+        "self.model_executor = " in inspect.getsource(LLMEngine.__init__)
+        and "self.driver_worker = " in inspect.getsource(UniProcExecutor._init_executor)
+        and "self.model_runner" in inspect.getsource(WorkerBase.__init__)
+    )
 
 
 @dataclass(frozen=True)
@@ -137,10 +165,10 @@ INTERNALS: dict[str, Internal] = {
         _vllm_generation_has("def _iter_named_params"),
     ),
     "driver_worker": Internal(
-        "vllm LLMEngine.model_executor",
-        "the model of a colocated vLLM engine on vLLM's CPU build",
-        "none on vLLM's CPU build: TRL's own sync fails there",
-        lambda: True,  # vLLM's own attribute, checked where vLLM is installed (tests/vllm)
+        "vllm.LLM.llm_engine.model_executor",
+        "the model of a colocated vLLM engine on vLLM's CPU build, reached as TRL's own sync reaches it",
+        "vLLM's public LLM.apply_model (in-process engines only, as TRL's colocate mode runs them)",
+        _vllm_has_driver_worker,
     ),
 }
 
@@ -217,8 +245,35 @@ def cpu_vllm_model(generation: Any) -> tuple[torch.nn.Module, Iterator[tuple[str
             f"TRL {trl.__version__} moved VLLMGeneration._iter_named_params, which colocated vLLM on a CPU needs: "
             f"use a TRL in {SUPPORTED_TRL}"
         )
-    engine = generation.llm.llm_engine
-    return engine.model_executor.driver_worker.model_runner.model, generation._iter_named_params()
+    return colocated_vllm_model(generation.llm), generation._iter_named_params()
+
+
+def colocated_vllm_model(llm: Any) -> torch.nn.Module:
+    """The model inside an in-process ``vllm.LLM`` (TRL's colocate mode): where TRL's own sync reaches it, or, when
+    vLLM moved it (:data:`SUPPORTED_VLLM`), through vLLM's public ``LLM.apply_model``, which hands back the model
+    object itself only when the engine runs in this process."""
+    if _driver_worker_usable():
+        return llm.llm_engine.model_executor.driver_worker.model_runner.model
+    (model,) = llm.apply_model(lambda model: model)
+    return model
+
+
+@functools.cache
+def _driver_worker_usable() -> bool:
+    """:data:`INTERNALS`' ``driver_worker`` check, asked once per process; its answer depends on the vLLM installed
+    (not TRL's, which :func:`available` checks), so it warns on its own when the name moved."""
+    if INTERNALS["driver_worker"].present():
+        return True
+    import vllm
+
+    internal = INTERNALS["driver_worker"]
+    warnings.warn(
+        f"vLLM {vllm.__version__} is outside {SUPPORTED_VLLM} or no longer has {internal.where}.driver_worker: used "
+        f"for {internal.used_for}; falling back to: {internal.fallback} (update train/trl_adapter.py)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return False
 
 
 def step_phase_methods(generates_itself: bool) -> dict[str, str]:

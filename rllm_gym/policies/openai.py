@@ -7,13 +7,15 @@ session is closed by :meth:`OpenAIPolicy.aclose` or ``async with``, and otherwis
 connections and unreadable bodies are retried with exponential backoff (and ``Retry-After`` when the server sends
 it); other 4xx answers fail at once with the server's message. With several base URLs (a fleet of replicas) each
 request goes to the replica with the fewest requests in flight, and a replica that fails with a connection error or
-a 5xx leaves the rotation for a cool-down. Token ids and log-probabilities come from the server when it returns them
-(vLLM with ``return_token_ids=True``); with a tokenizer too, chats are sent as token ids to ``/completions``, each
-call continuing the previous call's tokens (token in, token out). Otherwise the server renders the chat as text
-(``ModelOutput.text_rendered``), the prompt is rendered and the reply tokenized locally with the model's tokenizer,
-and ``logprobs`` stays empty. Without a tokenizer the ids stay empty and the token counts
-(``ModelOutput.prompt_length``, ``completion_length``) come from the reply's ``usage``; where there are ids, the
-counts are their lengths, since the trainer and ``max_prompt_length`` work on those ids.
+a 5xx leaves the rotation for a cool-down. Token ids and log-probabilities come from the server when it returns them:
+every request asks with vLLM's ``return_token_ids`` unless the server refused that once (it is then asked without,
+after one warning) or sent no ids; with a tokenizer too, once the server has sent ids, chats are sent as token ids to
+``/completions``, each call continuing the previous call's tokens (token in, token out). Otherwise the server renders
+the chat as text (``ModelOutput.text_rendered``): its ids are recorded where it sent them, else the prompt is rendered
+and the reply tokenized locally with the model's tokenizer, and ``logprobs`` stays empty. Without a tokenizer or
+server ids the ids stay empty (never guessed) and the token counts (``ModelOutput.prompt_length``,
+``completion_length``) come from the reply's ``usage``; where there are ids, the counts are their lengths, since the
+trainer and ``max_prompt_length`` work on those ids.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import math
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,114 +39,37 @@ from aiohttp.helpers import get_env_proxy_for_url
 
 from rllm_gym.policies.base import (
     BasePolicy,
-    Messages,
     PolicyError,
     PolicyRequest,
     SamplingParams,
     build_model_output,
     render_prompt_ids,
 )
+from rllm_gym.policies.openai_wire import (
+    EXTENSION_FIELDS,
+    chat_request_body,
+    logprob_entries,
+    reply_text,
+    usage_counts,
+)
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
-__all__ = ["OpenAIPolicy", "chat_request_body", "reply_text", "usage_counts"]
+__all__ = ["OpenAIPolicy", "RequestRejected", "chat_request_body", "reply_text", "usage_counts"]
 
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({408, 429})
 
 
-def chat_request_body(
-    model: str,
-    messages: Messages,
-    params: SamplingParams,
-    *,
-    tools: list[dict[str, Any]] | None = None,
-    template_kwargs: dict[str, Any] | None = None,
-    request_logprobs: bool = False,
-    return_token_ids: bool = False,
-) -> dict[str, Any]:
-    """The JSON body of a ``/chat/completions`` request; optional fields only when set.
+class RequestRejected(PolicyError):
+    """The server answered a request with a client error (4xx other than 408/429): ``status`` and the start of its
+    ``body``, which names what it refused."""
 
-    Servers differ in what they accept (``transformers serve`` rejects unknown fields such as ``top_k`` with a 422),
-    so nothing beyond the standard fields is sent unless asked for.
-    """
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
-    }
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.seed is not None:
-        body["seed"] = params.seed
-    if params.top_k is not None:
-        body["top_k"] = params.top_k  # a vLLM/SGLang extension
-    if tools:
-        body["tools"] = tools
-    if template_kwargs:
-        body["chat_template_kwargs"] = template_kwargs
-    if request_logprobs or return_token_ids:
-        body["logprobs"] = True
-    if return_token_ids:
-        # vLLM extensions: token ids of prompt and reply, and logprob entries keyed "token_id:N".
-        body["return_token_ids"] = True
-        body["return_tokens_as_token_ids"] = True
-    return body
-
-
-def reply_text(message: dict[str, Any]) -> str:
-    """The raw completion text behind a chat ``message``: reasoning in ``<think>``, tool calls as Hermes blocks.
-
-    Servers parse a reply into content, ``reasoning_content`` and ``tool_calls``; writing them back in the model's own
-    markup lets every backend go through the same :func:`~rllm_gym.policies.base.build_model_output`.
-    """
-    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-    text = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
-    text += message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", call)
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            # Unparseable arguments stay a string: the block then stays in the content, like any malformed call.
-            with contextlib.suppress(json.JSONDecodeError):
-                arguments = json.loads(arguments)
-        payload = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
-        text += f"\n<tool_call>\n{payload}\n</tool_call>"
-    return text
-
-
-def _logprob_entries(choice: dict[str, Any]) -> tuple[list[float], list[int] | None]:
-    """Log-probabilities of a choice, and its token ids when they are written as ``token_id:N`` tokens; from a chat
-    choice (``logprobs.content``) or a ``/completions`` one (``logprobs.token_logprobs`` and ``logprobs.tokens``)."""
-    block = choice.get("logprobs") or {}
-    entries = block.get("content")
-    if entries:
-        logprobs = [float(e["logprob"]) for e in entries]
-        tokens = [e.get("token", "") for e in entries]
-    elif block.get("token_logprobs"):
-        logprobs = [float(lp) if lp is not None else 0.0 for lp in block["token_logprobs"]]
-        tokens = list(block.get("tokens") or [])
-    else:
-        return [], None
-    if entries and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
-        return logprobs, [int(t.removeprefix("token_id:")) for t in tokens]
-    return logprobs, None
-
-
-def usage_counts(data: dict[str, Any]) -> tuple[int | None, int | None]:
-    """``(prompt_tokens, completion_tokens)`` of a reply's ``usage``; ``None`` for a count the server did not give (or
-    gave as something other than a non-negative integer)."""
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        return None, None
-    return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-
-
-def _count(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None  # not bool, which is an int too
+    def __init__(self, message: str, status: int, body: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
 
 
 @dataclass
@@ -182,10 +107,14 @@ class OpenAIPolicy(BasePolicy):
         tokenizer: a tokenizer (folder, hub name or object) for local prompt rendering and reply tokenization when
             the server returns no token ids; ``None`` leaves ids empty in that case.
         enable_thinking: sent as ``chat_template_kwargs`` (and used for local rendering) when set.
-        return_token_ids: ask for token ids and logprobs with vLLM's extensions (only vLLM accepts them). With a
-            ``tokenizer`` too, chats go to ``/completions`` as token ids: token in, token out (each call's prompt is
-            the previous call's prompt and sampled ids followed by the new messages' tokens). Otherwise the server
-            renders the chat text itself and the output says so (``ModelOutput.text_rendered``).
+        return_token_ids: whether to ask for the server's token ids and logprobs with vLLM's extensions
+            (``return_token_ids``, ``logprobs``). ``None`` (default): ask, and when the server refuses the fields (an
+            HTTP 400/422 naming one) ask again without them, warn once and never ask that policy's server again; a
+            server that accepts them but sends no ids is not asked again either. ``True``: ask, and a refusal is an
+            error. ``False``: never ask. Once the server has returned ids and a ``tokenizer`` is given, chats go to
+            ``/completions`` as token ids: token in, token out (each call's prompt is the previous call's prompt and
+            sampled ids followed by the new messages' tokens). Otherwise the server renders the chat text itself and
+            the output says so (``ModelOutput.text_rendered``); without a tokenizer or server ids the ids stay empty.
         token_history: ``"sampled"`` (default) or ``"template"`` (re-render the whole chat each call), for token
             prompts; see :class:`~rllm_gym.policies.HFPolicy`.
         request_logprobs: send the standard ``logprobs: true``.
@@ -205,7 +134,7 @@ class OpenAIPolicy(BasePolicy):
         tokenizer: Any = None,
         enable_thinking: bool | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        return_token_ids: bool = False,
+        return_token_ids: bool | None = None,
         request_logprobs: bool = False,
         token_history: TokenHistory = "sampled",
         max_concurrency: int = 64,
@@ -258,7 +187,14 @@ class OpenAIPolicy(BasePolicy):
             chat_template_kwargs=chat_template_kwargs,
             token_history=token_history,
         )
+        if return_token_ids not in (None, True, False):
+            raise ValueError(
+                "OpenAIPolicy(return_token_ids=...) must be None (ask, and go on without when the server refuses), "
+                f"True (ask; a refusal is an error) or False (never ask), got {return_token_ids!r}"
+            )
         self.return_token_ids = return_token_ids
+        # Whether the server returns token ids: as set, or (None) unknown until its first reply or refusal says.
+        self._server_ids: bool | None = return_token_ids
         self.request_logprobs = request_logprobs
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
@@ -277,10 +213,16 @@ class OpenAIPolicy(BasePolicy):
         self._warned_count = False
 
     @property
+    def server_token_ids(self) -> bool | None:
+        """Whether the server returns its token ids and logprobs: ``None`` until its first reply (or refusal) says,
+        with ``return_token_ids=None``."""
+        return self._server_ids
+
+    @property
     def token_prompts(self) -> bool:
-        """Whether chats go out as token ids on ``/completions`` (token in, token out): with ``return_token_ids`` (a
-        vLLM server) and a tokenizer to render them; otherwise the server renders the chat text itself."""
-        return self.return_token_ids and self.tokenizer is not None
+        """Whether chats go out as token ids on ``/completions`` (token in, token out): once the server has returned
+        token ids (a vLLM server) and with a tokenizer to render them; otherwise the server renders the chat text."""
+        return self._server_ids is True and self.tokenizer is not None
 
     async def _generate(self, request: PolicyRequest) -> ModelOutput:
         params = request.params
@@ -289,16 +231,18 @@ class OpenAIPolicy(BasePolicy):
         if self.token_prompts:
             # The previous call's prompt and sampled ids, continued by the new messages (rllm_gym.policies.tokens).
             return await self._generate_from_ids(self.prompt_token_ids(request), params)
-        body = chat_request_body(
-            self.model,
-            request.messages or [],
-            params,
-            tools=request.tools,
-            template_kwargs=self.template_kwargs,
-            request_logprobs=self.request_logprobs,
-            return_token_ids=self.return_token_ids,
+        data = await self._post_asking_for_ids(
+            "/chat/completions",
+            lambda ask: chat_request_body(
+                self.model,
+                request.messages or [],
+                params,
+                tools=request.tools,
+                template_kwargs=self.template_kwargs,
+                request_logprobs=self.request_logprobs,
+                return_token_ids=ask,
+            ),
         )
-        data = await self._post("/chat/completions", body)
         choice = data["choices"][0]
         text = reply_text(choice.get("message") or {})
         server_prompt_ids = data.get("prompt_token_ids") or choice.get("prompt_token_ids")
@@ -310,14 +254,42 @@ class OpenAIPolicy(BasePolicy):
 
     async def _generate_from_ids(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
         # Token-id prompts on /completions are a vLLM/SGLang feature; transformers serve wants a string prompt.
-        body = chat_request_body(self.model, [], params, return_token_ids=self.return_token_ids)
-        del body["messages"]
-        body["prompt"] = prompt_ids
-        if self.request_logprobs or self.return_token_ids:
-            body["logprobs"] = 0  # /completions takes a number of alternatives: 0 = the sampled token's only
-        data = await self._post("/completions", body)
+        def body(ask: bool) -> dict[str, Any]:
+            body = chat_request_body(self.model, [], params, return_token_ids=ask)
+            del body["messages"]
+            body["prompt"] = prompt_ids
+            if self.request_logprobs or ask:
+                body["logprobs"] = 0  # /completions takes a number of alternatives: 0 = the sampled token's only
+            return body
+
+        data = await self._post_asking_for_ids("/completions", body)
         choice = data["choices"][0]
         return self._to_output(data, choice, choice.get("text") or "", prompt_ids, params)
+
+    async def _post_asking_for_ids(self, path: str, body: Callable[[bool], dict[str, Any]]) -> dict[str, Any]:
+        """POST ``body(ask)``, asking for the server's token ids unless it is known not to give them; a refusal of
+        the fields (with ``return_token_ids=None``) is answered by asking again without them, and remembered."""
+        ask = self._server_ids is not False
+        try:
+            data = await self._post(path, body(ask))
+        except RequestRejected as error:
+            if not (ask and self.return_token_ids is None and _names_extension_fields(error)):
+                raise
+            if self._server_ids is not False:  # once, however many requests were in flight
+                self._server_ids = False
+                logger.warning(
+                    "the server refuses vLLM's token-id fields (%s; HTTP %d: %s): asking without them from now on; "
+                    "Steps get no server token ids or logprobs (with a tokenizer, local ids marked text_rendered)",
+                    ", ".join(EXTENSION_FIELDS),
+                    error.status,
+                    error.body[:200],
+                )
+            return await self._post(path, body(False))
+        if ask and self._server_ids is None:
+            choice = data["choices"][0]
+            # An empty reply has an empty list of ids: None (or no field) is what a server without them sends.
+            self._server_ids = choice.get("token_ids") is not None or logprob_entries(choice)[1] is not None
+        return data
 
     def _to_output(
         self,
@@ -329,7 +301,7 @@ class OpenAIPolicy(BasePolicy):
         *,
         text_rendered: bool = False,
     ) -> ModelOutput:
-        logprobs, ids_from_logprobs = _logprob_entries(choice)
+        logprobs, ids_from_logprobs = logprob_entries(choice)
         completion_ids = choice.get("token_ids") or ids_from_logprobs
         finish_reason = choice.get("finish_reason")
         if completion_ids is not None and self.tokenizer is not None:
@@ -456,9 +428,11 @@ class OpenAIPolicy(BasePolicy):
                             replica.down_until = time.monotonic() + self.cooldown_s
                         last_error = f"{url}: HTTP {status}: {_head(payload, 300)}"
                     else:
-                        raise PolicyError(
+                        raise RequestRejected(
                             f"{url} rejected the request with HTTP {status}: {_head(payload, 500)} "
-                            f"(model={self.model!r}; check the model name and the request fields the server accepts)"
+                            f"(model={self.model!r}; check the model name and the request fields the server accepts)",
+                            status,
+                            _head(payload, 2000),
                         )
                 finally:
                     replica.in_flight -= 1
@@ -470,6 +444,11 @@ class OpenAIPolicy(BasePolicy):
             f"POST {path} failed after {attempts} attempts ({self.max_retries} retries) on [{urls}]; "
             f"last error: {last_error}. Is the server up and reachable?"
         )
+
+
+def _names_extension_fields(error: RequestRejected) -> bool:
+    """Whether a rejection is the server refusing vLLM's token-id fields (a 400 or 422 that names one of them)."""
+    return error.status in (400, 422) and any(field in error.body for field in EXTENSION_FIELDS)
 
 
 def _head(payload: bytes, chars: int) -> str:

@@ -4,11 +4,12 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` with a canned reply 
 that the client side of :class:`~rllm_gym.policies.OpenAIPolicy` (pooling, concurrency, retries, load balancing)
 can be measured and tested against a real socket without a model. Failures are queued with
 :meth:`StubOpenAIServer.fail_next`: ``"429"``, ``"500"``, ``"400"``, ``"garbage"`` (a 200 with a body that is not
-JSON) or ``"drop"`` (the connection closes without an answer). Replies carry a ``usage`` that counts one token per
-whitespace-separated word (:func:`count_tokens`: of every message for the prompt, of the reply for the completion),
-so that tests can predict the counts a policy without a tokenizer reports. With ``reply_ids``, ``/v1/completions``
-takes token-id prompts and answers with vLLM's ``prompt_token_ids``, ``token_ids`` and logprobs. Run it as a process
-with ``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
+JSON) or ``"drop"`` (the connection closes without an answer); requests with a field named in ``refuse`` get a 400
+naming it. Replies carry a ``usage`` that counts one token per whitespace-separated word (:func:`count_tokens`: of
+every message for the prompt, of the reply for the completion), so that tests can predict the counts a policy without
+a tokenizer reports. With ``reply_ids``, ``/v1/completions`` takes token-id prompts and answers with vLLM's
+``prompt_token_ids``, ``token_ids`` and logprobs. Run it as a process with
+``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -74,6 +75,14 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(int(failure), json.dumps({"error": {"message": f"scripted {failure}"}}).encode(), retry=True)
             return
         path = self.path.rstrip("/")
+        refused = [name for name in stub.refuse if name in body]
+        if refused:  # as api.openai.com answers a field it does not know
+            error = {
+                "message": f"Unrecognized request argument supplied: {refused[0]}",
+                "type": "invalid_request_error",
+            }
+            self._send(400, json.dumps({"error": error}).encode())
+            return
         if stub.response is not None:
             self._send(200, json.dumps(stub.response).encode())
             return
@@ -133,6 +142,7 @@ class StubOpenAIServer:
         response: dict[str, Any] | None = None,
         usage: bool = True,
         reply_ids: list[int] | Callable[[Any], list[int]] | None = None,
+        refuse: Collection[str] = (),
     ) -> None:
         self.latency_s = latency_s
         self.reply = reply
@@ -143,6 +153,8 @@ class StubOpenAIServer:
         # Token ids of the reply (or a function of the prompt giving them), sent on /v1/completions to a request with
         # return_token_ids as vLLM sends them: a stand-in for a server that takes token prompts.
         self.reply_ids = reply_ids
+        # Request fields answered with a 400 naming the field, as api.openai.com answers vLLM's extensions.
+        self.refuse = tuple(refuse)
         # (path, JSON body) of the last POSTs, in order; bounded, as benchmarks send hundreds of thousands.
         self.requests: deque[tuple[str, dict[str, Any]]] = deque(maxlen=1024)
         self.hits = 0

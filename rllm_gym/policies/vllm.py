@@ -25,6 +25,7 @@ import os
 import threading
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,32 @@ def model_output_from_vllm(request_output: Any) -> ModelOutput:
     )
 
 
+# The first vLLM whose engine takes rendered token input (``vllm.inputs.tokens_input``, a dict with a "type") as is;
+# a ``TokensPrompt`` goes the raw-prompt way there, on the renderer's thread pool from 0.28 on, with a warning.
+DIRECT_TOKEN_INPUT_SINCE = "0.22"
+
+
+def token_input_builder(vllm: Any) -> Callable[[list[int]], Any]:
+    """What turns prompt ids into the engine's input: vLLM's direct token input (``vllm.inputs.tokens_input``, already
+    rendered: the engine checks it and queues it on the caller's loop) from vLLM :data:`DIRECT_TOKEN_INPUT_SINCE` on,
+    else a ``vllm.TokensPrompt``, which the engine treats as a raw prompt to render."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        direct = Version(vllm.__version__) >= Version(DIRECT_TOKEN_INPUT_SINCE)
+    except (AttributeError, TypeError, InvalidVersion):
+        direct = False
+    if direct:
+        try:
+            from vllm.inputs import tokens_input
+        except ImportError:
+            pass
+        else:
+            return tokens_input
+    tokens_prompt = vllm.TokensPrompt
+    return lambda prompt_ids: tokens_prompt(prompt_token_ids=prompt_ids)
+
+
 class VLLMPolicy(BasePolicy):
     """A policy on an in-process vLLM ``AsyncLLM`` engine.
 
@@ -176,6 +203,7 @@ class VLLMPolicy(BasePolicy):
         self.return_logprobs = return_logprobs
         self._vllm = vllm
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._token_input = token_input_builder(vllm)
         self.lora_request = None
         if lora_path is not None:
             engine_kwargs.setdefault("enable_lora", True)
@@ -215,7 +243,7 @@ class VLLMPolicy(BasePolicy):
         vllm_params = self._vllm.SamplingParams(
             **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
         )
-        prompt = self._vllm.TokensPrompt(prompt_token_ids=prompt_ids)
+        prompt = self._token_input(prompt_ids)
         final = None
         async for output in self.engine.generate(
             prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request

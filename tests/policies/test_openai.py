@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import subprocess
@@ -43,6 +44,8 @@ async def test_openai_and_hf_agree_on_a_greedy_request(served_model, tiny_model_
             # The server returns no ids: they come from tokenizing its text locally, which decodes back to it.
             assert hf.tokenizer.decode(remote_out.completion_ids) == remote_out.text
             assert remote_out.logprobs == []
+    # transformers serve refuses vLLM's token-id fields (a 422 naming them): asked once, then asked without them.
+    assert remote.server_token_ids is False
 
 
 @pytest.mark.slow
@@ -220,6 +223,89 @@ async def test_with_a_tokenizer_token_ids_go_to_the_completions_endpoint(tiny_mo
     assert out.completion_ids == ids and out.logprobs == [-0.5] * len(ids)
     assert (out.reasoning, out.content, out.prompt_ids) == ("hm", "four", rendered)
     assert out.finish_reason == "stop" and not out.text_rendered
+
+
+def _vllm_chat_reply(ids: list[int]) -> dict:
+    """A chat reply with vLLM's token ids, as vLLM sends one to a request with return_token_ids."""
+    choice = {"message": {"role": "assistant", "content": "four"}, "text": "four", "finish_reason": "stop"}
+    choice |= {"token_ids": ids, "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": -0.5} for i in ids]}}
+    return {"choices": [choice], "prompt_token_ids": [1, 2, 3]}
+
+
+async def test_token_ids_are_asked_for_by_default_and_kept_when_the_server_sends_them():
+    ids = [11, 12, 2]
+    with StubOpenAIServer(response=_vllm_chat_reply(ids)) as server:
+        async with OpenAIPolicy("m", server.url) as policy:  # no flag: return_token_ids=None
+            assert policy.server_token_ids is None
+            out = await policy.generate(CHAT, GREEDY)
+        [(path, body)] = server.requests
+    assert path == "/v1/chat/completions"
+    assert body["return_token_ids"] is body["return_tokens_as_token_ids"] is body["logprobs"] is True
+    assert (out.prompt_ids, out.completion_ids, out.logprobs) == ([1, 2, 3], ids, [-0.5] * 3)
+    assert policy.server_token_ids is True
+
+
+async def test_with_a_tokenizer_later_calls_continue_the_servers_tokens_on_completions(tiny_model_dir):
+    """Token in, token out with no flag: once the server has sent ids, a call that continues an episode sends the
+    previous call's prompt and sampled ids, then the new messages' tokens, to /completions."""
+    from transformers import AutoTokenizer
+
+    from rllm_gym.types import Step
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = [*tokenizer.encode("left", add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    with StubOpenAIServer(response=_vllm_chat_reply(ids)) as server:
+        async with OpenAIPolicy("m", server.url, tokenizer=tokenizer) as policy:
+            first = await policy.generate(CHAT, GREEDY)
+            chat = [*CHAT, {"role": "assistant", "content": "four"}]
+            previous = Step(chat_completions=chat, prompt_ids=first.prompt_ids, response_ids=first.completion_ids)
+            await policy.generate([*chat, {"role": "user", "content": "and 3 + 3?"}], GREEDY, previous=previous)
+        (_, _), (path, body) = server.requests
+    assert path == "/v1/completions"
+    assert body["prompt"][: len(first.prompt_ids) + len(ids)] == [1, 2, 3, *ids]
+    assert tokenizer.decode(body["prompt"][len(first.prompt_ids) + len(ids) :]).startswith("\n<|im_start|>user")
+
+
+async def test_a_server_that_refuses_the_token_id_fields_is_asked_without_them_after_one_warning(caplog):
+    with StubOpenAIServer(reply="five", refuse=("return_token_ids", "return_tokens_as_token_ids")) as server:
+        async with OpenAIPolicy("m", server.url) as policy:
+            with caplog.at_level(logging.WARNING, logger="rllm_gym"):
+                outs = await asyncio.gather(*(policy.generate(CHAT, GREEDY) for _ in range(4)))
+                outs.append(await policy.generate(CHAT, GREEDY))
+        bodies = [body for _, body in server.requests]
+    assert [out.content for out in outs] == ["five"] * 5
+    assert all(out.completion_ids == out.prompt_ids == out.logprobs == [] for out in outs)  # no ids invented
+    assert policy.server_token_ids is False and policy.retries == 0
+    asked = [body for body in bodies if "return_token_ids" in body]
+    assert 1 <= len(asked) <= 4 and len(bodies) == len(asked) + 5  # each refused request once more, then never
+    assert "logprobs" not in bodies[-1]
+    warned = [r.getMessage() for r in caplog.records if "refuses vLLM's token-id fields" in r.getMessage()]
+    assert len(warned) == 1 and "HTTP 400: " in warned[0] and "Unrecognized request argument" in warned[0]
+
+
+async def test_a_refusal_is_an_error_when_token_ids_were_required_and_other_rejections_stay_errors():
+    with StubOpenAIServer(refuse=("return_token_ids",)) as server:
+        async with OpenAIPolicy("m", server.url, return_token_ids=True) as policy:
+            with pytest.raises(PolicyError, match=re.escape('HTTP 400: {"error": {"message": "Unrecognized')):
+                await policy.generate(CHAT, GREEDY)
+        async with OpenAIPolicy("m", server.url, return_token_ids=False) as policy:
+            assert (await policy.generate(CHAT, GREEDY)).content.startswith("echo")
+        assert "return_token_ids" not in server.requests[-1][1]
+        server.refuse = ("seed",)  # a refusal of another field is the caller's to fix: not retried, not hidden
+        async with OpenAIPolicy("m", server.url) as policy:
+            with pytest.raises(PolicyError, match="supplied: seed"):
+                await policy.generate(CHAT, SamplingParams(max_tokens=4, seed=1))
+            assert policy.server_token_ids is None
+
+
+async def test_a_server_that_ignores_the_fields_is_not_asked_again():
+    with StubOpenAIServer(reply="five") as server:  # accepts unknown fields and sends no ids, as many servers do
+        async with OpenAIPolicy("m", server.url) as policy:
+            await policy.generate(CHAT, GREEDY)
+            out = await policy.generate(CHAT, GREEDY)
+        (_, first), (_, second) = server.requests
+    assert first["return_token_ids"] is True and "return_token_ids" not in second and "logprobs" not in second
+    assert policy.server_token_ids is False and out.completion_ids == []
 
 
 def test_bad_constructor_arguments_name_the_fix():

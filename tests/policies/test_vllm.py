@@ -127,6 +127,25 @@ def test_cancelling_a_request_aborts_it_on_the_engine(standin_vllm, tiny_model_d
         policy.shutdown()
 
 
+def test_prompt_ids_go_through_vllms_direct_token_input_where_it_has_one(monkeypatch):
+    from rllm_gym.policies.vllm import token_input_builder
+
+    inputs = ModuleType("vllm.inputs")
+    inputs.tokens_input = lambda prompt_token_ids: {"type": "token", "prompt_token_ids": prompt_token_ids}
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+    def standin(version):
+        return SimpleNamespace(__version__=version, TokensPrompt=lambda prompt_token_ids: ("raw", prompt_token_ids))
+
+    for version in ("0.22.0", "0.31.0+cpu", "0.40.0"):
+        assert token_input_builder(standin(version))([5, 6]) == {"type": "token", "prompt_token_ids": [5, 6]}
+    # Before 0.22 (and for a build that names no version) the engine renders a TokensPrompt itself.
+    for version in ("0.21.0", "not a version", None):
+        assert token_input_builder(standin(version))([5, 6]) == ("raw", [5, 6])
+    monkeypatch.delattr(inputs, "tokens_input")  # a later vLLM that moved it: the TokensPrompt way again
+    assert token_input_builder(standin("0.31.0"))([5, 6]) == ("raw", [5, 6])
+
+
 def test_cpu_engine_defaults_fill_what_vllm_gets_wrong_on_a_cpu():
     from rllm_gym.policies.vllm import CPU_KV_CACHE_BYTES, cpu_engine_defaults
 

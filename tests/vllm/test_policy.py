@@ -34,6 +34,17 @@ def _generate_all(policy, chats, params):
     return asyncio.run(run())
 
 
+def test_the_installed_vllm_gets_prompt_ids_as_direct_token_input():
+    # A TokensPrompt would go vLLM's raw-prompt way (a deprecation warning and a hop to the renderer's threads).
+    import vllm
+    from vllm.inputs import tokens_input
+
+    from rllm_gym.policies.vllm import token_input_builder
+
+    assert token_input_builder(vllm) is tokens_input
+    assert tokens_input([1, 2]) == {"type": "token", "prompt_token_ids": [1, 2]}
+
+
 def test_cpu_defaults_reach_the_engine(policy):
     from rllm_gym.policies.vllm import CPU_KV_CACHE_BYTES
 

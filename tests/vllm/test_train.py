@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,11 +59,53 @@ def _max_logprob_gap(llm, reference) -> float:
     return float((expected - got).abs().max())
 
 
+def test_pyproject_allows_the_vllm_range_the_adapter_checks():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    from rllm_gym.train.trl_adapter import SUPPORTED_VLLM
+
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert SpecifierSet(requirement.removeprefix("vllm")) == SUPPORTED_VLLM
+
+
+def test_the_adapter_reaches_the_colocated_model_where_vllm_keeps_it(llm, monkeypatch):
+    import vllm
+
+    from rllm_gym.train import trl_adapter
+
+    internal = trl_adapter.INTERNALS["driver_worker"]
+    # Fails when a vLLM upgrade moved the engine's model: update train/trl_adapter.py (INTERNALS says what for).
+    assert internal.present(), f"vLLM {vllm.__version__} moved {internal.where}.driver_worker (or left SUPPORTED_VLLM)"
+    (public,) = llm.apply_model(lambda model: model)  # vLLM's public path: the same object in an in-process engine
+    trl_adapter._driver_worker_usable.cache_clear()
+    assert trl_adapter.colocated_vllm_model(llm) is public
+    for moved in (
+        {"present": lambda: False},  # the name moved: the public path, with one warning
+        None,  # a vLLM outside the supported range: the same
+    ):
+        trl_adapter._driver_worker_usable.cache_clear()
+        with monkeypatch.context() as patch:
+            if moved:
+                patch.setitem(trl_adapter.INTERNALS, "driver_worker", dataclasses.replace(internal, **moved))
+            else:
+                patch.setattr(vllm, "__version__", "0.99.0")
+                assert not internal.present()
+            fallback = re.escape("falling back to: vLLM's public LLM.apply_model")
+            with pytest.warns(RuntimeWarning, match=fallback) as got:
+                assert trl_adapter.colocated_vllm_model(llm) is public
+                assert trl_adapter.colocated_vllm_model(llm) is public
+            assert len([w for w in got if issubclass(w.category, RuntimeWarning)]) == 1
+    trl_adapter._driver_worker_usable.cache_clear()
+
+
 def test_weights_load_into_a_packed_cpu_engine_the_trainers_way_fails_ours_works(llm, vllm_model_dir):
+    from rllm_gym.train.trl_adapter import colocated_vllm_model
     from rllm_gym.train.vllm_cpu import load_weights_on_cpu, on_cpu
 
     assert on_cpu()
-    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    model = colocated_vllm_model(llm)
     trained = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
     assert _max_logprob_gap(llm, trained) < 1e-3
     # What TRL's sync does, one parameter at a time: refused by the packed linear layers.
