@@ -11,6 +11,7 @@ HTTP (``/health``, ``/schema``, ``/reset``, ``/step``) and WebSocket sessions (`
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from typing import Any
 
@@ -30,6 +31,8 @@ __all__ = [
     "create_server_app",
     "serve",
 ]
+
+logger = logging.getLogger("rllm_gym.integrations.openenv")
 
 MAX_ACTION_CHARS = 1_000_000
 MAX_BODY_BYTES = 16 * 1024 * 1024  # an HTTP body or WebSocket message; an action is at most 1,000,000 characters
@@ -74,6 +77,7 @@ class GymTextEnvironment(Environment):
     ) -> TextObservation:
         observation, info = self.env.reset(seed=seed, options=options)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+        logger.info("%s: episode %s reset (seed %s)", self.env_id, self._state.episode_id, seed)
         self._done = False
         return TextObservation(text=str(observation), info=_json_safe(info), reward=None, done=False)
 

@@ -34,12 +34,12 @@ def test_every_single_agent_id_has_documented_typed_tools(env_id: str) -> None:
             assert prop["description"] and prop["type"]
 
 
-def test_action_tools_are_named_after_the_action() -> None:
+def test_action_tools_are_named_after_the_action(openenv_frozenlake_url: str) -> None:
     assert tools_of(environment_factory("rllm/FrozenLake-v0")).keys() == {"move"}
     assert tools_of(environment_factory("rllm/Math-v0")).keys() == {"submit_answer"}
     assert tools_of(environment_factory("rllm/Code-v0")).keys() == {"submit_solution"}
     assert tools_of(environment_factory("rllm/ReasoningGym-v0")).keys() == {"submit_answer"}
-    assert tools_of(environment_factory("rllm/OpenEnv-v0")).keys() == {"reply"}  # any other text env
+    assert tools_of(environment_factory("rllm/OpenEnv-v0", base_url=openenv_frozenlake_url)).keys() == {"reply"}
     tool_env = tools_of(environment_factory("rllm/Tool-v0"))
     assert tool_env.keys() == {"calculator", "search", "python", "finish"}
     assert tool_env["calculator"]["parameters"]["required"] == ["expression"]
