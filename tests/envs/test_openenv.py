@@ -210,3 +210,71 @@ async def test_a_replica_gone_mid_episode_is_infra_failed_and_the_retry_runs_on_
         assert {step.info["base_url"] for step in again.trajectories[0].steps} == {second.base_url}
     finally:
         second.stop()
+
+
+@contextmanager
+def logged_replica(port: int, log: Path) -> Iterator[subprocess.Popen]:
+    """``rllm-gym serve`` of a 3x3 FrozenLake on ``port``, logging each episode's reset to ``log``."""
+    command = [sys.executable, "-m", "rllm_gym.cli", "serve", "rllm/FrozenLake-v0", "--port", str(port)]
+    command += ["--env-kwargs", '{"size": 3}', "--log-level", "info"]
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
+        try:
+            for _ in range(1200):
+                if process.poll() is not None:
+                    pytest.fail(f"the replica exited: {log.read_text()}")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            yield process
+        finally:
+            process.kill()
+            process.wait()
+
+
+def resets(log: Path) -> int:
+    return log.read_text().count("reset (seed")
+
+
+def test_training_and_eval_on_two_served_replicas_one_killed_mid_run(tmp_path: Path, run_python) -> None:
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "replica_a.log", tmp_path / "replica_b.log"]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    config = tmp_path / "served.yaml"
+    config.write_text(
+        "env: [rllm/OpenEnv-v0]\n"
+        f"env_args: {{base_url: {json.dumps(urls)}, timeout: 10}}\n"
+        "agent_args: {system_prompt: 'Reply with one move: up, down, left or right.'}\n"
+        "max_turns: 2\nwarm_start_steps: 0\nnum_generations: 2\nprompts_per_step: 2\nmax_completion_length: 4\n"
+        "learning_rate: 1.0e-3\nmax_steps: 2\nlogging_steps: 1\nsave_steps: 1000\neval_greedy: false\n"
+    )
+    with logged_replica(ports[0], logs[0]), logged_replica(ports[1], logs[1]) as second:
+        episodes = tmp_path / "episodes.jsonl"
+        args = ["-m", "rllm_gym.cli", "eval", "--env", "rllm/OpenEnv-v0", "--env-args", json.dumps({"base_url": urls})]
+        result = run_python(*args, "--tasks", "4", "--n", "2", "--max-turns", "2", "--out", str(episodes))
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = [json.loads(line) for line in episodes.read_text().splitlines()]
+        served_by = [step["info"]["base_url"] for record in records for step in record["trajectories"][0]["steps"]]
+        assert len(records) == 8 and set(served_by) == set(urls)  # the records say which replica served each step
+        assert all(record["termination_reason"] != "error" for record in records)
+
+        # Replica B goes away once it has served an episode of the training run: mid-run, in whichever step.
+        served_before = resets(logs[1])
+
+        def kill_after_an_episode() -> None:
+            while second.poll() is None and resets(logs[1]) == served_before:
+                time.sleep(0.05)
+            second.kill()
+
+        killer = threading.Thread(target=kill_after_an_episode, daemon=True)
+        killer.start()
+        out = tmp_path / "run"
+        result = run_python("-m", "rllm_gym.train.grpo", "--config", str(config), "--output_dir", str(out))
+        killer.join(30)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert second.poll() is not None and resets(logs[1]) > served_before  # B served the run, then was gone
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["termination_reasons"].get("error", 0) == 0  # a lost replica is no model failure
+        assert "stopped" not in summary and (out / "final").is_dir()  # both steps trained
