@@ -128,21 +128,86 @@ def test_an_env_generated_by_the_openenv_package_passes_check_env(tmp_path: Path
             env.close()
 
 
-def test_bad_urls_are_one_clear_line() -> None:
-    with pytest.raises(ValueError, match="must be an http"):
-        gym.make("rllm/OpenEnv-v0", base_url="ftp://127.0.0.1:1")
-    port = free_port()
-    with pytest.raises(EnvServerError, match=rf"OpenEnv server http://127\.0\.0\.1:{port} cannot be reached"):
-        gym.make("rllm/OpenEnv-v0", base_url=f"http://127.0.0.1:{port}", timeout=2)
-    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+@pytest.fixture(scope="module")
+def html_server() -> Iterator[str]:
+    """A plain HTTP server that answers every OpenEnv and MCP route with an HTML error page."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # its access log would be on the stderr the tests read
+            pass
+
+    plain = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     threading.Thread(target=plain.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{plain.server_address[1]}"
+    plain.shutdown()
+    plain.server_close()
+
+
+@pytest.fixture(scope="module")
+def mcp_url() -> Iterator[str]:
+    """A streamable-HTTP MCP server (the MCP tests' server), by the URL an MCP client takes."""
+    port = free_port()
+    server = [sys.executable, str(Path(__file__).parents[1] / "tools" / "mcp_test_server.py"), "--http", str(port)]
+    process = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        url = f"http://127.0.0.1:{plain.server_address[1]}"
-        with pytest.raises(EnvServerError, match=re.escape(f"{url} does not speak the OpenEnv protocol")):
-            gym.make("rllm/OpenEnv-v0", base_url=url, timeout=2)
+        for _ in range(1200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        plain.shutdown()
-        plain.server_close()
+        process.kill()
+        process.wait()
+
+
+def one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_bad_urls_are_one_clear_line(html_server: str, mcp_url: str, monkeypatch) -> None:
+    monkeypatch.delenv("RLLM_GYM_OPENENV_URL", raising=False)
+    with pytest.raises(ValueError, match=re.escape("rllm/OpenEnv-v0 needs base_url")) as error:
+        gym.make("rllm/OpenEnv-v0")  # a forgotten base_url is named, with the fix
+    assert "rllm-gym serve" in one_line(error)
+    with pytest.raises(ValueError, match="must be an http") as error:
+        gym.make("rllm/OpenEnv-v0", base_url=["http://127.0.0.1:1", "ftp://127.0.0.1:1"])
+    one_line(error)
+    port = free_port()
+    with pytest.raises(EnvServerError, match=rf"OpenEnv server http://127\.0\.0\.1:{port} cannot be reached") as error:
+        gym.make("rllm/OpenEnv-v0", base_url=f"http://127.0.0.1:{port}", timeout=2)
+    one_line(error)
+    with pytest.raises(EnvServerError, match="no OpenEnv replica can be reached") as error:
+        gym.make("rllm/OpenEnv-v0", base_url=[f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"])
+    one_line(error)
+    for url in (html_server, mcp_url, mcp_url.removesuffix("/mcp")):  # a web page, an MCP server
+        with pytest.raises(EnvServerError, match=re.escape(f"{url} does not speak the OpenEnv protocol")) as error:
+            gym.make("rllm/OpenEnv-v0", base_url=url, timeout=5)
+        one_line(error)
+
+
+def test_eval_names_a_bad_served_env_in_one_line(html_server: str, capsys, monkeypatch) -> None:
+    from rllm_gym.cli import main
+
+    monkeypatch.delenv("RLLM_GYM_OPENENV_URL", raising=False)
+    cases = {
+        f'{{"base_url": "http://127.0.0.1:{free_port()}"}}': "cannot be reached",
+        f'{{"base_url": "{html_server}"}}': "does not speak the OpenEnv protocol",
+        "{}": "needs base_url",
+    }
+    for env_args, message in cases.items():
+        args = ["eval", "--env", "rllm/OpenEnv-v0", "--env-args", env_args, "--tasks", "1", "--max-turns", "1"]
+        assert main(args) == 1
+        err = capsys.readouterr().err
+        (line,) = err.strip().splitlines() or [err]
+        assert line.startswith("rllm-gym eval: ") and message in line, err
+    with pytest.raises(SystemExit) as exit_status:  # a wrong id is a usage error: the usage, then one line
+        main(["eval", "--env", "rllm/OpenEnv-v1", "--tasks", "1"])
+    assert exit_status.value.code == 2
+    assert "Did you mean 'rllm/OpenEnv-v0'" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_serve_names_a_wrong_id_in_one_line(run_python) -> None:
