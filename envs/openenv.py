@@ -14,6 +14,7 @@ import gymnasium as gym
 import httpx
 
 from rllm_gym.envs.base import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TextRendering
+from rllm_gym.integrations import describe_error
 from rllm_gym.spaces import TextSpace
 
 __all__ = ["URL_VARIABLE", "EnvServerError", "OpenEnvEnv", "replica_urls"]
@@ -149,7 +150,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             schema = httpx.get(f"{self.base_url}/schema", timeout=self.timeout)
         except httpx.HTTPError as error:
             raise EnvServerError(
-                f"{where} cannot be reached ({type(error).__name__}: {error}); is it running? "
+                f"{where} cannot be reached ({describe_error(error)}); is it running? "
                 "(start one with rllm-gym serve ENV_ID --port N)",
                 unreachable=True,
             ) from None
@@ -197,7 +198,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         except Exception as error:  # the server went away, refused the session, or broke the protocol
             self._drop_client()
             raise EnvServerError(
-                f"OpenEnv server {self.base_url} failed during {what} ({type(error).__name__}: {error}); the episode "
+                f"OpenEnv server {self.base_url} failed during {what} ({describe_error(error)}); the episode "
                 "ends as an infrastructure failure"
             ) from error
 

@@ -32,6 +32,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
 
+from rllm_gym.integrations import describe_error
 from rllm_gym.tools.base import DEFAULT_MAX_OUTPUT_CHARS, Tool, ToolOutput
 from rllm_gym.tools.mcp_spec import MCPServerSpec, server_spec
 
@@ -66,8 +67,7 @@ def _leaf(error: BaseException) -> BaseException:
 
 
 def _describe(error: BaseException) -> str:
-    error = _leaf(error)
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return describe_error(_leaf(error))
 
 
 def _connection_lost(error: BaseException) -> bool:

@@ -120,6 +120,30 @@ def test_bad_servers_are_one_clear_line() -> None:
         gym.make("rllm/Tool-v0", mcp_servers=["no-such-command-xyz --flag"], mcp_timeout=2)
 
 
+def test_a_web_page_or_an_openenv_server_given_as_an_mcp_server_is_one_line() -> None:
+    import http.server
+    import threading
+
+    from rllm_gym.integrations.openenv import LocalServer
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    openenv = LocalServer("rllm/FrozenLake-v0")
+    try:
+        for url in (f"http://127.0.0.1:{page.server_address[1]}/mcp", openenv.base_url):
+            with pytest.raises(MCPServerError, match=re.escape(f"MCP server {url!r} could not be reached")) as error:
+                gym.make("rllm/Tool-v0", mcp_servers=[url], mcp_timeout=5)
+            assert "\n" not in str(error.value) and "does not speak MCP" in str(error.value)
+    finally:
+        page.shutdown()
+        page.server_close()
+        openenv.stop()
+
+
 def test_a_copied_env_shares_the_session_and_the_last_close_stops_the_server() -> None:
     import copy
 
