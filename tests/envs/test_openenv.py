@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import gymnasium as gym
 import httpx
@@ -35,8 +36,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def server_process(command: list[str], port: int, cwd: Path | None = None) -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def server_process(
+    command: list[str], port: int, cwd: Path | None = None, log: IO[str] | None = None
+) -> Iterator[subprocess.Popen]:
+    """``command`` running until its /health answers on ``port`` (its stderr into ``log`` when given)."""
+    stderr = subprocess.PIPE if log is None else log
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     try:
         for _ in range(1200):
             if process.poll() is not None:
@@ -282,21 +287,8 @@ def logged_replica(port: int, log: Path) -> Iterator[subprocess.Popen]:
     """``rllm-gym serve`` of a 3x3 FrozenLake on ``port``, logging each episode's reset to ``log``."""
     command = [sys.executable, "-m", "rllm_gym.cli", "serve", "rllm/FrozenLake-v0", "--port", str(port)]
     command += ["--env-kwargs", '{"size": 3}', "--log-level", "info"]
-    with log.open("w") as sink:
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=sink)
-        try:
-            for _ in range(1200):
-                if process.poll() is not None:
-                    pytest.fail(f"the replica exited: {log.read_text()}")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
-            yield process
-        finally:
-            process.kill()
-            process.wait()
+    with log.open("w") as sink, server_process(command, port, log=sink) as process:
+        yield process
 
 
 def resets(log: Path) -> int:
