@@ -147,6 +147,7 @@ def bounded(command: str, folder: Path) -> list[str]:
 # About a minute on 2 cores (7 bounded trainer runs, 4 evals of the tiny model): slow, so it runs with the README's
 # test command and in CI (.ci/run), not in a plain `pytest`.
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its own limit: on 2 busy cores the commands together pass pyproject's global 300 s
 def test_every_runnable_command_runs_as_written_in_the_documents_order(tmp_path, request):
     """Each document's commands run in order in a folder of their own (a config header's main-job command, run
     after the README's, would find the README's run there: they are one command written twice, not two runs).
