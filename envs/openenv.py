@@ -71,7 +71,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
     ## Information
     ``reset`` and ``step``: the observation's ``info`` dict when it has one (``rllm-gym serve`` sends the served env's
     info), plus ``server_metadata`` (OpenEnv's ``metadata``), ``base_url`` (the replica that served it) and, on
-    ``step``, ``invalid_action`` and ``infra_failed`` (with ``error`` when True).
+    ``step``, ``invalid_action`` and ``infra_failed`` (the served env's own, or True with ``error`` when the server
+    failed).
 
     ## Arguments
     ``base_url``: the server, ``http(s)://host:port`` (``rllm-gym serve ENV_ID`` or any OpenEnv server), or a list of
@@ -105,7 +106,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         self._replica = next(_NEXT_REPLICA) % len(self.replicas)
         self._client: Any = None
         self._client_pid = os.getpid()
-        self._failed: str | None = None  # why the episode's server failed, until the next reset
+        self._failed: tuple[str, str] | None = None  # the server that failed the episode and why, until a reset
         schema = self._first_schema()
         self.action_field = action_field or self._default_action_field(schema)
         observed = _schema_properties(schema, "observation")
@@ -253,7 +254,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         served_by = self.base_url
         try:
             if self._failed is not None:
-                raise EnvServerError(self._failed)
+                served_by, message = self._failed
+                raise EnvServerError(message)
             result = self._call("step", lambda client: client.step(payload))
             reward = float(result.reward) if isinstance(result.reward, (int, float)) else 0.0
             if not math.isfinite(reward):
@@ -261,12 +263,14 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         except EnvServerError as error:
             # The episode cannot go on, and its reward is not the env's: truncated, marked for the engines.
             if self._failed is None:
-                self._failed = str(error)
+                self._failed = (served_by, str(error))
                 self._next_replica()
-            info = {"infra_failed": True, "error": self._failed, "base_url": served_by, "invalid_action": not valid}
+            info = {"infra_failed": True, "error": str(error), "base_url": served_by, "server_metadata": {}}
+            info["invalid_action"] = not valid
             return self.rendered((self._last_observation, 0.0, False, True, info))
         observation, info = self._observation(result)
-        info.update(invalid_action=not valid, infra_failed=False)
+        info["invalid_action"] = not valid
+        info["infra_failed"] = bool(info.get("infra_failed", False))  # a served env's own (its sandbox failed, ...)
         raw = result.observation if isinstance(result.observation, dict) else {}
         done = bool(result.done)
         truncated = done and bool(raw.get("truncated", False))

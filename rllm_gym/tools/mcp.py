@@ -309,6 +309,7 @@ class MCPLease:
         self._server: MCPServer | None = None
         self._pid = os.getpid()
         self._closed = False
+        self._lock = threading.Lock()  # a copy's first calls, on parallel tool threads, take one hold between them
         self._hold()
         self.tools = self._server.make_tools(self) if self._server is not None else []
 
@@ -327,13 +328,14 @@ class MCPLease:
     def call(self, name: str, arguments: dict[str, Any]) -> ToolOutput:
         if self._closed:
             return ToolOutput(name=name, error=f"MCP server {self.label!r} was closed")
-        if self._server is None or self._pid != os.getpid():  # a copy: its own hold, in this process
-            try:
-                self._hold()
-            except MCPServerError as error:
-                self._server = None
-                return ToolOutput(name=name, error=str(error))
-        server = self._server
+        with self._lock:
+            if self._server is None or self._pid != os.getpid():  # a copy: its own hold, in this process
+                try:
+                    self._hold()
+                except MCPServerError as error:
+                    self._server = None
+                    return ToolOutput(name=name, error=str(error))
+            server = self._server
         return server.call(name, arguments) if server is not None else ToolOutput(name=name, error="no session")
 
     def close(self) -> None:
@@ -346,11 +348,14 @@ class MCPLease:
             server.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_server": None, "_pool": None if self._pool is None else _POOL_BY_REFERENCE}
+        state = {**self.__dict__, "_server": None, "_pool": None if self._pool is None else _POOL_BY_REFERENCE}
+        del state["_lock"]
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        if self._pool is _POOL_BY_REFERENCE:
+        self._lock = threading.Lock()
+        if isinstance(self._pool, str):  # _POOL_BY_REFERENCE
             self._pool = default_pool()
 
     def __repr__(self) -> str:
