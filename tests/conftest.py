@@ -215,5 +215,5 @@ def openenv_frozenlake_url() -> Iterator[str]:
 def _openenv_url_for_registry_wide_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A test parametrized with ``rllm/OpenEnv-v0`` (the registry-wide suites make every id without arguments) gets
     a served FrozenLake as that env's base_url, through ``RLLM_GYM_OPENENV_URL``, unless the variable is set."""
-    if "[rllm/OpenEnv-v0" in request.node.name and "RLLM_GYM_OPENENV_URL" not in os.environ:
+    if "rllm/OpenEnv-v0" in request.node.name and "RLLM_GYM_OPENENV_URL" not in os.environ:
         monkeypatch.setenv("RLLM_GYM_OPENENV_URL", request.getfixturevalue("openenv_frozenlake_url"))

@@ -335,3 +335,18 @@ def test_training_and_eval_on_two_served_replicas_one_killed_mid_run(tmp_path: P
         summary = json.loads((out / "summary.json").read_text())
         assert summary["termination_reasons"].get("error", 0) == 0  # a lost replica is no model failure
         assert "stopped" not in summary and (out / "final").is_dir()  # both steps trained
+
+
+def test_replica_urls_come_from_base_url_or_the_environment(monkeypatch) -> None:
+    from rllm_gym.envs.openenv import replica_urls
+
+    monkeypatch.setenv("RLLM_GYM_OPENENV_URL", " http://a:8000/, http://b:8000 ,")
+    assert replica_urls(None) == ["http://a:8000", "http://b:8000"]
+    assert replica_urls("https://c:1/") == ["https://c:1"]  # base_url wins over the variable
+    cases = (([], "or a list of them, got []"), ({"url": "http://a:1"}, "or a list of them"), (5, "got 5"))
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            replica_urls(bad)
+    monkeypatch.setenv("RLLM_GYM_OPENENV_URL", " , ")
+    with pytest.raises(ValueError, match="needs base_url"):
+        replica_urls(None)
