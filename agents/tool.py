@@ -36,7 +36,7 @@ class ToolAgent(BaseAgent):
         *,
         instructions: str = INSTRUCTIONS,
         native_tools: bool = False,
-        mcp_servers: Sequence[str | Sequence[str]] = (),
+        mcp_servers: Sequence[Any] = (),
         **kwargs: Any,
     ):
         self.parser = get_parser(parser)

@@ -14,9 +14,12 @@ import gymnasium as gym
 import httpx
 
 from rllm_gym.envs.base import MAX_ACTION_CHARS, MAX_OBSERVATION_CHARS, TextRendering
+from rllm_gym.integrations import describe_error
 from rllm_gym.spaces import TextSpace
 
-__all__ = ["EnvServerError", "OpenEnvEnv"]
+__all__ = ["URL_VARIABLE", "EnvServerError", "OpenEnvEnv", "replica_urls"]
+
+URL_VARIABLE = "RLLM_GYM_OPENENV_URL"  # base_url when none is given: one URL, or several separated by commas
 
 
 # Several replicas: each new env takes the next one, so a process's sessions spread evenly over them.
@@ -24,8 +27,12 @@ _NEXT_REPLICA = itertools.count()
 
 
 class EnvServerError(RuntimeError):
-    """The OpenEnv server cannot be used: unreachable, another protocol, or gone in the middle of an episode. Raised
-    from ``step``, it ends that episode as an infrastructure failure (the engines record it as ``error``)."""
+    """The OpenEnv server cannot be used: unreachable (``unreachable`` True), another protocol, or no replica answers
+    a ``reset`` (the engines record that episode as ``error``: an infrastructure failure, never a reward)."""
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def _schema_properties(schema: dict[str, Any], part: str) -> dict[str, Any]:
@@ -56,22 +63,26 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
     The server's ``reward`` (``None`` is 0.0).
 
     ## Episode End
-    Terminated when the server says ``done``, unless its observation says ``truncated`` (then truncated).
+    Terminated when the server says ``done``, unless its observation says ``truncated`` (then truncated). A server
+    that fails during a step (gone, a broken reply) truncates the episode with reward 0.0 and ``info["infra_failed"]``
+    True, so the engines record it as ``infra_failed`` (retried, never trained on: the reward is not the env's); the
+    next ``reset`` goes to the next replica. A ``reset`` that no replica answers raises :class:`EnvServerError`.
 
     ## Information
     ``reset`` and ``step``: the observation's ``info`` dict when it has one (``rllm-gym serve`` sends the served env's
-    info), plus ``server_metadata`` (OpenEnv's ``metadata``) and, on ``step``, ``invalid_action``.
+    info), plus ``server_metadata`` (OpenEnv's ``metadata``), ``base_url`` (the replica that served it) and, on
+    ``step``, ``invalid_action`` and ``infra_failed`` (the served env's own, or True with ``error`` when the server
+    failed).
 
     ## Arguments
-    ``base_url`` (``http(s)://host:port``, or a list of replicas' URLs: each new env takes the next one in turn,
-    so ``rllm-gym eval --env rllm/OpenEnv-v0 --env-args '{"base_url": [...]}'`` spreads its sessions;
-    None: this env serves ``serve_env_id`` (default ``rllm/FrozenLake-v0``,
-    made with ``serve_env_kwargs``) itself on a free loopback port, over the same protocol, until ``close()``: a
-    self-contained check of the protocol, used by the tests and ``benchmarks/bench_interop.py``).
-    ``action_field`` (the action's text field; default: ``text``, or the
-    action schema's only required string field). ``observation_field`` (default: ``text`` when the observation has
-    it). ``timeout`` (seconds to connect and for each reply, 30.0). ``render_mode`` (``"human"``, ``"ansi"`` or
-    None).
+    ``base_url``: the server, ``http(s)://host:port`` (``rllm-gym serve ENV_ID`` or any OpenEnv server), or a list of
+    replicas' URLs serving the same env: each new env takes the next one in turn, so the sessions of a run spread
+    over them, and an env whose replica fails moves on to the next one (see Episode End). Without it, the
+    ``RLLM_GYM_OPENENV_URL`` environment variable (one URL, or several separated by commas); with neither,
+    ``make`` raises ``ValueError`` naming ``base_url``. ``action_field`` (the action's text field; default: ``text``,
+    or the action schema's only required string field). ``observation_field`` (default: ``text`` when the
+    observation has it). ``timeout`` (seconds to connect and for each reply, 30.0). ``render_mode`` (``"human"``,
+    ``"ansi"`` or None).
 
     ## Version History
     * v0: initial version.
@@ -86,42 +97,17 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         observation_field: str | None = None,
         timeout: float = 30.0,
         render_mode: str | None = None,
-        serve_env_id: str = "rllm/FrozenLake-v0",
-        serve_env_kwargs: dict[str, Any] | None = None,
     ):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ValueError(f"OpenEnv timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.set_render_mode(render_mode)
-        self._local: Any = None
+        self.replicas = replica_urls(base_url)
+        self._replica = next(_NEXT_REPLICA) % len(self.replicas)
         self._client: Any = None
         self._client_pid = os.getpid()
-        self._serve = None if base_url is not None else (serve_env_id, dict(serve_env_kwargs or {}))
-        if self._serve is not None:
-            base_url = self._start_local_server()
-        try:
-            self._connect(base_url, action_field, observation_field)
-        except BaseException:
-            self.close()  # a local server this env started is stopped
-            raise
-        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
-        self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
-        self._last_observation = ""
-
-    # Connection
-
-    def _connect(self, base_url: Any, action_field: str | None, observation_field: str | None) -> None:
-        if isinstance(base_url, Sequence) and not isinstance(base_url, str):
-            replicas = list(base_url)
-            if not replicas:
-                raise ValueError("OpenEnv base_url is an empty list: give one URL or several replicas' URLs")
-            base_url = replicas[next(_NEXT_REPLICA) % len(replicas)]
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"OpenEnv base_url must be an http(s)://host:port URL (or a list of them), got {base_url!r}"
-            )
-        self.base_url = base_url.rstrip("/")
-        schema = self._schema()
+        self._failed: tuple[str, str] | None = None  # the server that failed the episode and why, until a reset
+        schema = self._first_schema()
         self.action_field = action_field or self._default_action_field(schema)
         observed = _schema_properties(schema, "observation")
         self.observation_field = observation_field or ("text" if "text" in observed else None)
@@ -130,24 +116,33 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
                 f"observation_field {self.observation_field!r} is not a field of {self.base_url}'s observations "
                 f"(fields: {sorted(observed)})"
             )
+        self.observation_space = TextSpace(max_length=MAX_OBSERVATION_CHARS)
+        self.action_space = TextSpace(max_length=MAX_ACTION_CHARS)
+        self._last_observation = ""
 
-    def _start_local_server(self) -> str:
-        from rllm_gym.integrations.openenv import LocalServer
+    # Connection
 
-        env_id, env_kwargs = self._serve or ("", {})
-        self._local = LocalServer(env_id, env_kwargs=env_kwargs)
-        return self._local.base_url
+    @property
+    def base_url(self) -> str:
+        """The replica this env's session is (or will be) on."""
+        return self.replicas[self._replica]
 
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy opens its own session on first use (and, without base_url, starts its own local server).
-        state = self.__dict__.copy()
-        state.update(_client=None, _local=None)
-        return state
+    def _next_replica(self) -> None:
+        self._drop_client()
+        self._replica = (self._replica + 1) % len(self.replicas)
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        if self._serve is not None:
-            self.base_url = self._start_local_server()
+    def _first_schema(self) -> dict[str, Any]:
+        """The schema of the first replica, from this env's turn on, that answers it (the env stays on that one)."""
+        unreachable = []
+        for _ in self.replicas:
+            try:
+                return self._schema()
+            except EnvServerError as error:
+                if len(self.replicas) == 1 or not error.unreachable:
+                    raise  # one server, or one that answers but speaks another protocol: a configuration error
+                unreachable.append(self.base_url)
+                self._next_replica()
+        raise EnvServerError(f"no OpenEnv replica can be reached ({', '.join(unreachable)})", unreachable=True)
 
     def _schema(self) -> dict[str, Any]:
         where = f"OpenEnv server {self.base_url}"
@@ -155,7 +150,11 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             health = httpx.get(f"{self.base_url}/health", timeout=self.timeout)
             schema = httpx.get(f"{self.base_url}/schema", timeout=self.timeout)
         except httpx.HTTPError as error:
-            raise EnvServerError(f"{where} cannot be reached ({type(error).__name__}: {error})") from None
+            raise EnvServerError(
+                f"{where} cannot be reached ({describe_error(error)}); is it running? "
+                "(start one with rllm-gym serve ENV_ID --port N)",
+                unreachable=True,
+            ) from None
         try:
             answer = schema.json() if health.status_code == 200 and schema.status_code == 200 else None
         except ValueError:
@@ -163,7 +162,8 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         if not isinstance(answer, dict) or not isinstance(answer.get("action"), dict):
             raise EnvServerError(
                 f"{self.base_url} does not speak the OpenEnv protocol (GET /health answered {health.status_code}, "
-                f"GET /schema {schema.status_code} without an action schema); start one with rllm-gym serve ENV_ID"
+                f"GET /schema {schema.status_code} without an action schema): give base_url the root URL of an "
+                "OpenEnv server (e.g. one started with rllm-gym serve ENV_ID --port N)"
             )
         return answer
 
@@ -199,7 +199,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         except Exception as error:  # the server went away, refused the session, or broke the protocol
             self._drop_client()
             raise EnvServerError(
-                f"OpenEnv server {self.base_url} failed during {what} ({type(error).__name__}: {error}); the episode "
+                f"OpenEnv server {self.base_url} failed during {what} ({describe_error(error)}); the episode "
                 "ends as an infrastructure failure"
             ) from error
 
@@ -208,6 +208,10 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         if client is not None:
             with contextlib.suppress(Exception):  # already broken: nothing more to release
                 client.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy opens its own session on first use.
+        return {**self.__dict__, "_client": None}
 
     # Gymnasium API
 
@@ -221,6 +225,7 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             text = json.dumps(shown, default=str, sort_keys=True)
         info = dict(observation["info"]) if isinstance(observation.get("info"), dict) else {}
         info["server_metadata"] = result.metadata or observation.get("metadata") or {}
+        info["base_url"] = self.base_url
         self._last_observation = text[:MAX_OBSERVATION_CHARS]
         return self._last_observation, info
 
@@ -229,26 +234,67 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         kwargs: dict[str, Any] = {} if seed is None else {"seed": seed}
         if options:
             kwargs["options"] = options
-        result = self._call("reset", lambda client: client.reset(**kwargs))
-        return self.rendered(self._observation(result))
+        self._failed = None
+        failures = []
+        for _ in self.replicas:  # a replica that fails the reset: the next one (nothing was played yet)
+            try:
+                result = self._call("reset", lambda client: client.reset(**kwargs))
+            except EnvServerError as error:
+                failures.append(str(error))
+                self._next_replica()
+                continue
+            return self.rendered(self._observation(result))
+        raise EnvServerError(
+            failures[0] if len(failures) == 1 else "every OpenEnv replica failed: " + " | ".join(failures)
+        )
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         valid = self.action_space.contains(action)
         payload = {self.action_field: action if valid else ""}
-        result = self._call("step", lambda client: client.step(payload))
+        served_by = self.base_url
+        try:
+            if self._failed is not None:
+                served_by, message = self._failed
+                raise EnvServerError(message)
+            result = self._call("step", lambda client: client.step(payload))
+            reward = float(result.reward) if isinstance(result.reward, (int, float)) else 0.0
+            if not math.isfinite(reward):
+                raise EnvServerError(f"OpenEnv server {served_by} sent a reward of {reward}: a broken server")
+        except EnvServerError as error:
+            # The episode cannot go on, and its reward is not the env's: truncated, marked for the engines.
+            if self._failed is None:
+                self._failed = (served_by, str(error))
+                self._next_replica()
+            info = {"infra_failed": True, "error": str(error), "base_url": served_by, "server_metadata": {}}
+            info["invalid_action"] = not valid
+            return self.rendered((self._last_observation, 0.0, False, True, info))
         observation, info = self._observation(result)
         info["invalid_action"] = not valid
+        info["infra_failed"] = bool(info.get("infra_failed", False))  # a served env's own (its sandbox failed, ...)
         raw = result.observation if isinstance(result.observation, dict) else {}
         done = bool(result.done)
         truncated = done and bool(raw.get("truncated", False))
-        reward = float(result.reward) if isinstance(result.reward, (int, float)) else 0.0
-        if not math.isfinite(reward):
-            raise EnvServerError(f"OpenEnv server {self.base_url} sent a reward of {reward}: a broken server")
         return self.rendered((observation, reward, done and not truncated, truncated, info))
 
     def close(self) -> None:
-        """End the session (the server closes its env) and stop the local server this env started, if any."""
+        """End the session (the server closes its env)."""
         self._drop_client()
-        local, self._local = self._local, None
-        if local is not None:
-            local.stop()
+
+
+def replica_urls(base_url: Any) -> list[str]:
+    """The replicas' URLs of ``base_url`` (one URL or a list; None: ``$RLLM_GYM_OPENENV_URL``), checked."""
+    if base_url is None:
+        base_url = [url.strip() for url in os.environ.get(URL_VARIABLE, "").split(",") if url.strip()] or None
+    if base_url is None:
+        raise ValueError(
+            "rllm/OpenEnv-v0 needs base_url: the URL of an OpenEnv server, e.g. gym.make('rllm/OpenEnv-v0', "
+            "base_url='http://127.0.0.1:8000') after rllm-gym serve rllm/FrozenLake-v0 --port 8000 (or a list of "
+            f"replicas' URLs, or the {URL_VARIABLE} environment variable)"
+        )
+    replicas = [base_url] if isinstance(base_url, str) else base_url
+    if not isinstance(replicas, Sequence) or not replicas:
+        raise ValueError(f"OpenEnv base_url must be an http(s)://host:port URL or a list of them, got {base_url!r}")
+    for url in replicas:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"OpenEnv base_url must be an http(s)://host:port URL (or a list of them), got {url!r}")
+    return [url.rstrip("/") for url in replicas]

@@ -140,8 +140,10 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
     (float >= 0, 0.05). ``max_reply_penalty`` (float >= 0, 0.2) and ``max_episode_penalty`` (float >= 0, 0.5): the
     caps of that penalty. ``reward_bounds`` (``(low, high)``, ``(0.0, 1.0)``): the range of the graded reward.
     ``render_mode`` (``"human"``: the observation printed after every reset and step;
-    ``"ansi"``: ``render()`` returns it; or None). ``mcp_servers`` (streamable-HTTP URLs or stdio commands of MCP
-    servers, see :mod:`rllm_gym.tools.mcp`: their tools join ``tools``; a server that cannot be started raises
+    ``"ansi"``: ``render()`` returns it; or None). ``mcp_servers`` (streamable-HTTP URLs, stdio commands or dicts
+    ``{"command": ..., "args": [...], "env": {...}, "shared": false}`` of MCP servers, see :mod:`rllm_gym.tools.mcp`:
+    their tools join ``tools``; the envs of a process share one session, and one stdio process, per server unless
+    its entry says ``"shared": false`` (a stateful server: one per env); a server that cannot be started raises
     ``MCPServerError``, one that fails later answers its calls with an error) and ``mcp_timeout`` (seconds per MCP
     call, 10.0).
 
@@ -171,7 +173,7 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         max_reply_penalty: float = 0.2,
         max_episode_penalty: float = 0.5,
         reward_bounds: tuple[float, float] = (0.0, 1.0),
-        mcp_servers: Sequence[str | Sequence[str]] = (),
+        mcp_servers: Sequence[str | Sequence[str] | Mapping[str, Any]] = (),
         mcp_timeout: float = 10.0,
     ):
         if isinstance(tools, MultiTool):
@@ -294,7 +296,7 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         info["invalid_action"] = not (isinstance(action, ModelOutput) or self.action_space.contains(action))
         return self.rendered((observation, reward, terminated, truncated, info))
 
-    def _add_mcp_tools(self, mcp_servers: Sequence[str | Sequence[str]], timeout: float) -> list[Any]:
+    def _add_mcp_tools(self, mcp_servers: Sequence[Any], timeout: float) -> list[Any]:
         # Last in __init__, once every other argument is checked: a server is a process or a session to stop.
         if not mcp_servers:
             return []
@@ -311,8 +313,8 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         return servers
 
     def close(self) -> None:
-        """Stop the tool worker threads (a later step starts new ones) and the ``mcp_servers`` sessions (their
-        tools answer with an error after it)."""
+        """Stop the tool worker threads (a later step starts new ones) and give back the ``mcp_servers`` sessions
+        (a shared one ends with the last env that holds it; this env's MCP tools answer with an error after it)."""
         self.tools.close()
         for server in self._mcp_servers:
             server.close()

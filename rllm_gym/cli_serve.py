@@ -44,6 +44,16 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
-    print(f"serving {args.env_id} over OpenEnv at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True)
-    serve(args.env_id, host=args.host, port=args.port, max_sessions=args.max_sessions, env_kwargs=args.env_kwargs)
+
+    def ready(url: str) -> None:
+        print(f"serving {args.env_id} over OpenEnv at {url} (Ctrl-C stops)", flush=True)
+
+    serve(
+        args.env_id,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        env_kwargs=args.env_kwargs,
+        on_ready=ready,
+    )
     return 0

@@ -88,7 +88,7 @@ ENV_SPECS: tuple[EnvSpec, ...] = (
         "rllm_gym.envs.openenv:OpenEnvEnv",
         max_episode_steps=100,
         agent="rllm_gym.agents.base:BaseAgent",  # the observation is the user message, the reply the action
-        description="any OpenEnv server (base_url=...) as a text env; without base_url it serves FrozenLake itself",
+        description="any OpenEnv server as a text env (base_url=..., or replicas' URLs balanced)",
         extras=("integrations",),
     ),
     EnvSpec(

@@ -199,3 +199,21 @@ def server_process() -> Callable[..., Any]:
     answers (an error with the log's tail if it exits or takes over ``start_s``); gives its ``/v1`` URL, and stops it
     (terminate, then kill after ``stop_s``) on leaving."""
     return _server_process
+
+
+@pytest.fixture(scope="session")
+def openenv_frozenlake_url() -> Iterator[str]:
+    """The URL of ``rllm/FrozenLake-v0`` served over OpenEnv on loopback by this process, for the session."""
+    from rllm_gym.integrations.openenv import LocalServer
+
+    server = LocalServer("rllm/FrozenLake-v0", max_sessions=64)
+    yield server.base_url
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _openenv_url_for_registry_wide_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test parametrized with ``rllm/OpenEnv-v0`` (the registry-wide suites make every id without arguments) gets
+    a served FrozenLake as that env's base_url, through ``RLLM_GYM_OPENENV_URL``, unless the variable is set."""
+    if "rllm/OpenEnv-v0" in request.node.name and "RLLM_GYM_OPENENV_URL" not in os.environ:
+        monkeypatch.setenv("RLLM_GYM_OPENENV_URL", request.getfixturevalue("openenv_frozenlake_url"))

@@ -12,13 +12,18 @@ program is named only), installs (``pip``, ``python3 -m venv``, ``.``), and ``py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,12 +147,21 @@ def bounded(command: str, folder: Path) -> list[str]:
 # About a minute on 2 cores (7 bounded trainer runs, 4 evals of the tiny model): slow, so it runs with the README's
 # test command and in CI (.ci/run), not in a plain `pytest`.
 @pytest.mark.slow
-def test_every_runnable_command_runs_as_written_in_the_documents_order(tmp_path):
+@pytest.mark.timeout(1200)  # its own limit: on 2 busy cores the commands together pass pyproject's global 300 s
+def test_every_runnable_command_runs_as_written_in_the_documents_order(tmp_path, request):
     """Each document's commands run in order in a folder of their own (a config header's main-job command, run
-    after the README's, would find the README's run there: they are one command written twice, not two runs)."""
+    after the README's, would find the README's run there: they are one command written twice, not two runs).
+    A server started in the background (``rllm-gym serve ... &``) serves the commands after it, on a free port."""
+    servers, ports = contextlib.ExitStack(), {}  # ports: a background server's port as written -> its port here
+    request.addfinalizer(servers.close)
     for source, command in ALL:
+        if command.startswith("rllm-gym serve") and command.endswith(" '&'"):
+            servers.enter_context(background_server(command, ports))
+            continue
         if kind(command) != "run":
             continue
+        for written, free in ports.items():
+            command = command.replace(f"127.0.0.1:{written}", f"127.0.0.1:{free}")
         folder = tmp_path / source
         if not folder.exists():
             folder.mkdir()
@@ -161,6 +175,31 @@ def test_every_runnable_command_runs_as_written_in_the_documents_order(tmp_path)
     readme = tmp_path / "README.md"
     assert (readme / "runs" / "demo_cpu" / "final").is_dir() and (readme / "episodes.jsonl").is_file()
     assert (readme / "runs" / "demo_50" / "final").is_dir()  # not refused: the example has a folder of its own
+
+
+@contextlib.contextmanager
+def background_server(command: str, ports: dict[str, str]) -> Iterator[None]:
+    """``rllm-gym serve ... &`` started as written but on a free loopback port (recorded in ``ports``), until /health
+    answers; stopped on leaving."""
+    words = shlex.split(command)[:-1]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = str(probe.getsockname()[1])
+    at = words.index("--port") + 1
+    ports[words[at]], words[at] = free, free
+    server = [sys.executable, "-m", "rllm_gym.cli", *words[1:]]
+    process = subprocess.Popen(server, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            assert process.poll() is None, f"{command} exited with {process.returncode}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{free}/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_launched_and_served_commands_name_files_that_exist_and_parse():

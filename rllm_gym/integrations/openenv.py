@@ -10,8 +10,12 @@ HTTP (``/health``, ``/schema``, ``/reset``, ``/step``) and WebSocket sessions (`
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from openenv.core.env_server import create_app
@@ -28,8 +32,11 @@ __all__ = [
     "TextAction",
     "TextObservation",
     "create_server_app",
+    "listen",
     "serve",
 ]
+
+logger = logging.getLogger("rllm_gym.integrations.openenv")
 
 MAX_ACTION_CHARS = 1_000_000
 MAX_BODY_BYTES = 16 * 1024 * 1024  # an HTTP body or WebSocket message; an action is at most 1,000,000 characters
@@ -74,6 +81,7 @@ class GymTextEnvironment(Environment):
     ) -> TextObservation:
         observation, info = self.env.reset(seed=seed, options=options)
         self._state = State(episode_id=episode_id or str(uuid.uuid4()), step_count=0)
+        logger.info("%s: episode %s reset (seed %s)", self.env_id, self._state.episode_id, seed)
         self._done = False
         return TextObservation(text=str(observation), info=_json_safe(info), reward=None, done=False)
 
@@ -167,12 +175,44 @@ def serve(
     port: int = 8000,
     max_sessions: int = 8,
     env_kwargs: dict[str, Any] | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``env_id`` until interrupted (uvicorn, one process)."""
+    """Serve ``env_id`` until interrupted (uvicorn, one process). The app is built and the address taken first, so
+    a wrong id, bad ``env_kwargs`` or a port in use raise before ``on_ready(url)`` is called."""
     import uvicorn
 
     app = create_server_app(env_id, max_sessions=max_sessions, env_kwargs=env_kwargs)
-    uvicorn.run(app, host=host, port=port, log_level="warning", ws_max_size=MAX_BODY_BYTES)
+    listening = listen(host, port)
+    config = uvicorn.Config(app, log_level="warning", ws_max_size=MAX_BODY_BYTES)
+    if on_ready is not None:
+        on_ready(f"http://{host}:{listening.getsockname()[1]}")
+    try:
+        uvicorn.Server(config).run(sockets=[listening])
+    finally:
+        listening.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one); OSError in one line naming the address and the fix."""
+    try:
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        bound = socket.socket(family, kind, protocol)
+    except OSError as error:
+        raise OSError(
+            f"cannot listen on {host}:{port}: {error.strerror or error}; --host must name this machine"
+        ) from None
+    try:
+        bound.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bound.bind(address)
+    except OSError as error:
+        bound.close()
+        fix = (
+            "another process has it: pick another --port"
+            if error.errno == errno.EADDRINUSE
+            else ("--host must be an address of this machine (127.0.0.1, 0.0.0.0 for every interface)")
+        )
+        raise OSError(f"cannot listen on {host}:{port} ({error.strerror}): {fix}") from None
+    return bound
 
 
 class LocalServer:
@@ -180,14 +220,12 @@ class LocalServer:
     :meth:`stop`: what ``rllm/OpenEnv-v0`` connects to when it is given no ``base_url`` (tests, benchmarks)."""
 
     def __init__(self, env_id: str, *, max_sessions: int = 8, env_kwargs: dict[str, Any] | None = None):
-        import socket
         import threading
 
         import uvicorn
 
         app = create_server_app(env_id, max_sessions=max_sessions, env_kwargs=env_kwargs)
-        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._socket.bind(("127.0.0.1", 0))
+        self._socket = listen("127.0.0.1", 0)
         self.base_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
         config = uvicorn.Config(app, log_level="warning", lifespan="off", ws_max_size=MAX_BODY_BYTES)
         self._server = uvicorn.Server(config)

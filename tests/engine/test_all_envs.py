@@ -10,7 +10,7 @@ from rllm_gym.types import Episode, TerminationReason
 # Replies that each env accepts as well-formed, so every code path past parsing runs.
 REPLIES = {
     "rllm/FrozenLake-v0": ["Let me go down.\nAction: down", "Action: right"],
-    "rllm/OpenEnv-v0": ["Action: down", "Action: right"],  # without base_url it serves FrozenLake itself
+    "rllm/OpenEnv-v0": ["Action: down", "Action: right"],  # a served FrozenLake (tests/conftest.py)
     "rllm/Math-v0": ["<think>add them</think>The answer is \\boxed{4}."],
     "rllm/Code-v0": ["```python\nprint(input())\n```"],
     "rllm/ReasoningGym-v0": ["<think>add them</think>\\boxed{4}"],

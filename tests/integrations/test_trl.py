@@ -6,10 +6,12 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import socket
 
 import pytest
 from transformers.utils import get_json_schema
 
+from rllm_gym.envs.openenv import EnvServerError
 from rllm_gym.integrations.trl import dataset_rows, environment_factory, parse_qwen_tool_calls
 from rllm_gym.registry import UnknownEnvError, env_ids
 
@@ -34,12 +36,12 @@ def test_every_single_agent_id_has_documented_typed_tools(env_id: str) -> None:
             assert prop["description"] and prop["type"]
 
 
-def test_action_tools_are_named_after_the_action() -> None:
+def test_action_tools_are_named_after_the_action(openenv_frozenlake_url: str) -> None:
     assert tools_of(environment_factory("rllm/FrozenLake-v0")).keys() == {"move"}
     assert tools_of(environment_factory("rllm/Math-v0")).keys() == {"submit_answer"}
     assert tools_of(environment_factory("rllm/Code-v0")).keys() == {"submit_solution"}
     assert tools_of(environment_factory("rllm/ReasoningGym-v0")).keys() == {"submit_answer"}
-    assert tools_of(environment_factory("rllm/OpenEnv-v0")).keys() == {"reply"}  # any other text env
+    assert tools_of(environment_factory("rllm/OpenEnv-v0", base_url=openenv_frozenlake_url)).keys() == {"reply"}
     tool_env = tools_of(environment_factory("rllm/Tool-v0"))
     assert tool_env.keys() == {"calculator", "search", "python", "finish"}
     assert tool_env["calculator"]["parameters"]["required"] == ["expression"]
@@ -87,6 +89,14 @@ def test_bad_input_is_one_clear_error() -> None:
         environment_factory("rllm/SolverJudge-v0")
     with pytest.raises(ValueError, match="size"):
         environment_factory("rllm/FrozenLake-v0", size=1)
+    with pytest.raises(ValueError, match=re.escape("rllm/OpenEnv-v0 needs base_url")):
+        environment_factory("rllm/OpenEnv-v0")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(EnvServerError, match=re.escape(f"OpenEnv server {url} cannot be reached")) as error:
+        environment_factory("rllm/OpenEnv-v0", base_url=url, timeout=2)
+    assert "\n" not in str(error.value)
     env = environment_factory("rllm/Math-v0")()
     with pytest.raises(ValueError, match="field 'seed'"):
         env.reset(seed="3")
