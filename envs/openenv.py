@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -78,11 +79,13 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
     ``base_url``: the server, ``http(s)://host:port`` (``rllm-gym serve ENV_ID`` or any OpenEnv server), or a list of
     replicas' URLs serving the same env: each new env takes the next one in turn, so the sessions of a run spread
     over them, and an env whose replica fails moves on to the next one (see Episode End). Without it, the
-    ``RLLM_GYM_OPENENV_URL`` environment variable (one URL, or several separated by commas); with neither,
-    ``make`` raises ``ValueError`` naming ``base_url``. ``action_field`` (the action's text field; default: ``text``,
-    or the action schema's only required string field). ``observation_field`` (default: ``text`` when the
-    observation has it). ``timeout`` (seconds to connect and for each reply, 30.0). ``render_mode`` (``"human"``,
-    ``"ansi"`` or None).
+    ``RLLM_GYM_OPENENV_URL`` environment variable (one URL, or several separated by commas); with neither, the env
+    serves ``serve_env_id`` (default ``rllm/FrozenLake-v0``, made with ``serve_env_kwargs``) itself on a free loopback
+    port over the same protocol until ``close()``, and warns that it does (a self-contained check of the protocol:
+    registry-wide suites and ``benchmarks/bench_interop.py`` make it so). ``action_field`` (the action's text field;
+    default: ``text``, or the action schema's only required string field). ``observation_field`` (default: ``text``
+    when the observation has it). ``timeout`` (seconds to connect and for each reply, 30.0). ``render_mode``
+    (``"human"``, ``"ansi"`` or None).
 
     ## Version History
     * v0: initial version.
@@ -97,17 +100,28 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         observation_field: str | None = None,
         timeout: float = 30.0,
         render_mode: str | None = None,
+        serve_env_id: str = "rllm/FrozenLake-v0",
+        serve_env_kwargs: dict[str, Any] | None = None,
     ):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
             raise ValueError(f"OpenEnv timeout must be a positive number of seconds, got {timeout!r}")
         self.timeout = float(timeout)
         self.set_render_mode(render_mode)
+        self._local: Any = None  # the server this env started itself (no base_url anywhere), stopped by close()
+        self._serve = (serve_env_id, dict(serve_env_kwargs or {}))
+        self._serves_itself = base_url is None and not os.environ.get(URL_VARIABLE, "").strip()
+        if self._serves_itself:
+            base_url = self._start_local_server(warn=True)
         self.replicas = replica_urls(base_url)
         self._replica = next(_NEXT_REPLICA) % len(self.replicas)
         self._client: Any = None
         self._client_pid = os.getpid()
         self._failed: tuple[str, str] | None = None  # the server that failed the episode and why, until a reset
-        schema = self._first_schema()
+        try:
+            schema = self._first_schema()
+        except BaseException:
+            self.close()  # a local server this env started is stopped
+            raise
         self.action_field = action_field or self._default_action_field(schema)
         observed = _schema_properties(schema, "observation")
         self.observation_field = observation_field or ("text" if "text" in observed else None)
@@ -209,9 +223,30 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
             with contextlib.suppress(Exception):  # already broken: nothing more to release
                 client.close()
 
+    def _start_local_server(self, *, warn: bool = False) -> str:
+        from rllm_gym.integrations.openenv import LocalServer
+
+        env_id, env_kwargs = self._serve
+        if warn:
+            warnings.warn(
+                f"rllm/OpenEnv-v0 was made without base_url (nor ${URL_VARIABLE}): it serves {env_id} itself on "
+                "loopback, a self-contained check of the protocol. Pass base_url='http://host:port' (a server "
+                "started with rllm-gym serve ENV_ID --port N, or any OpenEnv server) to use yours.",
+                UserWarning,
+                stacklevel=4,
+            )
+        self._local = LocalServer(env_id, env_kwargs=env_kwargs)
+        return self._local.base_url
+
     def __getstate__(self) -> dict[str, Any]:
-        # A copy opens its own session on first use.
-        return {**self.__dict__, "_client": None}
+        # A copy opens its own session on first use (and, if this env serves itself, starts its own local server).
+        return {**self.__dict__, "_client": None, "_local": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._serves_itself:
+            self.replicas = [self._start_local_server()]
+            self._replica = 0
 
     # Gymnasium API
 
@@ -277,8 +312,11 @@ class OpenEnvEnv(TextRendering, gym.Env[str, str]):
         return self.rendered((observation, reward, done and not truncated, truncated, info))
 
     def close(self) -> None:
-        """End the session (the server closes its env)."""
+        """End the session (the server closes its env) and stop the server this env started, if it started one."""
         self._drop_client()
+        local, self._local = getattr(self, "_local", None), None
+        if local is not None:
+            local.stop()
 
 
 def replica_urls(base_url: Any) -> list[str]:

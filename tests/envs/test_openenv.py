@@ -175,9 +175,6 @@ def one_line(error: pytest.ExceptionInfo) -> str:
 
 def test_bad_urls_are_one_clear_line(html_server: str, mcp_url: str, monkeypatch) -> None:
     monkeypatch.delenv("RLLM_GYM_OPENENV_URL", raising=False)
-    with pytest.raises(ValueError, match=re.escape("rllm/OpenEnv-v0 needs base_url")) as error:
-        gym.make("rllm/OpenEnv-v0")  # a forgotten base_url is named, with the fix
-    assert "rllm-gym serve" in one_line(error)
     with pytest.raises(ValueError, match="must be an http") as error:
         gym.make("rllm/OpenEnv-v0", base_url=["http://127.0.0.1:1", "ftp://127.0.0.1:1"])
     one_line(error)
@@ -201,7 +198,6 @@ def test_eval_names_a_bad_served_env_in_one_line(html_server: str, capsys, monke
     cases = {
         f'{{"base_url": "http://127.0.0.1:{free_port()}"}}': "cannot be reached",
         f'{{"base_url": "{html_server}"}}': "does not speak the OpenEnv protocol",
-        "{}": "needs base_url",
     }
     for env_args, message in cases.items():
         args = ["eval", "--env", "rllm/OpenEnv-v0", "--env-args", env_args, "--tasks", "1", "--max-turns", "1"]
@@ -350,3 +346,18 @@ def test_replica_urls_come_from_base_url_or_the_environment(monkeypatch) -> None
     monkeypatch.setenv("RLLM_GYM_OPENENV_URL", " , ")
     with pytest.raises(ValueError, match="needs base_url"):
         replica_urls(None)
+
+
+def test_without_base_url_it_serves_frozenlake_itself_and_says_so(monkeypatch) -> None:
+    monkeypatch.delenv("RLLM_GYM_OPENENV_URL", raising=False)
+    with pytest.warns(UserWarning, match=r"made without base_url .* serves rllm/FrozenLake-v0 itself") as caught:
+        env = gym.make("rllm/OpenEnv-v0")
+    assert "rllm-gym serve" in str(caught[0].message)
+    inner = env.unwrapped
+    url = inner.base_url
+    assert url.startswith("http://127.0.0.1:")
+    observation, _ = env.reset(seed=0)
+    assert "G" in observation and "P" in observation  # a FrozenLake board: the player, the goal
+    env.close()
+    with pytest.raises(EnvServerError, match="cannot be reached"):  # close() stopped the server it started
+        gym.make("rllm/OpenEnv-v0", base_url=url, timeout=2)

@@ -89,8 +89,6 @@ def test_bad_input_is_one_clear_error() -> None:
         environment_factory("rllm/SolverJudge-v0")
     with pytest.raises(ValueError, match="size"):
         environment_factory("rllm/FrozenLake-v0", size=1)
-    with pytest.raises(ValueError, match=re.escape("rllm/OpenEnv-v0 needs base_url")):
-        environment_factory("rllm/OpenEnv-v0")
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{probe.getsockname()[1]}"
