@@ -386,6 +386,8 @@ _DENIED_SYSCALLS = {
     # Probes of host state another run can set: which file pages are cached (mincore, cachestat, preadv2's
     # RWF_NOWAIT, pwritev2 for symmetry; io_uring above) and host-wide counters (sysinfo: processes, load, memory).
     "mincore": 27, "sysinfo": 99, "preadv2": 327, "pwritev2": 328, "cachestat": 451,
+    # What could evict file pages or read them in behind a mapping's back (madvise's MADV_COLD/MADV_PAGEOUT below).
+    "readahead": 187, "remap_file_pages": 216, "fadvise64": 221, "process_madvise": 440,
 }  # fmt: skip
 # Host-wide counters a fresh /proc still shows (open files, inodes, processes, load and the last pid, memory and page
 # cache, I/O, locks, cgroups): one run could set them and another read them. Each is covered by /dev/null.
@@ -398,13 +400,15 @@ HOST_WIDE_PROC = (
 # Without a memory cgroup, memory that lives outside the address space limit is refused instead (memory_rules).
 _MEMORY_SYSCALLS = {"shmget": 29, "memfd_create": 319}
 _CLONE, _CLONE3, _SOCKET, _AF_UNIX = 56, 435, 41, 1
+_MADVISE, _MADV_COLD, _MADV_PAGEOUT = 28, 20, 21
 _CLONE_NEW_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
 _CLONE_NEW_FLAGS |= CLONE_NEWNET
 
 
 def seccomp_program(memory_rules: bool = False) -> bytes | None:
-    """The filter: EPERM for the deny list, for ``clone`` with any ``CLONE_NEW*`` flag and for non-UNIX sockets;
-    ENOSYS for ``clone3`` (its flags sit behind a pointer a filter cannot read, and libc then falls back to
+    """The filter: EPERM for the deny list, for ``clone`` with any ``CLONE_NEW*`` flag, for ``madvise`` with
+    ``MADV_COLD`` or ``MADV_PAGEOUT`` (the advice allocators use stays allowed) and for non-UNIX sockets; ENOSYS for
+    ``clone3`` (its flags sit behind a pointer a filter cannot read, and libc then falls back to
     ``clone``); another ABI than x86-64 is refused outright."""
     import platform
 
@@ -423,6 +427,9 @@ def seccomp_program(memory_rules: bool = False) -> bytes | None:
     # clone(flags, ...): the low 32 bits of args[0] (offset 16) hold the namespace flags.
     prog += [(jeq, 0, 4, _CLONE), (ld_abs, 0, 0, 16), (jset, 0, 1, _CLONE_NEW_FLAGS), (ret, 0, 0, deny)]
     prog += [(ret, 0, 0, allow)]
+    # madvise(addr, length, advice): advice is args[2] (offset 32).
+    prog += [(jeq, 0, 5, _MADVISE), (ld_abs, 0, 0, 32), (jeq, 2, 0, _MADV_COLD), (jeq, 1, 0, _MADV_PAGEOUT)]
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
     # socket(domain, ...): only AF_UNIX (multiprocessing needs it); the empty netns already has no route out.
     prog += [(jeq, 0, 3, _SOCKET), (ld_abs, 0, 0, 16), (jeq, 1, 0, _AF_UNIX), (ret, 0, 0, deny)]
     prog += [(ret, 0, 0, allow)]

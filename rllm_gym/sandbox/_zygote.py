@@ -21,6 +21,7 @@ import bisect  # noqa: F401
 import collections
 import contextlib
 import functools  # noqa: F401
+import gc
 import heapq  # noqa: F401
 import itertools  # noqa: F401
 import json
@@ -59,13 +60,15 @@ def _load_sibling(name: str, **shared: types.ModuleType) -> types.ModuleType:
 
 
 _isolation = _load_sibling("_isolation")
-_run = _load_sibling("_zygote_run", _isolation=_isolation, channel=_load_sibling("channel"))
+_landlock = _load_sibling("_landlock")
+_preload = _load_sibling("_preload")
+_run = _load_sibling("_zygote_run", _isolation=_isolation, _landlock=_landlock, channel=_load_sibling("channel"))
 _libc = _isolation.libc
 _OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are checked against their cap
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, config: dict):
+    def __init__(self, sock: socket.socket, config: dict, landlock_abi: int = 0):
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
@@ -94,6 +97,11 @@ class Zygote:
             self.isolation.append("memory_cgroup")
         elif memory_rules and self.seccomp is not None:
             self.isolation.append("memory_rules")
+        # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
+        self.landlock = landlock_abi if landlock_abi and not _isolation._TMP_TREES else 0
+        if self.landlock:
+            self.isolation.append("landlock")
+            self.pinned_bytes, self.pinned = _preload.pin_mapped_files(_libc)
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.max_parallel = config["max_parallel"]
@@ -143,6 +151,7 @@ class Zygote:
             "namespaces": self.namespaces,
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
+            "landlock": self.landlock,
         }
 
     def start(self, req: dict) -> None:
@@ -371,7 +380,8 @@ class Zygote:
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
         self.selector.register(self.sock, selectors.EVENT_READ, "sock")
         cgroup = None if self.cgroups is None else self.cgroups.path
-        self.send({"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup})
+        hello = {"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup}
+        self.send({**hello, "landlock_abi": self.landlock, "pinned": bool(self.landlock and self.pinned)})
         while True:
             while self.pending and self.units > 0:
                 self.start(self.pending.popleft())
@@ -405,36 +415,19 @@ class Zygote:
                 self.check_done(run, now)
 
 
-def _preload(modules: list) -> None:
-    """Import trusted modules once, before the view is built (the view is read-only and a namespace can only be
-    entered by a single-threaded process), so that runs fork with them loaded (``Sandbox(preload=...)``).
-
-    Numerical libraries are kept single-threaded (no thread pool, which would neither survive the fork nor let the
-    zygote enter its namespaces); matplotlib writes its font cache into a temporary folder removed afterwards.
-    """
-    if not modules:
-        return
-    import importlib
-    import shutil
-
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    scratch = tempfile.mkdtemp(prefix="rllm-sandbox-preload-")
-    os.environ.setdefault("MPLCONFIGDIR", scratch)
-    try:
-        for name in modules:
-            importlib.import_module(name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = json.loads(sys.argv[2])
     try:
-        _preload(config.get("preload") or [])
-        zygote = Zygote(sock, config)
+        # Runs of model code get Landlock where the kernel has it: they then import only what is loaded here.
+        landlock_abi = _landlock.probe_abi() if config["isolate"] and not config["read_view"] else 0
+        preload = list(config.get("preload") or [])
+        if landlock_abi:  # and the packages the code may import: under landlock, it can import nothing else
+            _preload.preload_stdlib()
+            preload += [name for name in config["packages"] or [] if name not in preload]
+        _preload.preload(preload)
+        gc.freeze()  # what runs inherit is never scanned by their collections (which would copy every page of it)
+        zygote = Zygote(sock, config, landlock_abi)
     except Exception as exc:
         data = json.dumps({"hello": False, "error": f"{type(exc).__name__}: {exc}"}).encode()
         sock.sendall(_FRAME.pack(len(data)) + data)

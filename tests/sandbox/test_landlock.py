@@ -1,0 +1,338 @@
+"""No information flows between sandbox runs through the host's page cache: attacks on the ``landlock`` layer.
+
+A run that could read a host file could warm chosen pages of it (a hidden test's run, depending on a secret) and a
+later run whose output reaches the model could tell which pages are warm by its own major-fault count. With Landlock a
+run's program opens no file outside its own folder, and every page of the files it has mapped is resident and locked
+by the zygote (``_preload.pin_mapped_files``), so the later run's report cannot depend on the earlier run's secret.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import secrets
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult
+from rllm_gym.sandbox._landlock import probe_abi
+
+LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
+PAGE = mmap.PAGESIZE
+COLD_PAGES = 64
+
+
+@pytest.fixture(scope="module")
+def sandbox(strict_sandbox):
+    return strict_sandbox
+
+
+def _needs_landlock(box: Sandbox) -> None:
+    """Skip where the kernel has no Landlock; where it has, the layer must be in force (a missing one fails)."""
+    if not probe_abi():
+        pytest.skip(f"this kernel has no Landlock, so the sandbox runs without its landlock layer ({box.isolation})")
+
+
+def _report(result: SandboxResult) -> dict:
+    assert result.status is not ExecutionStatus.SANDBOX_ERROR, (result.error, result.stderr[-2000:])
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, (result.status, result.stdout[-1000:], result.stderr[-2000:])
+    return json.loads(lines[-1])
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of the file's pages are in the page cache, as the host sees it (mincore on a mapping of it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vector = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+        try:
+            assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vector) == 0
+        finally:
+            libc.munmap(ctypes.c_void_p(address), ctypes.c_size_t(size))
+    finally:
+        os.close(fd)
+    return sum(byte & 1 for byte in vector.raw)
+
+
+def _evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def cold_file():
+    """A file of 64 pages in the view (the virtual environment's folder, which every run sees), written, synced and
+    evicted from the page cache by the test; removed afterwards."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("page-cache residency is read with Linux's mincore")
+    path = Path(sys.prefix) / f"rllm-cold-{secrets.token_hex(6)}.bin"
+    try:
+        with open(path, "wb") as handle:
+            handle.write(os.urandom(COLD_PAGES * PAGE))
+            handle.flush()
+            os.fsync(handle.fileno())
+        _evict(path)
+        if _resident_pages(path):
+            pytest.skip(f"this filesystem keeps {path} in the page cache after POSIX_FADV_DONTNEED")
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+# Run A, the "hidden" run: it warms every other page of the file when its secret bit is 1.
+_WARM = """
+import mmap, os
+try:
+    fd = os.open(PATH, os.O_RDONLY)
+    if SECRET:
+        view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        print(sum(view[offset] for offset in range(0, len(view), 2 * mmap.PAGESIZE)))
+        os.pread(fd, mmap.PAGESIZE, mmap.PAGESIZE)
+except OSError as exc:
+    print("refused:", exc.errno)
+"""
+
+# Run B, whose output reaches the model: its own major faults while it reads the file, and what it could open.
+_PROBE = """
+import json, mmap, os, resource
+before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+try:
+    fd = os.open(PATH, os.O_RDONLY)
+    view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    touched = sum(view[offset] for offset in range(0, len(view), mmap.PAGESIZE))
+    report = {"majflt": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before}
+except OSError as exc:
+    report = {"error": exc.errno}
+with open("/proc/self/stat") as stat:
+    report["stat_majflt"] = int(stat.read().rsplit(")", 1)[1].split()[9]) - before
+print(json.dumps(report))
+"""
+
+
+def test_a_later_run_cannot_tell_which_pages_an_earlier_run_read(sandbox, cold_file):
+    """The channel itself: a secret bit decides whether run A reads a cold file of the view; run B's own fault counts
+    and reads must not depend on it, and the host sees no page of the file warmed by A."""
+    _needs_landlock(sandbox)
+    reports, warmed = {}, {}
+    for secret in (0, 1):
+        _evict(cold_file)
+        assert _resident_pages(cold_file) == 0
+        sandbox.run(f"PATH = {str(cold_file)!r}\nSECRET = {secret}\n" + _WARM)
+        warmed[secret] = _resident_pages(cold_file)
+        reports[secret] = _report(sandbox.run(f"PATH = {str(cold_file)!r}\n" + _PROBE))
+    assert warmed == {0: 0, 1: 0}, f"pages of the file warmed by run A: {warmed}"
+    assert reports[0] == reports[1], f"run B's report depends on run A's secret: {reports}"
+    assert reports[0]["error"] == 13, reports  # EACCES: the file is not the run's to read
+
+
+_OUTSIDE = """
+import ctypes, errno, json, mmap, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = "allowed"
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+def syscall(*args):
+    if libc.syscall(*args) < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+for name, path in PATHS.items():
+    attempt(name, lambda: os.close(os.open(path, os.O_RDONLY)))
+attempt("list /usr", lambda: os.listdir("/usr"))
+attempt("exec python", lambda: subprocess.run([sys.executable, "-c", "pass"], check=False))
+mapped = next(line.split()[0] for line in open("/proc/self/maps") if "/" in line)  # the interpreter's first page
+attempt("map_files", lambda: os.close(os.open("/proc/self/map_files/" + mapped, os.O_RDONLY)))
+attempt("own file", lambda: open("mine.txt", "w").write("x" * 10000))
+attempt("/dev/null", lambda: open("/dev/null", "w").write("x"))
+attempt("/dev/urandom", lambda: open("/dev/urandom", "rb").read(8))
+fd = os.open("mine.txt", os.O_RDONLY)
+attempt("fadvise", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
+attempt("readahead", lambda: syscall(187, fd, ctypes.c_long(0), ctypes.c_size_t(4096)))
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+address = libc.mmap(None, 8192, 1, 1, fd, 0)
+for advice, number in (("MADV_PAGEOUT", 21), ("MADV_COLD", 20), ("MADV_DONTNEED", 4), ("MADV_WILLNEED", 3)):
+    attempt(advice, lambda: syscall(28, ctypes.c_void_p(address), ctypes.c_size_t(8192), number))
+attempt("remap_file_pages", lambda: syscall(216, ctypes.c_void_p(address), ctypes.c_size_t(4096), 0, 1, 0))
+attempt("process_madvise", lambda: syscall(440, -1, None, 0, 21, 0))
+print(json.dumps(out))
+"""
+
+
+def test_a_run_opens_no_file_outside_its_folder_and_cannot_evict_or_read_ahead(sandbox):
+    """Every path of the view (standard library, interpreter, /etc, the venv, a mapping's file through /proc) is
+    refused; its own folder and the /dev nodes work; the calls that evict or read pages in are refused."""
+    _needs_landlock(sandbox)
+    paths = {
+        "stdlib": os.__file__,
+        "interpreter": sys.executable,
+        "/etc/passwd": "/etc/passwd",
+        "venv": str(Path(sys.prefix) / "pyvenv.cfg"),
+        "/proc/self/status": "/proc/self/status",
+    }
+    out = _report(sandbox.run(f"PATHS = {paths!r}\n" + textwrap.dedent(_OUTSIDE), timeout=10))
+    refused = ("stdlib", "interpreter", "/etc/passwd", "venv", "list /usr", "exec python")
+    assert {name: out[name] for name in refused} == dict.fromkeys(refused, "EACCES"), out
+    assert out["map_files"] in ("EACCES", "EPERM"), out  # also needs CAP_SYS_ADMIN, which the run has not
+    allowed = ("/proc/self/status", "own file", "/dev/null", "/dev/urandom", "MADV_DONTNEED", "MADV_WILLNEED")
+    assert {name: out[name] for name in allowed} == dict.fromkeys(allowed, "allowed"), out
+    denied = ("fadvise", "readahead", "MADV_PAGEOUT", "MADV_COLD", "remap_file_pages", "process_madvise")
+    assert {name: out[name] for name in denied} == dict.fromkeys(denied, "EPERM"), out
+
+
+# Extension modules the program below does not use: it moves their mappings (a module in use would crash).
+UNUSED = ("_decimal", "_sqlite3", "_curses", "_lzma", "_bz2", "_codecs_jp", "_codecs_kr", "_elementtree")
+_FAULTS = """
+import ctypes, json, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mremap.restype = ctypes.c_void_p
+libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+PAGE = resource.getpagesize()
+regions = []
+for line in open("/proc/self/maps"):
+    fields = line.split()
+    if len(fields) >= 6 and fields[5].startswith("/") and fields[4] != "0":
+        start, end = (int(part, 16) for part in fields[0].split("-"))
+        regions.append((start, end, fields[1], int(fields[2], 16), fields[5]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+pages = 0
+for start, end, perms, _offset, _path in regions:
+    if perms[0] != "r" and libc.mprotect(start, end - start, 1) != 0:
+        continue
+    for address in range(start, end, PAGE):
+        ctypes.string_at(address, 1)
+        pages += 1
+# Move read-only mappings of extension modules this program does not use, grown over the file's later pages (which
+# nobody mapped): the zygote holds those pages too.
+grown = 0
+for start, end, perms, offset, path in regions:
+    size = os.stat(path).st_size
+    tail = (size - offset - (end - start)) // PAGE
+    if not os.path.basename(path).startswith(UNUSED) or perms != "r--p" or tail < 1:
+        continue
+    moved = libc.mremap(start, end - start, end - start + tail * PAGE, 1)  # MREMAP_MAYMOVE
+    if moved in (None, ctypes.c_void_p(-1).value):
+        continue
+    for address in range(moved + end - start, moved + end - start + tail * PAGE, PAGE):
+        ctypes.string_at(address, 1)
+        grown += 1
+majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
+print(json.dumps({"pages": pages, "grown": grown, "majflt": majflt}))
+"""
+
+
+def test_every_page_a_run_has_mapped_is_resident(sandbox):
+    """Pages a run can reach without opening a file (its inherited mappings of the interpreter, libraries and
+    extension modules, including the gaps between segments made readable) fault nothing in: there is nothing cold
+    for one run to warm and another to count."""
+    _needs_landlock(sandbox)
+    import _decimal
+
+    for name in UNUSED:  # the host drops what is not locked of the files the program grows its mappings over
+        for library in Path(_decimal.__file__).parent.glob(name + ".*.so"):
+            _evict(library)
+    out = _report(sandbox.run(f"UNUSED = {UNUSED!r}\n" + textwrap.dedent(_FAULTS), timeout=20))
+    assert out["pages"] > 1000 and out["grown"] > 0, out
+    assert out["majflt"] == 0, out
+
+
+_IMPORTS = """
+import json, sys
+import heapq, fractions, email.mime.text, xml.dom.minidom, sqlite3, decimal, asyncio, multiprocessing.pool
+import helper
+out = {"heapq": heapq.nsmallest(2, [3, 1, 2]), "helper": helper.VALUE}
+out["sqlite"] = sqlite3.connect(":memory:").execute("select 6*7").fetchone()[0]
+try:
+    import THIRD_PARTY
+except ModuleNotFoundError as exc:
+    out["missing"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("preloaded", [False, True])
+def test_a_run_imports_the_standard_library_and_what_was_preloaded_only(sandbox, preloaded):
+    """The standard library (submodules too) and a run's own files import; a third-party package does only when the
+    sandbox preloaded it, and otherwise fails with a message that says why (the model's error, not the sandbox's)."""
+    _needs_landlock(sandbox)
+    pytest.importorskip("yaml")
+    code = textwrap.dedent(_IMPORTS).replace("THIRD_PARTY", "yaml")
+    files = {"helper.py": "VALUE = 7\n"}
+    if preloaded:
+        with Sandbox(max_parallel=1, preload=["yaml"]) as box:
+            out = _report(box.run(code, files=files, timeout=10))
+    else:
+        out = _report(sandbox.run(code, files=files, timeout=10))
+    assert out["heapq"] == [1, 2] and out["helper"] == 7 and out["sqlite"] == 42, out
+    if preloaded:
+        assert "missing" not in out, out
+    else:
+        assert "No module named 'yaml' in this sandbox" in out["missing"], out
+        assert "preload" in out["missing"], out
+
+
+def test_read_view_keeps_file_access_for_trusted_scorers():
+    """``Sandbox(read_view=True)``, as reasoning-gym's scorers use it: no landlock layer, the view's files read."""
+    if not LINUX_ROOT:
+        pytest.skip("the view needs root on Linux")
+    with Sandbox(max_parallel=1, read_view=True) as box:
+        result = box.run("import os\nprint(len(open(os.__file__).read()) > 0)")
+        assert "landlock" not in box.isolation and box.landlock_abi == 0
+    assert result.ok and result.stdout == "True\n", (result.status, result.stderr[-1000:])
+
+
+_NO_LANDLOCK_HOST = """
+import ctypes, json, struct, warnings
+# A seccomp filter on this host process (inherited by its zygote): landlock's syscalls get ENOSYS, as on a kernel
+# without it. ld arch; not x86-64 -> allow; ld nr; 444..446 -> ENOSYS; allow.
+prog = [(0x20, 0, 0, 4), (0x15, 0, 4, 0xC000003E), (0x20, 0, 0, 0), (0x35, 0, 2, 444), (0x35, 1, 0, 447),
+        (0x06, 0, 0, 0x00050000 | 38), (0x06, 0, 0, 0x7FFF0000)]
+program = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in prog))
+class Fprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0
+assert libc.prctl(22, 2, ctypes.byref(Fprog(len(prog), ctypes.addressof(program))), 0, 0) == 0
+from rllm_gym.sandbox import Sandbox
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with Sandbox(max_parallel=1) as box:
+        result = box.run("import os\\nprint(len(open(os.__file__).read()) > 0)")
+        print(json.dumps({"isolation": box.isolation, "abi": box.landlock_abi, "status": result.status.value,
+                          "stdout": result.stdout, "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_without_landlock_the_sandbox_runs_with_its_other_layers_and_says_so():
+    """A kernel without Landlock (simulated by a seccomp filter on the host): the strict sandbox still runs code with
+    every required layer, lists no ``landlock``, reports ABI 0 and warns once, naming the layer."""
+    if not LINUX_ROOT or not probe_abi():
+        pytest.skip("needs root on Linux with Landlock, to take it away")
+    process = subprocess.run(
+        [sys.executable, "-c", _NO_LANDLOCK_HOST], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    out = json.loads(process.stdout.splitlines()[-1])
+    assert out["abi"] == 0 and "landlock" not in out["isolation"] and "seccomp" in out["isolation"], out
+    assert out["status"] == "ok" and out["stdout"] == "True\n", out
+    assert len(out["warnings"]) == 1 and "'landlock' layer" in out["warnings"][0], out["warnings"]
