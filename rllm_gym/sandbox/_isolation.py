@@ -463,8 +463,10 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool) -> None:
-    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR, a fresh /proc."""
+def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, cover: bool = True) -> None:
+    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR, a fresh /proc
+    whose host-wide files are covered unless ``cover`` is False (under Landlock, which lets a run read only its own
+    ``/proc/<pid>``)."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
@@ -478,7 +480,7 @@ def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: boo
         mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-        for name in HOST_WIDE_PROC:
+        for name in HOST_WIDE_PROC if cover else ():
             with contextlib.suppress(OSError):  # absent on this kernel: nothing to cover
                 mount("/dev/null", "/proc/" + name, None, MS_BIND)
 

@@ -3,11 +3,13 @@
 The pages of a file a run reads stay in the host's page cache after it ends, so one run could warm chosen pages of a
 cold file and a later run find out which (by timing a read, or by its own major-fault count). Under this layer a
 run's process opens files only beneath its private ``/sandbox`` tmpfs (pages that are its own and die with it), the
-``/dev`` nodes of the view (no page cache) and ``/proc`` (read only: its own processes, no page cache); every other
-path (``/usr``, the interpreter's prefix, the virtual environment) is refused with ``EACCES``, execution of any file
-included. What the code imports must then come from the zygote's memory: it preloads the standard library and
-``Sandbox(preload=...)`` (``_preload.py``), and :func:`guard_imports` turns an import of anything else into a
-``ModuleNotFoundError`` that says why. Standard library only: the zygote loads this file by path.
+``/dev`` nodes of the view (no page cache) and the shared objects of extension modules it may still load (each held
+resident and locked by the zygote); every other path (``/usr``, the interpreter's prefix, the virtual environment,
+``/proc``) is refused with ``EACCES``, execution of any file included. What the code imports must then come from the
+zygote (``_preload.py``): the packages it loaded, the compiled code of the standard library and of those packages, and
+their extension modules' shared objects; :func:`guard_imports` turns an import of anything else into a
+``ModuleNotFoundError`` that says why. Standard library only: the zygote loads this
+file by path.
 
 The ruleset is built with the kernel's own ABI (``landlock_create_ruleset``, ``landlock_add_rule``,
 ``landlock_restrict_self``: syscalls 444-446 on every architecture) and handles every file access right the running
@@ -30,7 +32,6 @@ _HANDLED_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 <
 _HANDLED_LATEST = (1 << 16) - 1
 _MAKE_CHAR, _MAKE_BLOCK, _IOCTL_DEV = 1 << 6, 1 << 11, 1 << 15
 _FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | _IOCTL_DEV  # the only rights a rule on a file may hold
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 if _libc is not None:
@@ -59,21 +60,22 @@ def handled_rights(abi: int) -> int:
     return _HANDLED_BY_ABI.get(abi, _HANDLED_LATEST)
 
 
-def restrict(abi: int, run_dir: str) -> None:
-    """Restrict this process (and everything it starts) to ``run_dir`` (read, write, create; no execution), the view's
-    ``/dev`` nodes (read and write, no ioctl) and ``/proc`` (read). Needs ``no_new_privs`` first; raises OSError."""
+def restrict(abi: int, run_dir: str, readable: list[str]) -> None:
+    """Confine this process and everything it starts (needs ``no_new_privs`` first; raises OSError): ``run_dir``
+    (read, write, create; no execution), the view's ``/dev`` (its device nodes: read and write, no ioctl) and
+    ``readable`` (read only: the shared objects of extension modules a run may still load, files or folders, each
+    of them resident and locked by the zygote). Nothing else, ``/proc`` included.
+
+    Built in the run's own process: a rule holds an inode, and ``run_dir`` is the root of the run's own tmpfs (a rule
+    on the mount point would not reach below it)."""
     handled = handled_rights(abi)
     attr = _RulesetAttr(handled)
     ruleset = _check(_libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0), "create")
     try:
         folder = handled & ~(EXECUTE | _MAKE_CHAR | _MAKE_BLOCK | _IOCTL_DEV)
-        rules = [(run_dir, folder), ("/proc", READ_FILE | READ_DIR)]
-        rules += [(device, handled & (READ_FILE | WRITE_FILE | TRUNCATE)) for device in DEVICES]
-        for path, allowed in rules:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except FileNotFoundError:  # a /dev node the host lacks: nothing to grant
-                continue
+        rules = [(run_dir, folder), ("/dev", READ_FILE | WRITE_FILE | TRUNCATE)]
+        for path, allowed in rules + [(path, READ_FILE) for path in readable]:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
                 rule = _PathBeneathAttr(allowed & handled, fd)
                 _check(_libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0), path)
@@ -125,12 +127,13 @@ class _NotPreloaded:
         )
 
 
-def guard_imports(run_dir: str) -> None:
-    """Serve imports from memory (``sys.modules``), built-in and frozen modules and ``run_dir`` only, and make a
-    module that is not there fail with a message that says so instead of a bare ``PermissionError``."""
+def guard_imports(run_dir: str, archive: object) -> None:
+    """Serve imports from memory only: ``sys.modules``, built-in and frozen modules, ``archive`` (the zygote's
+    compiled standard library, a meta path finder) and ``run_dir``'s own files, which come first as ``sys.path[0]``
+    would; a module found nowhere fails with a message that says why instead of a bare ``PermissionError``."""
     import importlib.machinery
 
     finders = [finder for finder in sys.meta_path if finder is not importlib.machinery.PathFinder]
     at = next((i for i, finder in enumerate(sys.meta_path) if finder is importlib.machinery.PathFinder), len(finders))
-    finders.insert(at, _RunFiles(run_dir))
+    finders[at:at] = [_RunFiles(run_dir), archive]
     sys.meta_path[:] = [*finders, _NotPreloaded()]

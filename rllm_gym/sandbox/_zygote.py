@@ -68,7 +68,7 @@ _OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are ch
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, config: dict, landlock_abi: int = 0):
+    def __init__(self, sock: socket.socket, config: dict, landlock_abi: int = 0, archive=None):
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
@@ -98,10 +98,12 @@ class Zygote:
         elif memory_rules and self.seccomp is not None:
             self.isolation.append("memory_rules")
         # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
-        self.landlock = landlock_abi if landlock_abi and not _isolation._TMP_TREES else 0
-        if self.landlock:
+        usable = self.view and archive is not None and not _isolation._TMP_TREES
+        self.landlock, self.archive, self.readable = (landlock_abi if usable else 0), archive, []
+        if self.landlock:  # in the view: the paths a run may read are the view's
+            self.readable, pinned = archive.shared_objects()
+            self.pinned_bytes, self.pinned = _preload.pin_files(_libc, pinned)
             self.isolation.append("landlock")
-            self.pinned_bytes, self.pinned = _preload.pin_mapped_files(_libc)
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.max_parallel = config["max_parallel"]
@@ -151,7 +153,9 @@ class Zygote:
             "namespaces": self.namespaces,
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
-            "landlock": self.landlock,
+            "landlock": (self.landlock,) if self.landlock else None,
+            "readable": self.readable,
+            "archive": self.archive,
         }
 
     def start(self, req: dict) -> None:
@@ -415,6 +419,21 @@ class Zygote:
                 self.check_done(run, now)
 
 
+def _module_archive(preloaded: list[str]):
+    """The standard library's pure-Python modules and those of the preloaded packages, for runs to import from."""
+    archive = _preload.ModuleArchive()
+    archive.add_tree(os.path.dirname(os.__file__))
+    for folder in sys.path:
+        if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
+            archive.add_tree(folder)
+    for name in preloaded:
+        top = name.partition(".")[0]
+        for folder in getattr(sys.modules.get(top), "__path__", None) or []:
+            archive.add_tree(folder, top)
+    archive.seal(_libc)
+    return archive
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = json.loads(sys.argv[2])
@@ -423,11 +442,11 @@ def main() -> None:
         landlock_abi = _landlock.probe_abi() if config["isolate"] and not config["read_view"] else 0
         preload = list(config.get("preload") or [])
         if landlock_abi:  # and the packages the code may import: under landlock, it can import nothing else
-            _preload.preload_stdlib()
             preload += [name for name in config["packages"] or [] if name not in preload]
         _preload.preload(preload)
+        archive = _module_archive(preload) if landlock_abi else None
         gc.freeze()  # what runs inherit is never scanned by their collections (which would copy every page of it)
-        zygote = Zygote(sock, config, landlock_abi)
+        zygote = Zygote(sock, config, landlock_abi, archive)
     except Exception as exc:
         data = json.dumps({"hello": False, "error": f"{type(exc).__name__}: {exc}"}).encode()
         sock.sendall(_FRAME.pack(len(data)) + data)

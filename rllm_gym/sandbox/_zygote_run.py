@@ -55,9 +55,9 @@ def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: s
     os.environ.clear()
     os.environ.update(req["env"])
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
-    if ctx["landlock"] and role != "harness":
-        _landlock.restrict(ctx["landlock"], workdir)
-        _landlock.guard_imports(workdir)
+    if ctx["landlock"] is not None and role != "harness":
+        _landlock.restrict(*ctx["landlock"], workdir, ctx["readable"])
+        _landlock.guard_imports(workdir, ctx["archive"])
 
 
 def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
@@ -132,7 +132,8 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         workdir = run.workdir
         if ctx["view"]:
-            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"])
+            landlocked = ctx["landlock"] is not None and run.role != "harness"
+            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], not landlocked)
         # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
         # every run is a fork, never holds one run's code, input or output where another run could find it.
         payload = json.loads(_read_all(fds["payload"]))

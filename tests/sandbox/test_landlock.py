@@ -118,8 +118,11 @@ try:
     report = {"majflt": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before}
 except OSError as exc:
     report = {"error": exc.errno}
-with open("/proc/self/stat") as stat:
-    report["stat_majflt"] = int(stat.read().rsplit(")", 1)[1].split()[9]) - before
+try:
+    with open("/proc/self/stat") as stat:
+        report["stat_majflt"] = int(stat.read().rsplit(")", 1)[1].split()[9]) - before
+except OSError as exc:
+    report["stat_majflt"] = exc.errno
 print(json.dumps(report))
 """
 
@@ -159,8 +162,6 @@ for name, path in PATHS.items():
     attempt(name, lambda: os.close(os.open(path, os.O_RDONLY)))
 attempt("list /usr", lambda: os.listdir("/usr"))
 attempt("exec python", lambda: subprocess.run([sys.executable, "-c", "pass"], check=False))
-mapped = next(line.split()[0] for line in open("/proc/self/maps") if "/" in line)  # the interpreter's first page
-attempt("map_files", lambda: os.close(os.open("/proc/self/map_files/" + mapped, os.O_RDONLY)))
 attempt("own file", lambda: open("mine.txt", "w").write("x" * 10000))
 attempt("/dev/null", lambda: open("/dev/null", "w").write("x"))
 attempt("/dev/urandom", lambda: open("/dev/urandom", "rb").read(8))
@@ -179,61 +180,76 @@ print(json.dumps(out))
 
 
 def test_a_run_opens_no_file_outside_its_folder_and_cannot_evict_or_read_ahead(sandbox):
-    """Every path of the view (standard library, interpreter, /etc, the venv, a mapping's file through /proc) is
-    refused; its own folder and the /dev nodes work; the calls that evict or read pages in are refused."""
+    """Every path of the view (standard library, interpreter, /etc, the venv, /proc, the other libraries) is refused;
+    its own folder, the /dev nodes and the extension modules' files (pinned) are not; the calls that evict or read
+    pages in are refused."""
     _needs_landlock(sandbox)
+    import _decimal
+
     paths = {
         "stdlib": os.__file__,
         "interpreter": sys.executable,
         "/etc/passwd": "/etc/passwd",
         "venv": str(Path(sys.prefix) / "pyvenv.cfg"),
-        "/proc/self/status": "/proc/self/status",
+        "/proc/self/maps": "/proc/self/maps",
+        "/proc/loadavg": "/proc/loadavg",
+        "a library no extension needs": "/usr/lib/os-release",
+        "an extension module": _decimal.__file__,
     }
     out = _report(sandbox.run(f"PATHS = {paths!r}\n" + textwrap.dedent(_OUTSIDE), timeout=10))
-    refused = ("stdlib", "interpreter", "/etc/passwd", "venv", "list /usr", "exec python")
+    refused = ("stdlib", "interpreter", "/etc/passwd", "venv", "list /usr", "exec python", "/proc/self/maps")
+    refused += ("/proc/loadavg", "a library no extension needs")
     assert {name: out[name] for name in refused} == dict.fromkeys(refused, "EACCES"), out
-    assert out["map_files"] in ("EACCES", "EPERM"), out  # also needs CAP_SYS_ADMIN, which the run has not
-    allowed = ("/proc/self/status", "own file", "/dev/null", "/dev/urandom", "MADV_DONTNEED", "MADV_WILLNEED")
+    allowed = ("an extension module", "own file", "/dev/null", "/dev/urandom", "MADV_DONTNEED", "MADV_WILLNEED")
     assert {name: out[name] for name in allowed} == dict.fromkeys(allowed, "allowed"), out
     denied = ("fadvise", "readahead", "MADV_PAGEOUT", "MADV_COLD", "remap_file_pages", "process_madvise")
     assert {name: out[name] for name in denied} == dict.fromkeys(denied, "EPERM"), out
 
 
-# Extension modules the program below does not use: it moves their mappings (a module in use would crash).
-UNUSED = ("_decimal", "_sqlite3", "_curses", "_lzma", "_bz2", "_codecs_jp", "_codecs_kr", "_elementtree")
+# Extension modules the program below loads but does not call: it moves their first mapping (a module in use would
+# crash) and grows it over the rest of the file.
+UNUSED = ("_decimal", "_sqlite3", "_lzma", "_bz2", "_codecs_jp", "_codecs_kr", "_elementtree")
 _FAULTS = """
-import ctypes, json, os, resource
+import ctypes, importlib, json, os, resource
+from ctypes import POINTER, Structure, c_char_p, c_int, c_size_t, c_uint16, c_uint32, c_uint64, c_void_p
+for name in UNUSED:
+    importlib.import_module(name)
+class Phdr(Structure):
+    _fields_ = [("type", c_uint32), ("flags", c_uint32), ("offset", c_uint64), ("vaddr", c_uint64),
+                ("paddr", c_uint64), ("filesz", c_uint64), ("memsz", c_uint64), ("align", c_uint64)]
+class Info(Structure):
+    _fields_ = [("addr", c_uint64), ("name", c_char_p), ("phdr", POINTER(Phdr)), ("phnum", c_uint16)]
 libc = ctypes.CDLL(None, use_errno=True)
-libc.mremap.restype = ctypes.c_void_p
-libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
-libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc.mremap.restype = c_void_p
+libc.mremap.argtypes = [c_void_p, c_size_t, c_size_t, c_int]
 PAGE = resource.getpagesize()
-regions = []
-for line in open("/proc/self/maps"):
-    fields = line.split()
-    if len(fields) >= 6 and fields[5].startswith("/") and fields[4] != "0":
-        start, end = (int(part, 16) for part in fields[0].split("-"))
-        regions.append((start, end, fields[1], int(fields[2], 16), fields[5]))
+segments = []  # (start, end of the file's bytes, file offset, path) of every loaded object's PT_LOAD segments
+def visit(info, size, data):
+    info = info.contents
+    for i in range(info.phnum):
+        ph = info.phdr[i]
+        if ph.type == 1 and ph.filesz:
+            start = info.addr + ph.vaddr
+            segments.append((start - start % PAGE, start + ph.filesz, ph.offset - start % PAGE, info.name.decode()))
+    return 0
+CALLBACK = ctypes.CFUNCTYPE(c_int, POINTER(Info), c_size_t, c_void_p)
+libc.dl_iterate_phdr(CALLBACK(visit), None)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
 pages = 0
-for start, end, perms, _offset, _path in regions:
-    if perms[0] != "r" and libc.mprotect(start, end - start, 1) != 0:
-        continue
+for start, end, _offset, _path in segments:
     for address in range(start, end, PAGE):
         ctypes.string_at(address, 1)
         pages += 1
-# Move read-only mappings of extension modules this program does not use, grown over the file's later pages (which
-# nobody mapped): the zygote holds those pages too.
 grown = 0
-for start, end, perms, offset, path in regions:
-    size = os.stat(path).st_size
-    tail = (size - offset - (end - start)) // PAGE
-    if not os.path.basename(path).startswith(UNUSED) or perms != "r--p" or tail < 1:
+for start, end, offset, path in segments:
+    if offset != 0 or not os.path.basename(path).startswith(UNUSED):
         continue
-    moved = libc.mremap(start, end - start, end - start + tail * PAGE, 1)  # MREMAP_MAYMOVE
+    length = (end - start + PAGE - 1) // PAGE * PAGE
+    tail = min(256, (os.stat(path).st_size - length) // PAGE)
+    moved = libc.mremap(start, length, length + tail * PAGE, 1) if tail > 0 else None  # MREMAP_MAYMOVE
     if moved in (None, ctypes.c_void_p(-1).value):
         continue
-    for address in range(moved + end - start, moved + end - start + tail * PAGE, PAGE):
+    for address in range(moved, moved + length + tail * PAGE, PAGE):
         ctypes.string_at(address, 1)
         grown += 1
 majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - before
@@ -242,9 +258,9 @@ print(json.dumps({"pages": pages, "grown": grown, "majflt": majflt}))
 
 
 def test_every_page_a_run_has_mapped_is_resident(sandbox):
-    """Pages a run can reach without opening a file (its inherited mappings of the interpreter, libraries and
-    extension modules, including the gaps between segments made readable) fault nothing in: there is nothing cold
-    for one run to warm and another to count."""
+    """Pages a run can reach without opening a file (the segments of the interpreter, its libraries and the extension
+    modules it loads, and the rest of those files, reached by growing a mapping with mremap) fault nothing in: there
+    is nothing cold for one run to warm and another to count. The host first drops what it can of those files."""
     _needs_landlock(sandbox)
     import _decimal
 
@@ -254,6 +270,24 @@ def test_every_page_a_run_has_mapped_is_resident(sandbox):
     out = _report(sandbox.run(f"UNUSED = {UNUSED!r}\n" + textwrap.dedent(_FAULTS), timeout=20))
     assert out["pages"] > 1000 and out["grown"] > 0, out
     assert out["majflt"] == 0, out
+
+
+def test_loading_an_extension_module_warms_no_page_of_its_file(sandbox):
+    """The files a run may still read (an extension module it imports) are held resident by the zygote: whether run A
+    loaded one (its secret) leaves the host's page cache as it was, after the host dropped what it could of it."""
+    _needs_landlock(sandbox)
+    import importlib.machinery
+
+    spec = importlib.machinery.PathFinder.find_spec("_codecs_tw")  # found, not imported: the host keeps no mapping
+    if spec is None or not spec.origin.endswith(".so"):
+        pytest.skip("this interpreter has no _codecs_tw extension module")
+    path, resident = Path(spec.origin), {}
+    for secret in (0, 1):
+        _evict(path)
+        code = f"import json\nif {secret}:\n    import _codecs_tw\nprint(json.dumps({{'loaded': {secret}}}))"
+        assert _report(sandbox.run(code)) == {"loaded": secret}
+        resident[secret] = _resident_pages(path)
+    assert resident[0] == resident[1] > 0, f"pages of {path.name} in the page cache after run A: {resident}"
 
 
 _IMPORTS = """
