@@ -370,3 +370,37 @@ def test_without_landlock_the_sandbox_runs_with_its_other_layers_and_says_so():
     assert out["abi"] == 0 and "landlock" not in out["isolation"] and "seccomp" in out["isolation"], out
     assert out["status"] == "ok" and out["stdout"] == "True\n", out
     assert len(out["warnings"]) == 1 and "'landlock' layer" in out["warnings"][0], out["warnings"]
+
+
+_STDLIB_SOLUTION = """
+import bisect, collections, datetime, decimal, fractions, functools, heapq, itertools, math, re, statistics, string
+from typing import List
+def solve(xs: List[int]) -> int:
+    counts = collections.Counter(xs)
+    best = heapq.nlargest(1, counts.items(), key=lambda kv: (kv[1], kv[0]))[0][0]
+    assert fractions.Fraction(1, 3) + fractions.Fraction(2, 3) == 1
+    assert decimal.Decimal("0.1") * 3 == decimal.Decimal("0.3")
+    assert bisect.bisect([1, 2, 3], 2) == 2 and functools.reduce(max, xs) == max(xs) and math.gcd(4, 6) == 2
+    assert re.fullmatch(r"[a-z]+", string.ascii_lowercase) and statistics.median([1, 2, 3]) == 2
+    assert datetime.date(2024, 3, 1) - datetime.timedelta(days=1) == datetime.date(2024, 2, 29)
+    return best + sum(1 for _ in itertools.combinations(xs, 0)) - 1
+"""
+
+
+def test_correct_solutions_that_import_the_standard_library_still_score_and_the_python_tool_works(sandbox):
+    """Controls, through the default sandbox (as Code-v0 and Tool-v0 use it): HumanEval- and MBPP-style tests and a
+    stdin/stdout test of solutions that import a dozen standard modules pay 1.0; the python tool prints its result."""
+    _needs_landlock(sandbox)
+    from rllm_gym.rewards.code import code_reward_fn
+    from rllm_gym.tools.builtins import PythonTool
+
+    solution = f"```python\n{_STDLIB_SOLUTION}\n```"
+    humaneval = {"test": "def check(candidate):\n    assert candidate([3, 1, 3, 2]) == 3\n", "entry_point": "solve"}
+    mbpp = {"test_list": ["assert solve([5, 5, 1]) == 5", "assert solve([2]) == 2"], "test_imports": ["import math"]}
+    stdio_program = _STDLIB_SOLUTION + "print(solve([int(x) for x in input().split()]))\n"
+    stdio = {"tests": [{"input": "4 4 9\n", "output": "4\n"}]}
+    for task, reply in ((humaneval, solution), (mbpp, solution), (stdio, f"```python\n{stdio_program}\n```")):
+        result = code_reward_fn(task, reply)
+        assert result.reward == 1.0, result.metadata
+    out = PythonTool()(code="import fractions, heapq\nprint(heapq.nsmallest(2, [3, 1, 2]), fractions.Fraction(1, 2))")
+    assert out.error is None and out.output == "[1, 2] 1/2", out
