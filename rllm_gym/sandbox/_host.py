@@ -62,8 +62,9 @@ class Sandbox:
             space, so ``memory_mb`` must leave room for it.
         read_view: False (default, for model-written code): where the kernel has Landlock, a run's program opens
             no file outside its own working folder (layer ``landlock``), so it imports only what the zygote
-            preloaded: the whole standard library and ``preload``. True lets runs read the view's files, as trusted
-            scorers that load their own data files lazily need (reasoning-gym's).
+            holds: the whole standard library, ``preload`` and the ``packages`` listed (imported by the zygote).
+            True lets runs read the view's files, as trusted scorers that load their own data files lazily need
+            (reasoning-gym's).
 
     ``landlock_abi`` (once started): the kernel's Landlock ABI in force for runs, 0 where it is not (a warning says
     so once); ``isolation`` lists ``landlock`` when it is.

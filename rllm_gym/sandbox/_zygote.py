@@ -102,7 +102,7 @@ class Zygote:
         self.landlock, self.archive, self.readable = (landlock_abi if usable else 0), archive, []
         if self.landlock:  # in the view: the paths a run may read are the view's
             self.readable, pinned = archive.shared_objects()
-            self.pinned_bytes, self.pinned = _preload.pin_files(_libc, pinned)
+            _preload.pin_files(_libc, pinned)
             self.isolation.append("landlock")
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -153,7 +153,7 @@ class Zygote:
             "namespaces": self.namespaces,
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
-            "landlock": (self.landlock,) if self.landlock else None,
+            "landlock": self.landlock or None,  # the ABI, where runs of model code get the layer
             "readable": self.readable,
             "archive": self.archive,
         }
@@ -385,7 +385,7 @@ class Zygote:
         self.selector.register(self.sock, selectors.EVENT_READ, "sock")
         cgroup = None if self.cgroups is None else self.cgroups.path
         hello = {"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup}
-        self.send({**hello, "landlock_abi": self.landlock, "pinned": bool(self.landlock and self.pinned)})
+        self.send({**hello, "landlock_abi": self.landlock})
         while True:
             while self.pending and self.units > 0:
                 self.start(self.pending.popleft())

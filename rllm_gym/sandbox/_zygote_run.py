@@ -56,7 +56,7 @@ def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: s
     os.environ.update(req["env"])
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
     if ctx["landlock"] is not None and role != "harness":
-        _landlock.restrict(*ctx["landlock"], workdir, ctx["readable"])
+        _landlock.restrict(ctx["landlock"], workdir, ctx["readable"])
         _landlock.guard_imports(workdir, ctx["archive"])
 
 
