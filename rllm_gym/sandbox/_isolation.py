@@ -40,6 +40,7 @@ _BASE = ""  # the host folder where build_view assembles the new root (made and 
 # Inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR. Not /tmp itself: the interpreter
 # or its venv may live under /tmp and must stay visible; /tmp is a link here unless such a tree occupies it.
 RUN_DIR = "/sandbox"
+RUN_ROOT = "/.run-root"  # inside the view: the root of runs of model code under Landlock (make_run_root)
 _TMP_TREES: list[tuple[str, str]] = []  # (path under /tmp, its second read-only mount) for trees each run rebinds
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -61,14 +62,21 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 # Set up once, in the zygote itself
 
 
-def build_view(base: str, hidden: list[str], isolation: list[str], packages: list[str] | None = None) -> bool:
+def build_view(
+    base: str,
+    hidden: list[str],
+    isolation: list[str],
+    packages: list[str] | None = None,
+    run_files: list | None = None,
+) -> bool:
     """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
 
     ``base``: an empty host folder (the host makes and removes it) where the new root is assembled on a tmpfs.
     ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
     tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
     ``packages``: None exposes every installed third-party package; a list, only those top-level import names
-    (each site-packages folder becomes an empty tmpfs holding just their files).
+    (each site-packages folder becomes an empty tmpfs holding just their files). ``run_files``: the files and folders
+    runs of model code may read, for which :func:`make_run_root` builds their own smaller root.
     """
     if libc is None or os.geteuid() != 0 or libc.unshare(CLONE_NEWNS) != 0:
         return False
@@ -109,6 +117,8 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
             _TMP_TREES.append((tree, stash))
     _make_etc(root)
     _make_dev(root)
+    if run_files is not None:
+        make_run_root(root + RUN_ROOT, run_files)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
         os.mkdir(os.path.join(root, name), mode)
     if not _TMP_TREES:  # else /tmp holds the interpreter's tree and each run binds its own folder there
@@ -122,6 +132,33 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     isolation += ["minimal_fs", "readonly_fs"]
     return True
+
+
+def make_run_root(run_root: str, files: list[str]) -> None:
+    """The root a run of model code is chrooted into (under Landlock): in memory (directories of the view's tmpfs)
+    but for ``files`` (each file of a folder one by one) bound read-only at their own paths, the system links, the
+    ``/dev`` nodes and an empty ``/sandbox``. No other path of the disk exists there, so a run cannot warm the
+    kernel's caches of directories and inodes (by a ``stat`` of a cold path) for a later run to time."""
+    os.mkdir(run_root, 0o755)
+    for name in _SYSTEM_DIRS:
+        if os.path.islink("/" + name):
+            os.symlink(os.readlink("/" + name), f"{run_root}/{name}")
+    bound: set[str] = set()
+    for path in files:
+        inside = [os.path.join(path, entry) for entry in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
+        os.makedirs(run_root + path if os.path.isdir(path) else os.path.dirname(run_root + path), 0o755, exist_ok=True)
+        for file in inside:
+            if os.path.isfile(file) and not os.path.islink(file):
+                _bind_readonly(file, run_root + file)
+                bound.add(file)
+    for folder in {os.path.dirname(file) for file in bound}:  # the names the loader asks for: libssl.so.3 -> ...
+        for entry in os.listdir(folder):
+            link = os.path.join(folder, entry)
+            if os.path.islink(link) and os.path.realpath(link) in bound and not os.path.lexists(run_root + link):
+                os.symlink(os.readlink(link), run_root + link)
+    _make_dev(run_root)
+    os.mkdir(run_root + RUN_DIR, 0o755)
+    os.symlink(RUN_DIR, run_root + "/tmp")
 
 
 def _bind_tree(source: str, target: str) -> None:
@@ -463,14 +500,19 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, cover: bool = True) -> None:
-    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR, a fresh /proc
-    whose host-wide files are covered unless ``cover`` is False (under Landlock, which lets a run read only its own
-    ``/proc/<pid>``)."""
+def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False) -> None:
+    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR and a fresh /proc
+    with its host-wide files covered; with ``run_root`` (model code under Landlock, which reads no /proc), the
+    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
         options += f",uid={uid},gid={uid}"
+    if run_root:
+        mount("tmpfs", RUN_ROOT + RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        os.chroot(RUN_ROOT)
+        os.chdir("/")
+        return
     mount("tmpfs", RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
     if _TMP_TREES:  # the interpreter lives under /tmp: /tmp becomes the run's folder with that tree bound back in it
         for tree, stash in _TMP_TREES:
@@ -480,7 +522,7 @@ def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: boo
         mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-        for name in HOST_WIDE_PROC if cover else ():
+        for name in HOST_WIDE_PROC:
             with contextlib.suppress(OSError):  # absent on this kernel: nothing to cover
                 mount("/dev/null", "/proc/" + name, None, MS_BIND)
 

@@ -2,10 +2,11 @@
 
 The pages of a file a run reads stay in the host's page cache after it ends, so one run could warm chosen pages of a
 cold file and a later run find out which (by timing a read, or by its own major-fault count). Under this layer a
-run's process opens files only beneath its private ``/sandbox`` tmpfs (pages that are its own and die with it), the
-``/dev`` nodes of the view (no page cache) and the shared objects of extension modules it may still load (each held
-resident and locked by the zygote); every other path (``/usr``, the interpreter's prefix, the virtual environment,
-``/proc``) is refused with ``EACCES``, execution of any file included. What the code imports must then come from the
+run's process is chrooted into a root of its own that holds only its private ``/sandbox`` tmpfs (pages that are its
+own and die with it), the ``/dev`` nodes (no page cache) and the shared objects of extension modules it may still load
+(each held resident and locked by the zygote), bound at their own paths: no other path of the disk exists for it, not
+even to ``stat`` (which would warm the kernel's caches of directories and inodes). Landlock then refuses it every other
+access (``EACCES``), the execution of any file included. What the code imports must then come from the
 zygote (``_preload.py``): the packages it loaded, the compiled code of the standard library and of those packages, and
 their extension modules' shared objects; :func:`guard_imports` turns an import of anything else into a
 ``ModuleNotFoundError`` that says why. Standard library only: the zygote loads this
@@ -62,9 +63,10 @@ def handled_rights(abi: int) -> int:
 
 def restrict(abi: int, run_dir: str, readable: list[str]) -> None:
     """Confine this process and everything it starts (needs ``no_new_privs`` first; raises OSError): ``run_dir``
-    (read, write, create; no execution), the view's ``/dev`` (its device nodes: read and write, no ioctl) and
-    ``readable`` (read only: the shared objects of extension modules a run may still load, files or folders, each
-    of them resident and locked by the zygote). Nothing else, ``/proc`` included.
+    (read, write, create; no execution), ``/dev`` (its device nodes: read and write, no ioctl) and ``readable`` (read
+    only). Nothing can be executed. The zygote passes ``["/"]``: a run of model code lives in a root of its own
+    (``_isolation.make_run_root``) that holds nothing but what it may read (the shared objects of the extension
+    modules, each resident and locked by the zygote), the ``/dev`` nodes and its ``/sandbox``.
 
     Built in the run's own process: a rule holds an inode, and ``run_dir`` is the root of the run's own tmpfs (a rule
     on the mount point would not reach below it)."""

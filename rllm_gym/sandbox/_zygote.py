@@ -69,6 +69,9 @@ _OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are ch
 
 class Zygote:
     def __init__(self, sock: socket.socket, config: dict, landlock_abi: int = 0, archive=None):
+        # Under Landlock: what runs of model code may read, and what the zygote pins (see _preload.py).
+        usable = landlock_abi and archive is not None
+        readable, pinned = archive.shared_objects() if usable else (None, [])
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
@@ -78,7 +81,9 @@ class Zygote:
         self.view = (
             isolate
             and self.pidns_fd is not None
-            and _isolation.build_view(config["view_base"], config["hidden"], self.isolation, config["packages"])
+            and _isolation.build_view(
+                config["view_base"], config["hidden"], self.isolation, config["packages"], readable
+            )
         )
         if self.view:
             for flag, name in ((_isolation.CLONE_NEWNET, "netns"), (_isolation.CLONE_NEWIPC, "ipcns")):
@@ -98,10 +103,9 @@ class Zygote:
         elif memory_rules and self.seccomp is not None:
             self.isolation.append("memory_rules")
         # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
-        usable = self.view and archive is not None and not _isolation._TMP_TREES
-        self.landlock, self.archive, self.readable = (landlock_abi if usable else 0), archive, []
-        if self.landlock:  # in the view: the paths a run may read are the view's
-            self.readable, pinned = archive.shared_objects()
+        usable = usable and self.view and not _isolation._TMP_TREES
+        self.landlock, self.archive = (landlock_abi if usable else 0), archive
+        if self.landlock:
             _preload.pin_files(_libc, pinned)
             self.isolation.append("landlock")
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
@@ -154,7 +158,8 @@ class Zygote:
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
             "landlock": self.landlock or None,  # the ABI, where runs of model code get the layer
-            "readable": self.readable,
+            # Everything in the run's root is a file it may read (make_run_root): one rule for all of them.
+            "readable": ["/"],
             "archive": self.archive,
         }
 

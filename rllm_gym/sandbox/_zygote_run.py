@@ -133,7 +133,7 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         workdir = run.workdir
         if ctx["view"]:
             landlocked = ctx["landlock"] is not None and run.role != "harness"
-            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], not landlocked)
+            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], landlocked)
         # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
         # every run is a fork, never holds one run's code, input or output where another run could find it.
         payload = json.loads(_read_all(fds["payload"]))

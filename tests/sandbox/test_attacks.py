@@ -794,7 +794,10 @@ def sc(nr, *args):
     return [ret, errno.errorcode.get(err, err) if ret < 0 else 0]
 
 
-ns_fd = os.open('/proc/self/ns/net', os.O_RDONLY)
+try:
+    ns_fd = os.open('/proc/self/ns/net', os.O_RDONLY)
+except OSError:  # no /proc for model code under landlock: the filter answers before the fd is looked at
+    ns_fd = -1
 out = {f'unshare_{k}': sc(272, v) for k, v in NEW.items()}
 # (CLONE_NEWTIME only exists for unshare and clone3: in clone's flags 0x80 is part of the exit signal)
 out.update({f'clone_{k}': sc(56, v | 17, 0, 0, 0, 0) for k, v in NEW.items() if k != 'time'})
@@ -862,7 +865,7 @@ def test_honest_programs_still_work_under_every_layer(sandbox, view_sandbox, rea
         "try:\n"
         "    sub = subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True)\n"
         "    out['sub'] = sub.stdout\n"
-        "except PermissionError:\n    out['sub'] = 'refused'\n"
+        "except OSError:\n    out['sub'] = 'refused'\n"
         "with multiprocessing.get_context('fork').Pool(2) as pool:\n"
         "    out['pool'] = pool.map(abs, [-1, -2])\n"
         "with tempfile.NamedTemporaryFile('w+') as f:\n"
