@@ -8,7 +8,7 @@ own and die with it), the ``/dev`` nodes (no page cache) and the shared objects 
 even to ``stat`` (which would warm the kernel's caches of directories and inodes). Landlock then refuses it every other
 access (``EACCES``), the execution of any file included. What the code imports must then come from the
 zygote (``_preload.py``): the packages it loaded, the compiled code of the standard library and of those packages, and
-their extension modules' shared objects; :func:`guard_imports` turns an import of anything else into a
+their extension modules' shared objects; :func:`import_finders` turn an import of anything else into a
 ``ModuleNotFoundError`` that says why. Standard library only: the zygote loads this
 file by path.
 
@@ -61,28 +61,32 @@ def handled_rights(abi: int) -> int:
     return _HANDLED_BY_ABI.get(abi, _HANDLED_LATEST)
 
 
-def restrict(abi: int, run_dir: str, readable: list[str]) -> None:
-    """Confine this process and everything it starts (needs ``no_new_privs`` first; raises OSError): ``run_dir``
-    (read, write, create; no execution), ``/dev`` (its device nodes: read and write, no ioctl) and ``readable`` (read
-    only). Nothing can be executed. The zygote passes ``["/"]``: a run of model code lives in a root of its own
-    (``_isolation.make_run_root``) that holds nothing but what it may read (the shared objects of the extension
-    modules, each resident and locked by the zygote), the ``/dev`` nodes and its ``/sandbox``.
-
-    Built in the run's own process: a rule holds an inode, and ``run_dir`` is the root of the run's own tmpfs (a rule
-    on the mount point would not reach below it)."""
+def build_ruleset(abi: int, run_root: str) -> int:
+    """The ruleset of every run of model code, built once (in the zygote; returns its fd): everything beneath
+    ``run_root``, the root such a run is chrooted into (``_isolation.make_run_root``), but execution, device nodes
+    made and device ioctls. That root holds nothing but what the run may use: its ``/sandbox`` (its own tmpfs, whose
+    mount point is in that root, so the rule reaches it), the ``/dev`` nodes and, read-only, the shared objects of the
+    extension modules, each resident and locked by the zygote. Raises OSError."""
     handled = handled_rights(abi)
     attr = _RulesetAttr(handled)
     ruleset = _check(_libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0), "create")
     try:
-        folder = handled & ~(EXECUTE | _MAKE_CHAR | _MAKE_BLOCK | _IOCTL_DEV)
-        rules = [(run_dir, folder), ("/dev", READ_FILE | WRITE_FILE | TRUNCATE)]
-        for path, allowed in rules + [(path, READ_FILE) for path in readable]:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            try:
-                rule = _PathBeneathAttr(allowed & handled, fd)
-                _check(_libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0), path)
-            finally:
-                os.close(fd)
+        fd = os.open(run_root, os.O_PATH | os.O_CLOEXEC)
+        try:
+            rule = _PathBeneathAttr(handled & ~(EXECUTE | _MAKE_CHAR | _MAKE_BLOCK | _IOCTL_DEV), fd)
+            _check(_libc.syscall(_SYS_ADD_RULE, ruleset, _RULE_PATH_BENEATH, ctypes.byref(rule), 0), run_root)
+        finally:
+            os.close(fd)
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+def restrict(ruleset: int) -> None:
+    """Confine this process and everything it starts to ``ruleset`` (needs ``no_new_privs`` first; raises OSError),
+    then close the fd: the code that runs next never holds it (a rule added to it would reach later runs)."""
+    try:
         _check(_libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0), "restrict_self")
     finally:
         os.close(ruleset)
@@ -129,13 +133,14 @@ class _NotPreloaded:
         )
 
 
-def guard_imports(run_dir: str, archive: object) -> None:
-    """Serve imports from memory only: ``sys.modules``, built-in and frozen modules, ``archive`` (the zygote's
-    compiled standard library, a meta path finder) and ``run_dir``'s own files, which come first as ``sys.path[0]``
-    would; a module found nowhere fails with a message that says why instead of a bare ``PermissionError``."""
+def import_finders(run_dir: str, archive: object) -> list:
+    """The ``sys.meta_path`` of a run of model code (built once, in the zygote): imports come from memory only
+    (``sys.modules``, built-in and frozen modules, ``archive``: the zygote's compiled standard library, a meta path
+    finder) and ``run_dir``'s own files, which come first as ``sys.path[0]`` would; a module found nowhere fails with
+    a message that says why instead of a bare ``PermissionError``."""
     import importlib.machinery
 
     finders = [finder for finder in sys.meta_path if finder is not importlib.machinery.PathFinder]
     at = next((i for i, finder in enumerate(sys.meta_path) if finder is importlib.machinery.PathFinder), len(finders))
     finders[at:at] = [_RunFiles(run_dir), archive]
-    sys.meta_path[:] = [*finders, _NotPreloaded()]
+    return [*finders, _NotPreloaded()]

@@ -104,9 +104,12 @@ class Zygote:
             self.isolation.append("memory_rules")
         # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
         usable = usable and self.view and not _isolation._TMP_TREES
-        self.landlock, self.archive = (landlock_abi if usable else 0), archive
+        self.landlock = landlock_abi if usable else 0
+        self.ruleset, self.finders = None, []
         if self.landlock:
             _preload.pin_files(_libc, pinned)
+            self.ruleset = _landlock.build_ruleset(self.landlock, _isolation.RUN_ROOT)
+            self.finders = _landlock.import_finders(_isolation.RUN_DIR, archive)
             self.isolation.append("landlock")
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -157,10 +160,8 @@ class Zygote:
             "namespaces": self.namespaces,
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
-            "landlock": self.landlock or None,  # the ABI, where runs of model code get the layer
-            # Everything in the run's root is a file it may read (make_run_root): one rule for all of them.
-            "readable": ["/"],
-            "archive": self.archive,
+            "landlock": self.ruleset,  # the fd of the ruleset of runs of model code, where they get the layer
+            "finders": self.finders,
         }
 
     def start(self, req: dict) -> None:

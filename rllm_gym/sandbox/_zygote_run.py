@@ -37,9 +37,9 @@ def _temp_fd() -> int:
     return os.dup(handle.fileno())
 
 
-def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: str | None) -> None:
+def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: str | None, ruleset: int | None):
     """In the solution's process: drop privileges, apply limits and the environment (inherited by the code); where
-    the code is the model's (not a pair's harness), confine its files to ``workdir`` (Landlock)."""
+    the code is the model's (not a pair's harness), apply the Landlock ``ruleset`` (an fd, closed here either way)."""
     # Dispositions a fresh ``python`` would have.
     for sig, handler in (
         (signal.SIGCHLD, signal.SIG_DFL),
@@ -55,9 +55,11 @@ def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: s
     os.environ.clear()
     os.environ.update(req["env"])
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
-    if ctx["landlock"] is not None and role != "harness":
-        _landlock.restrict(ctx["landlock"], workdir, ctx["readable"])
-        _landlock.guard_imports(workdir, ctx["archive"])
+    if ruleset is not None and role != "harness":
+        _landlock.restrict(ruleset)
+        sys.meta_path[:] = ctx["finders"]
+    elif ruleset is not None:
+        os.close(ruleset)
 
 
 def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
@@ -154,6 +156,10 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
             cgroup = ctx["cgroups"].join(run.slot)
             keep.append(fcntl.fcntl(cgroup, fcntl.F_DUPFD_CLOEXEC, 10))
             cgroup = keep[-1]
+        ruleset = None
+        if ctx["landlock"] is not None:  # the zygote's Landlock ruleset: the solution's process applies and closes it
+            ruleset = fcntl.fcntl(ctx["landlock"], fcntl.F_DUPFD_CLOEXEC, 10)
+            keep.append(ruleset)
         status_w = keep[0]
         targets = [(fds["stdin"], 0), (fds["stdout"], 1), (fds["stderr"], 2)]
         if "chan_r" in fds:
@@ -169,7 +175,7 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
                 if cgroup is not None:
                     os.write(cgroup, b"0")
                     os.close(cgroup)
-                _enter_solution(req, workdir, ctx, supervisor, run.role)
+                _enter_solution(req, workdir, ctx, supervisor, run.role, ruleset)
             except BaseException as exc:  # an infrastructure fault: say so, never pass for the code's exit
                 message = f"the solution's process could not start: {type(exc).__name__}: {exc}"
                 os.write(status_w, (json.dumps({"error": message}) + "\n").encode())

@@ -160,7 +160,8 @@ def syscall(*args):
         raise OSError(code, os.strerror(code))
 for name, path in PATHS.items():
     attempt(name, lambda: os.close(os.open(path, os.O_RDONLY)))
-attempt("list /usr", lambda: os.listdir("/usr"))
+tree = [os.path.join(root, name) for root, _dirs, names in os.walk("/") for name in names]
+out["tree"] = sorted(path for path in tree if not os.path.islink(path))  # links: the system's /lib -> usr/lib...
 for name, path in PATHS.items():
     attempt("stat " + name, lambda: os.stat(path))
 attempt("exec python", lambda: subprocess.run([sys.executable, "-c", "pass"], check=False))
@@ -199,12 +200,15 @@ def test_a_run_opens_no_file_outside_its_folder_and_cannot_evict_or_read_ahead(s
         "an extension module": _decimal.__file__,
     }
     out = _report(sandbox.run(f"PATHS = {paths!r}\n" + textwrap.dedent(_OUTSIDE), timeout=10))
-    refused = ["stdlib", "interpreter", "/etc/passwd", "venv", "list /usr", "exec python", "/proc/self/maps"]
+    refused = ["stdlib", "interpreter", "/etc/passwd", "venv", "exec python", "/proc/self/maps"]
     refused += ["/proc/loadavg", "a library no extension needs"]
     refused += ["stat " + name for name in paths if name != "an extension module"]
     # Not there at all (the run's root holds nothing else of the disk: no cache of directories or inodes to warm by
     # a stat), or there and refused by Landlock.
     assert {name: out[name] for name in refused if out[name] not in ("ENOENT", "EACCES")} == {}, out
+    # Its whole root: its own files, the /dev nodes and, read-only, the shared objects and the loader's cache.
+    others = [path for path in out["tree"] if not path.startswith(("/sandbox/", "/dev/"))]
+    assert others and all(".so" in os.path.basename(path) or path == "/etc/ld.so.cache" for path in others), others
     allowed = ("an extension module", "own file", "/dev/null", "/dev/urandom", "MADV_DONTNEED", "MADV_WILLNEED")
     assert {name: out[name] for name in allowed} == dict.fromkeys(allowed, "allowed"), out
     denied = ("fadvise", "readahead", "MADV_PAGEOUT", "MADV_COLD", "remap_file_pages", "process_madvise")
