@@ -35,10 +35,11 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
   mount API, ``ptrace``, ``process_vm_*``, ``bpf``, ``keyctl``, ``perf_event_open``, ``userfaultfd``, ``kexec_*``,
   modules, ``io_uring``, non-UNIX sockets, the page-cache probes (``mincore``, ``cachestat``, ``preadv2``) and what
   evicts or reads ahead file pages (``fadvise64``, ``readahead``, ``madvise`` with ``MADV_COLD``/``MADV_PAGEOUT``);
-* ``landlock``: the process that runs model code opens no file outside its ``/sandbox`` (the ``/dev`` nodes and the
-  shared objects of the extension modules it may load aside, each held resident and locked by the zygote), so no run
-  can warm pages of a file for a later run to count (``_landlock.py``); it imports the standard library and what the
-  sandbox preloads from the zygote's memory (``_preload.py``). Needs Linux 5.13+ with Landlock; optional: where it is
+* ``landlock``: the process that runs model code lives in a root of its own that holds only its ``/sandbox``, the
+  ``/dev`` nodes and the shared objects of the extension modules it may load (each held resident and locked by the
+  zygote), and a Landlock ruleset refuses it anything else, so no run can warm pages of a file, or a directory entry,
+  for a later run to count or time (``_landlock.py``); it imports the standard library and what the sandbox preloads
+  from the zygote's memory (``_preload.py``). Needs Linux 5.13+ with Landlock; optional: where it is
   missing, a warning says so and ``Sandbox.landlock_abi`` is 0. ``Sandbox(read_view=True)`` leaves it off, for trusted
   scorers that read their own files;
 * ``memory_cgroup``: ``memory_mb`` is also the limit of a memory cgroup (v1 ``memory.limit_in_bytes`` +
