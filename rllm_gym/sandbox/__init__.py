@@ -55,8 +55,8 @@ itself is ``sandbox_error``: graders must never score it as a wrong answer, and 
 Layout: :mod:`~rllm_gym.sandbox.limits` (a run's limits, checked by one rule), ``_result.py`` (statuses and results),
 ``_wire.py`` (requests and frames), ``_host.py`` (:class:`Sandbox`), :mod:`~rllm_gym.sandbox.channel` (the pair's
 plain-data calls), and the zygote's side, standard library only and loaded by path: ``_zygote.py`` (the fork server),
-``_zygote_run.py`` (one run's supervisor and solution processes), ``_isolation.py`` (the layers), ``_landlock.py`` and
-``_preload.py`` (what the zygote loads and pins for runs under Landlock).
+``_zygote_run.py`` (one run's supervisor and solution processes), ``_isolation.py`` (the layers), ``_cgroups.py`` (the
+memory cgroups), ``_landlock.py`` and ``_preload.py`` (what the zygote loads and pins for runs under Landlock).
 """
 
 from __future__ import annotations

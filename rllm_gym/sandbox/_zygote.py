@@ -60,6 +60,7 @@ def _load_sibling(name: str, **shared: types.ModuleType) -> types.ModuleType:
 
 
 _isolation = _load_sibling("_isolation")
+_cgroups = _load_sibling("_cgroups")
 _landlock = _load_sibling("_landlock")
 _preload = _load_sibling("_preload")
 _run = _load_sibling("_zygote_run", _isolation=_isolation, _landlock=_landlock, channel=_load_sibling("channel"))
@@ -75,7 +76,7 @@ class Zygote:
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
-        self.cgroups = _isolation.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
+        self.cgroups = _cgroups.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
         self.namespaces = _isolation.probe_run_namespaces() if isolate else 0
         self.pidns_fd = _isolation.probe_pid_namespace() if isolate else None
         self.view = (
