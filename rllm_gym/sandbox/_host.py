@@ -184,8 +184,9 @@ class Sandbox:
         if self.isolate and not self.read_view and "landlock" not in self.isolation:
             warnings.warn(
                 "the sandbox runs model code without its 'landlock' layer (it needs Linux 5.13 or later with Landlock "
-                "enabled, and the interpreter outside /tmp): a run can read the interpreter's files, so one run can "
-                "warm pages of them in the page cache and a later run can probe which; every other layer is in force",
+                "enabled, the minimal_fs view, which needs root, and the interpreter outside /tmp): a run can read "
+                "the interpreter's files, so one run can warm pages of them in the page cache and a later run can "
+                f"probe which; the layers in force: {self.isolation}",
                 RuntimeWarning,
                 stacklevel=4,
             )

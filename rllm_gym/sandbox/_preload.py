@@ -62,13 +62,13 @@ def preload(modules: list) -> None:
 
 
 class ModuleArchive:
-    """Every module of the standard library and of given packages, importable in a run without opening a file.
+    """Every module of the standard library and of given packages, importable in a run that reads no source file.
 
     Pure-Python modules: their compiled code, in one sealed, read-only memfd the zygote maps (shared: a fork copies
-    none of it). Extension modules: their paths; a run loads one from its file, which Landlock lets it read
-    (:meth:`shared_objects`, pinned by :func:`pin_files`).
-    The run imports through :meth:`find_spec` and the module runs in the run, as it would from its file. Sealed (no
-    write, no resize), the code cannot be changed by one run for the next.
+    none of it). Extension modules: their paths; a run loads one from its file, one of the few it may read
+    (:meth:`shared_objects`: bound in the runs' own root by ``_isolation.make_run_root``, pinned by
+    :func:`pin_files`). The run imports through :meth:`find_spec` and the module runs in the run, as it would from
+    its file. Sealed (no write, no resize), the code cannot be changed by one run for the next.
     """
 
     def __init__(self) -> None:
