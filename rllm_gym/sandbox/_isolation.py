@@ -68,6 +68,7 @@ def build_view(
     isolation: list[str],
     packages: list[str] | None = None,
     run_files: list | None = None,
+    run_unreadable: list[str] = (),
 ) -> bool:
     """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
 
@@ -75,8 +76,8 @@ def build_view(
     ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
     tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
     ``packages``: None exposes every installed third-party package; a list, only those top-level import names
-    (each site-packages folder becomes an empty tmpfs holding just their files). ``run_files``: the files and folders
-    runs of model code may read, for which :func:`make_run_root` builds their own smaller root.
+    (each site-packages folder becomes an empty tmpfs holding just their files). ``run_files``, ``run_unreadable``:
+    for :func:`make_run_root`, which builds the smaller root of runs of model code.
     """
     if libc is None or os.geteuid() != 0 or libc.unshare(CLONE_NEWNS) != 0:
         return False
@@ -118,7 +119,7 @@ def build_view(
     _make_etc(root)
     _make_dev(root)
     if run_files is not None:
-        make_run_root(root + RUN_ROOT, run_files)
+        make_run_root(root + RUN_ROOT, run_files, run_unreadable)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
         os.mkdir(os.path.join(root, name), mode)
     if not _TMP_TREES:  # else /tmp holds the interpreter's tree and each run binds its own folder there
@@ -134,11 +135,13 @@ def build_view(
     return True
 
 
-def make_run_root(run_root: str, files: list[str]) -> None:
+def make_run_root(run_root: str, files: list[str], unreadable: list[str] = ()) -> None:
     """The root a run of model code is chrooted into (under Landlock): in memory (directories of the view's tmpfs)
     but for ``files`` (each file of a folder one by one) bound read-only at their own paths, the system links, the
     ``/dev`` nodes and an empty ``/sandbox``. No other path of the disk exists there, so a run cannot warm the
-    kernel's caches of directories and inodes (by a ``stat`` of a cold path) for a later run to time."""
+    kernel's caches of directories and inodes (by a ``stat`` of a cold path) for a later run to time. ``unreadable``
+    (the interpreter's own files) get an empty placeholder nobody may read: opening one fails with ``EACCES``, as for
+    any file a run may not read, without a lookup on the disk."""
     os.mkdir(run_root, 0o755)
     for name in _SYSTEM_DIRS:
         if os.path.islink("/" + name):
@@ -159,6 +162,10 @@ def make_run_root(run_root: str, files: list[str]) -> None:
     _make_dev(run_root)
     os.mkdir(run_root + RUN_DIR, 0o755)
     os.symlink(RUN_DIR, run_root + "/tmp")
+    for path in unreadable:
+        with contextlib.suppress(OSError):  # one under /tmp, or where a bound file is: nothing to stand in for
+            os.makedirs(os.path.dirname(run_root + path), 0o755, exist_ok=True)
+            os.close(os.open(run_root + path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0))
 
 
 def _bind_tree(source: str, target: str) -> None:

@@ -73,6 +73,8 @@ class Zygote:
         # Under Landlock: what runs of model code may read, and what the zygote pins (see _preload.py).
         usable = landlock_abi and archive is not None
         readable, pinned = archive.shared_objects() if usable else (None, [])
+        unreadable = [entry[3] for entry in archive.index.values()] if usable else []
+        unreadable += [sys.executable, os.path.realpath(sys.executable), os.path.join(sys.prefix, "pyvenv.cfg")]
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
@@ -83,7 +85,7 @@ class Zygote:
             isolate
             and self.pidns_fd is not None
             and _isolation.build_view(
-                config["view_base"], config["hidden"], self.isolation, config["packages"], readable
+                config["view_base"], config["hidden"], self.isolation, config["packages"], readable, unreadable
             )
         )
         if self.view:
