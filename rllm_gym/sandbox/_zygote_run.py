@@ -37,7 +37,9 @@ def _temp_fd() -> int:
     return os.dup(handle.fileno())
 
 
-def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int, role: str | None, ruleset: int | None):
+def _enter_solution(
+    req: dict, workdir: str, ctx: dict, supervisor: int, role: str | None, ruleset: int | None
+) -> None:
     """In the solution's process: drop privileges, apply limits and the environment (inherited by the code); where
     the code is the model's (not a pair's harness), apply the Landlock ``ruleset`` (an fd, closed here either way)."""
     # Dispositions a fresh ``python`` would have.
