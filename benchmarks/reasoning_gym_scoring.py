@@ -53,7 +53,7 @@ def main() -> None:
         results[f"{name}/{side}"] = _time(
             lambda scorer=scorer, task=task, reply=reply: scorer(task, reply), args.answers
         )
-    cold = Sandbox(max_parallel=2)  # no preload: every run imports reasoning-gym itself
+    cold = Sandbox(max_parallel=2, read_view=True)  # no preload: every run imports reasoning-gym itself
     task = _task("chain_sum")
     entry = {"question": task["question"], "answer": task["ground_truth"], "metadata": task["metadata"]}
     request = {

@@ -220,7 +220,10 @@ def scoring_sandbox() -> Sandbox:
     with _sandbox_lock:
         if _sandbox is None:
             strict = os.environ.get("RLLM_GYM_SANDBOX_STRICT", "1") != "0"
-            _sandbox = Sandbox(max_parallel=max(2, os.cpu_count() or 1), strict=strict, preload=["reasoning_gym"])
+            # read_view: a trusted scorer reads its own data files lazily; the answer it scores is data (see above)
+            _sandbox = Sandbox(
+                max_parallel=max(2, os.cpu_count() or 1), strict=strict, preload=["reasoning_gym"], read_view=True
+            )
             atexit.register(_sandbox.close)
         box = _sandbox
     box.start()

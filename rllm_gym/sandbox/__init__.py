@@ -33,7 +33,15 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
 * ``seccomp`` (x86-64): EPERM for new namespaces (``unshare``, ``setns``, ``clone`` with any ``CLONE_NEW*`` flag;
   ``clone3`` gets ENOSYS so libc falls back to ``clone``), ``mount``/``umount2``/``pivot_root``/``chroot`` and the new
   mount API, ``ptrace``, ``process_vm_*``, ``bpf``, ``keyctl``, ``perf_event_open``, ``userfaultfd``, ``kexec_*``,
-  modules, ``io_uring`` and non-UNIX sockets;
+  modules, ``io_uring``, non-UNIX sockets, the page-cache probes (``mincore``, ``cachestat``, ``preadv2``) and what
+  evicts or reads ahead file pages (``fadvise64``, ``readahead``, ``madvise`` with ``MADV_COLD``/``MADV_PAGEOUT``);
+* ``landlock``: the process that runs model code lives in a root of its own that holds only its ``/sandbox``, the
+  ``/dev`` nodes and the shared objects of the extension modules it may load (each held resident and locked by the
+  zygote), and a Landlock ruleset refuses it anything else, so no run can warm pages of a file, or a directory entry,
+  for a later run to count or time (``_landlock.py``); it imports the standard library and what the sandbox preloads
+  from the zygote's memory (``_preload.py``). Needs Linux 5.13+ with Landlock; optional: where it is
+  missing, a warning says so and ``Sandbox.landlock_abi`` is 0. ``Sandbox(read_view=True)`` leaves it off, for trusted
+  scorers that read their own files;
 * ``memory_cgroup``: ``memory_mb`` is also the limit of a memory cgroup (v1 ``memory.limit_in_bytes`` +
   ``memory.memsw``, or v2 ``memory.max``) that counts every page the run touches: anonymous, tmpfs, ``/dev/shm``,
   memfd, SysV shared memory; where no cgroup can be made, ``memory_rules`` says that seccomp refuses ``memfd_create``
@@ -47,7 +55,8 @@ itself is ``sandbox_error``: graders must never score it as a wrong answer, and 
 Layout: :mod:`~rllm_gym.sandbox.limits` (a run's limits, checked by one rule), ``_result.py`` (statuses and results),
 ``_wire.py`` (requests and frames), ``_host.py`` (:class:`Sandbox`), :mod:`~rllm_gym.sandbox.channel` (the pair's
 plain-data calls), and the zygote's side, standard library only and loaded by path: ``_zygote.py`` (the fork server),
-``_zygote_run.py`` (one run's supervisor and solution processes) and ``_isolation.py`` (the layers).
+``_zygote_run.py`` (one run's supervisor and solution processes), ``_isolation.py`` (the layers), ``_cgroups.py`` (the
+memory cgroups), ``_landlock.py`` and ``_preload.py`` (what the zygote loads and pins for runs under Landlock).
 """
 
 from __future__ import annotations

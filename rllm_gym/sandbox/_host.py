@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,14 @@ class Sandbox:
             them loaded: for trusted scoring code with a slow import (``["reasoning_gym"]``: ~1 s a run -> a fork).
             A run cannot change what the next one gets (each is a fork of the zygote). Runs inherit their address
             space, so ``memory_mb`` must leave room for it.
+        read_view: False (default, for model-written code): where the kernel has Landlock, a run's program opens
+            no file outside its own working folder (layer ``landlock``), so it imports only what the zygote
+            holds: the whole standard library, ``preload`` and the ``packages`` listed (imported by the zygote).
+            True lets runs read the view's files, as trusted scorers that load their own data files lazily need
+            (reasoning-gym's).
+
+    ``landlock_abi`` (once started): the kernel's Landlock ABI in force for runs, 0 where it is not (a warning says
+    so once); ``isolation`` lists ``landlock`` when it is.
     """
 
     def __init__(
@@ -68,6 +77,7 @@ class Sandbox:
         strict: bool = True,
         packages: list[str] | None = None,
         preload: list[str] | None = None,
+        read_view: bool = False,
     ):
         max_parallel = max_parallel if max_parallel is not None else max(4, 2 * (os.cpu_count() or 1))
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 1 <= max_parallel <= 256:
@@ -90,7 +100,9 @@ class Sandbox:
                 f"Sandbox preload must be None or a list of module names such as ['sympy'], got {preload!r}"
             )
         self.preload = list(preload or [])
+        self.read_view = bool(read_view)
         self.isolation: list[str] = []
+        self.landlock_abi = 0
         self._lock = threading.Lock()
         self._owner = os.getpid()
         self._ids = itertools.count()
@@ -115,7 +127,9 @@ class Sandbox:
         :class:`SandboxUnavailableError` when it is strict and a required layer is missing."""
         with self._lock:
             if self._owner != os.getpid():  # a forked copy must not share the parent's zygote socket
-                self.__init__(self.max_parallel, self.isolate, self.strict, self.packages, self.preload)
+                self.__init__(
+                    self.max_parallel, self.isolate, self.strict, self.packages, self.preload, self.read_view
+                )
             if self._proc is not None and self._proc.poll() is None and self._sock is not None:
                 return
             self._spawn()
@@ -134,6 +148,7 @@ class Sandbox:
             "packages": self.packages,
             "view_base": self._view_base,
             "preload": self.preload,
+            "read_view": self.read_view,
         }
         argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)
@@ -165,6 +180,16 @@ class Sandbox:
         host.settimeout(None)
         self.isolation = list(hello["isolation"])
         self._cgroup = hello.get("cgroup")
+        self.landlock_abi = int(hello.get("landlock_abi") or 0)
+        if self.isolate and not self.read_view and "landlock" not in self.isolation:
+            warnings.warn(
+                "the sandbox runs model code without its 'landlock' layer (it needs Linux 5.13 or later with Landlock "
+                "enabled, the minimal_fs view, which needs root, and the interpreter outside /tmp): a run can read "
+                "the interpreter's files, so one run can warm pages of them in the page cache and a later run can "
+                f"probe which; the layers in force: {self.isolation}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         missing = [layer for layer in REQUIRED_LAYERS if not set(layer.split("|")) & set(self.isolation)]
         if self.strict and missing:
             host.close()

@@ -4,7 +4,7 @@ Once, in the zygote: a private mount namespace whose root is a new, read-only tr
 ``/bin``, ``/lib`` links), the interpreter's prefix and virtual environment, a synthetic ``/etc``, a few ``/dev``
 nodes, empty ``/proc`` and ``/sandbox`` mount points and ``/tmp`` as a link to ``/sandbox`` (:func:`build_view`);
 the project's own package folders are covered by empty mounts; a memory cgroup of the zygote's own for the runs
-(:class:`MemoryCgroups`); a probe for per-run PID namespaces and the seccomp program. Per run, in the run's supervisor
+(``_cgroups.py``); a probe for per-run PID namespaces and the seccomp program. Per run, in the run's supervisor
 (pid 1 of a fresh PID namespace, still root): new mount, network and IPC namespaces, a private size-capped tmpfs on
 ``/sandbox`` owned by the run's uid (its working directory, ``HOME`` and ``TMPDIR``; ``/tmp`` and ``/dev/shm`` point
 into it) and a fresh ``/proc`` (:func:`enter_run`);
@@ -40,6 +40,7 @@ _BASE = ""  # the host folder where build_view assembles the new root (made and 
 # Inside the view: each run's private tmpfs, its working directory, HOME and TMPDIR. Not /tmp itself: the interpreter
 # or its venv may live under /tmp and must stay visible; /tmp is a link here unless such a tree occupies it.
 RUN_DIR = "/sandbox"
+RUN_ROOT = "/.run-root"  # inside the view: the root of runs of model code under Landlock (make_run_root)
 _TMP_TREES: list[tuple[str, str]] = []  # (path under /tmp, its second read-only mount) for trees each run rebinds
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -61,14 +62,22 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
 # Set up once, in the zygote itself
 
 
-def build_view(base: str, hidden: list[str], isolation: list[str], packages: list[str] | None = None) -> bool:
+def build_view(
+    base: str,
+    hidden: list[str],
+    isolation: list[str],
+    packages: list[str] | None = None,
+    run_files: list | None = None,
+    run_unreadable: list[str] = (),
+) -> bool:
     """Move the zygote into a private mount namespace rooted at a minimal read-only tree; False when not possible.
 
     ``base``: an empty host folder (the host makes and removes it) where the new root is assembled on a tmpfs.
     ``hidden``: host folders (the project's packages) that must not exist for the code even when they sit inside a
     tree the view exposes (a non-editable install in site-packages): each gets an empty read-only mount over it.
     ``packages``: None exposes every installed third-party package; a list, only those top-level import names
-    (each site-packages folder becomes an empty tmpfs holding just their files).
+    (each site-packages folder becomes an empty tmpfs holding just their files). ``run_files``, ``run_unreadable``:
+    for :func:`make_run_root`, which builds the smaller root of runs of model code.
     """
     if libc is None or os.geteuid() != 0 or libc.unshare(CLONE_NEWNS) != 0:
         return False
@@ -109,6 +118,8 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
             _TMP_TREES.append((tree, stash))
     _make_etc(root)
     _make_dev(root)
+    if run_files is not None:
+        make_run_root(root + RUN_ROOT, run_files, run_unreadable)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
         os.mkdir(os.path.join(root, name), mode)
     if not _TMP_TREES:  # else /tmp holds the interpreter's tree and each run binds its own folder there
@@ -122,6 +133,39 @@ def build_view(base: str, hidden: list[str], isolation: list[str], packages: lis
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     isolation += ["minimal_fs", "readonly_fs"]
     return True
+
+
+def make_run_root(run_root: str, files: list[str], unreadable: list[str] = ()) -> None:
+    """The root a run of model code is chrooted into (under Landlock): in memory (directories of the view's tmpfs)
+    but for ``files`` (each file of a folder one by one) bound read-only at their own paths, the system links, the
+    ``/dev`` nodes and an empty ``/sandbox``. No other path of the disk exists there, so a run cannot warm the
+    kernel's caches of directories and inodes (by a ``stat`` of a cold path) for a later run to time. ``unreadable``
+    (the interpreter's own files) get an empty placeholder nobody may read: opening one fails with ``EACCES``, as for
+    any file a run may not read, without a lookup on the disk."""
+    os.mkdir(run_root, 0o755)
+    for name in _SYSTEM_DIRS:
+        if os.path.islink("/" + name):
+            os.symlink(os.readlink("/" + name), f"{run_root}/{name}")
+    bound: set[str] = set()
+    for path in files:
+        inside = [os.path.join(path, entry) for entry in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
+        os.makedirs(run_root + path if os.path.isdir(path) else os.path.dirname(run_root + path), 0o755, exist_ok=True)
+        for file in inside:
+            if os.path.isfile(file) and not os.path.islink(file):
+                _bind_readonly(file, run_root + file)
+                bound.add(file)
+    for folder in {os.path.dirname(file) for file in bound}:  # the names the loader asks for: libssl.so.3 -> ...
+        for entry in os.listdir(folder):
+            link = os.path.join(folder, entry)
+            if os.path.islink(link) and os.path.realpath(link) in bound and not os.path.lexists(run_root + link):
+                os.symlink(os.readlink(link), run_root + link)
+    _make_dev(run_root)
+    os.mkdir(run_root + RUN_DIR, 0o755)
+    os.symlink(RUN_DIR, run_root + "/tmp")
+    for path in unreadable:
+        with contextlib.suppress(OSError):  # one under /tmp, or where a bound file is: nothing to stand in for
+            os.makedirs(os.path.dirname(run_root + path), 0o755, exist_ok=True)
+            os.close(os.open(run_root + path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0))
 
 
 def _bind_tree(source: str, target: str) -> None:
@@ -238,138 +282,6 @@ def probe_run_namespaces() -> int:
     return flags
 
 
-class MemoryCgroups:
-    """A memory cgroup per run slot, under one of the zygote's own: the limit counts every page a run charges.
-
-    Anonymous memory, tmpfs writes (its ``/tmp``, ``/dev/shm``), memfd and SysV shared memory are all charged to the
-    cgroup of the process that touches them, so one limit holds them all. cgroup v2 (``memory.max``,
-    ``memory.swap.max``, ``memory.events``) or v1 (``memory.limit_in_bytes``, ``memory.memsw.limit_in_bytes``,
-    ``memory.oom_control``). The folder is opened before the zygote leaves the host's tree and used through that fd.
-    """
-
-    def __init__(self, fd: int, version: int, path: str):
-        self.fd, self.version, self.path = fd, version, path
-
-    @classmethod
-    def create(cls, name: str) -> MemoryCgroups | None:
-        if libc is None or os.geteuid() != 0:
-            return None
-        try:
-            with open("/proc/self/cgroup") as handle:
-                lines = [line.rstrip("\n").split(":", 2) for line in handle]
-        except OSError:
-            return None
-        v1 = next((path for _, controllers, path in lines if "memory" in controllers.split(",")), None)
-        v2 = next((path for hid, controllers, path in lines if hid == "0" and controllers == ""), None)
-        candidates = []
-        if v1 is not None:
-            candidates.append((1, "/sys/fs/cgroup/memory" + v1.rstrip("/")))
-        if v2 is not None:
-            candidates.append((2, _cgroup2_mount() + v2.rstrip("/")))
-        for version, parent in candidates:
-            made = cls._make(version, parent, name)
-            if made is not None:
-                return made
-        return None
-
-    @classmethod
-    def _make(cls, version: int, parent: str, name: str) -> MemoryCgroups | None:
-        if version == 2:
-            try:
-                with open(os.path.join(parent, "cgroup.subtree_control")) as handle:
-                    if "memory" not in handle.read().split():
-                        return None
-            except OSError:
-                return None
-        path = os.path.join(parent, name)
-        try:
-            os.mkdir(path)
-        except OSError:
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        made = cls(fd, version, path)
-        try:
-            if version == 2:
-                made._write("cgroup.subtree_control", "+memory")
-            made.prepare(0, 64 << 20)
-        except OSError:
-            made.close()
-            return None
-        return made
-
-    def _write(self, relative: str, value: str) -> None:
-        fd = os.open(relative, os.O_WRONLY, dir_fd=self.fd)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
-
-    def _read(self, relative: str) -> str:
-        fd = os.open(relative, os.O_RDONLY, dir_fd=self.fd)
-        try:
-            return os.read(fd, 65536).decode()
-        finally:
-            os.close(fd)
-
-    def prepare(self, slot: int, limit_bytes: int) -> int:
-        """Set slot ``slot``'s limit (creating it on first use); returns its OOM-kill count so far."""
-        name = f"slot-{slot}"
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, dir_fd=self.fd)
-        if self.version == 2:
-            self._write(f"{name}/memory.max", str(limit_bytes))
-            with contextlib.suppress(FileNotFoundError):
-                self._write(f"{name}/memory.swap.max", "0")
-        else:
-            limits = [f"{name}/memory.limit_in_bytes"]
-            try:
-                os.stat(f"{name}/memory.memsw.limit_in_bytes", dir_fd=self.fd)
-                limits.append(f"{name}/memory.memsw.limit_in_bytes")
-            except FileNotFoundError:
-                pass
-            # memory <= memory+swap at every moment: lower memory first, raise memory+swap first.
-            for relative in limits if self._limit(limits[0]) > limit_bytes else reversed(limits):
-                self._write(relative, str(limit_bytes))
-        return self.oom_kills(slot)
-
-    def _limit(self, relative: str) -> int:
-        return int(self._read(relative).strip())
-
-    def oom_kills(self, slot: int) -> int:
-        text = self._read(f"slot-{slot}/" + ("memory.events" if self.version == 2 else "memory.oom_control"))
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
-
-    def join(self, slot: int) -> int:
-        """An fd to write ``0`` to (it moves the writer into slot ``slot``): opened by the supervisor, used by its
-        child before it drops root."""
-        return os.open(f"slot-{slot}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
-
-    def close(self) -> None:
-        for entry in os.listdir(self.fd):
-            if entry.startswith("slot-"):
-                with contextlib.suppress(OSError):
-                    os.rmdir(entry, dir_fd=self.fd)
-        os.close(self.fd)
-        with contextlib.suppress(OSError):  # by path: only where the host's tree is visible (the host removes it)
-            os.rmdir(self.path)
-
-
-def _cgroup2_mount() -> str:
-    try:
-        with open("/proc/self/mountinfo") as handle:
-            for line in handle:
-                fields = line.split()
-                if " - cgroup2 " in line:
-                    return fields[4]
-    except OSError:
-        pass
-    return "/sys/fs/cgroup"
-
-
 # Seccomp: a deny list (x86-64 only), on top of the namespaces
 
 
@@ -386,6 +298,8 @@ _DENIED_SYSCALLS = {
     # Probes of host state another run can set: which file pages are cached (mincore, cachestat, preadv2's
     # RWF_NOWAIT, pwritev2 for symmetry; io_uring above) and host-wide counters (sysinfo: processes, load, memory).
     "mincore": 27, "sysinfo": 99, "preadv2": 327, "pwritev2": 328, "cachestat": 451,
+    # What could evict file pages or read them in behind a mapping's back (madvise's MADV_COLD/MADV_PAGEOUT below).
+    "readahead": 187, "remap_file_pages": 216, "fadvise64": 221, "process_madvise": 440,
 }  # fmt: skip
 # Host-wide counters a fresh /proc still shows (open files, inodes, processes, load and the last pid, memory and page
 # cache, I/O, locks, cgroups): one run could set them and another read them. Each is covered by /dev/null.
@@ -398,13 +312,15 @@ HOST_WIDE_PROC = (
 # Without a memory cgroup, memory that lives outside the address space limit is refused instead (memory_rules).
 _MEMORY_SYSCALLS = {"shmget": 29, "memfd_create": 319}
 _CLONE, _CLONE3, _SOCKET, _AF_UNIX = 56, 435, 41, 1
+_MADVISE, _MADV_COLD, _MADV_PAGEOUT = 28, 20, 21
 _CLONE_NEW_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
 _CLONE_NEW_FLAGS |= CLONE_NEWNET
 
 
 def seccomp_program(memory_rules: bool = False) -> bytes | None:
-    """The filter: EPERM for the deny list, for ``clone`` with any ``CLONE_NEW*`` flag and for non-UNIX sockets;
-    ENOSYS for ``clone3`` (its flags sit behind a pointer a filter cannot read, and libc then falls back to
+    """The filter: EPERM for the deny list, for ``clone`` with any ``CLONE_NEW*`` flag, for ``madvise`` with
+    ``MADV_COLD`` or ``MADV_PAGEOUT`` (the advice allocators use stays allowed) and for non-UNIX sockets; ENOSYS for
+    ``clone3`` (its flags sit behind a pointer a filter cannot read, and libc then falls back to
     ``clone``); another ABI than x86-64 is refused outright."""
     import platform
 
@@ -423,6 +339,9 @@ def seccomp_program(memory_rules: bool = False) -> bytes | None:
     # clone(flags, ...): the low 32 bits of args[0] (offset 16) hold the namespace flags.
     prog += [(jeq, 0, 4, _CLONE), (ld_abs, 0, 0, 16), (jset, 0, 1, _CLONE_NEW_FLAGS), (ret, 0, 0, deny)]
     prog += [(ret, 0, 0, allow)]
+    # madvise(addr, length, advice): advice is args[2] (offset 32).
+    prog += [(jeq, 0, 5, _MADVISE), (ld_abs, 0, 0, 32), (jeq, 2, 0, _MADV_COLD), (jeq, 1, 0, _MADV_PAGEOUT)]
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, deny)]
     # socket(domain, ...): only AF_UNIX (multiprocessing needs it); the empty netns already has no route out.
     prog += [(jeq, 0, 3, _SOCKET), (ld_abs, 0, 0, 16), (jeq, 1, 0, _AF_UNIX), (ret, 0, 0, deny)]
     prog += [(ret, 0, 0, allow)]
@@ -456,12 +375,19 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool) -> None:
-    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR, a fresh /proc."""
+def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False) -> None:
+    """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR and a fresh /proc
+    with its host-wide files covered; with ``run_root`` (model code under Landlock, which reads no /proc), the
+    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
         options += f",uid={uid},gid={uid}"
+    if run_root:
+        mount("tmpfs", RUN_ROOT + RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        os.chroot(RUN_ROOT)
+        os.chdir("/")
+        return
     mount("tmpfs", RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
     if _TMP_TREES:  # the interpreter lives under /tmp: /tmp becomes the run's folder with that tree bound back in it
         for tree, stash in _TMP_TREES:

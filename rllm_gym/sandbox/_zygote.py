@@ -21,6 +21,7 @@ import bisect  # noqa: F401
 import collections
 import contextlib
 import functools  # noqa: F401
+import gc
 import heapq  # noqa: F401
 import itertools  # noqa: F401
 import json
@@ -59,23 +60,33 @@ def _load_sibling(name: str, **shared: types.ModuleType) -> types.ModuleType:
 
 
 _isolation = _load_sibling("_isolation")
-_run = _load_sibling("_zygote_run", _isolation=_isolation, channel=_load_sibling("channel"))
+_cgroups = _load_sibling("_cgroups")
+_landlock = _load_sibling("_landlock")
+_preload = _load_sibling("_preload")
+_run = _load_sibling("_zygote_run", _isolation=_isolation, _landlock=_landlock, channel=_load_sibling("channel"))
 _libc = _isolation.libc
 _OUTPUT_POLL_S = 0.02  # how often the sizes of running programs' outputs are checked against their cap
 
 
 class Zygote:
-    def __init__(self, sock: socket.socket, config: dict):
+    def __init__(self, sock: socket.socket, config: dict, landlock_abi: int = 0, archive=None):
+        # Under Landlock: what runs of model code may read, and what the zygote pins (see _preload.py).
+        usable = landlock_abi and archive is not None
+        readable, pinned = archive.shared_objects() if usable else (None, [])
+        unreadable = [entry[3] for entry in archive.index.values()] if usable else []
+        unreadable += [sys.executable, os.path.realpath(sys.executable), os.path.join(sys.prefix, "pyvenv.cfg")]
         self.sock = sock
         self.isolation: list[str] = ["rlimits", "tmpdir", "scrubbed_env", "session_kill"]
         isolate = config["isolate"]
-        self.cgroups = _isolation.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
+        self.cgroups = _cgroups.MemoryCgroups.create(f"rllm-sandbox-{os.getpid()}") if isolate else None
         self.namespaces = _isolation.probe_run_namespaces() if isolate else 0
         self.pidns_fd = _isolation.probe_pid_namespace() if isolate else None
         self.view = (
             isolate
             and self.pidns_fd is not None
-            and _isolation.build_view(config["view_base"], config["hidden"], self.isolation, config["packages"])
+            and _isolation.build_view(
+                config["view_base"], config["hidden"], self.isolation, config["packages"], readable, unreadable
+            )
         )
         if self.view:
             for flag, name in ((_isolation.CLONE_NEWNET, "netns"), (_isolation.CLONE_NEWIPC, "ipcns")):
@@ -94,6 +105,15 @@ class Zygote:
             self.isolation.append("memory_cgroup")
         elif memory_rules and self.seccomp is not None:
             self.isolation.append("memory_rules")
+        # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
+        usable = usable and self.view and not _isolation._TMP_TREES
+        self.landlock = landlock_abi if usable else 0
+        self.ruleset, self.finders = None, []
+        if self.landlock:
+            _preload.pin_files(_libc, pinned)
+            self.ruleset = _landlock.build_ruleset(self.landlock, _isolation.RUN_ROOT)
+            self.finders = _landlock.import_finders(_isolation.RUN_DIR, archive)
+            self.isolation.append("landlock")
         if _libc is not None:  # orphans of runs come back to us, not to the host's init
             _libc.prctl(_isolation.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.max_parallel = config["max_parallel"]
@@ -143,6 +163,8 @@ class Zygote:
             "namespaces": self.namespaces,
             "own_proc": self.pidns_fd is not None,
             "cgroups": self.cgroups,
+            "landlock": self.ruleset,  # the fd of the ruleset of runs of model code, where they get the layer
+            "finders": self.finders,
         }
 
     def start(self, req: dict) -> None:
@@ -371,7 +393,8 @@ class Zygote:
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
         self.selector.register(self.sock, selectors.EVENT_READ, "sock")
         cgroup = None if self.cgroups is None else self.cgroups.path
-        self.send({"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup})
+        hello = {"hello": True, "isolation": self.isolation, "pid": os.getpid(), "cgroup": cgroup}
+        self.send({**hello, "landlock_abi": self.landlock})
         while True:
             while self.pending and self.units > 0:
                 self.start(self.pending.popleft())
@@ -405,36 +428,34 @@ class Zygote:
                 self.check_done(run, now)
 
 
-def _preload(modules: list) -> None:
-    """Import trusted modules once, before the view is built (the view is read-only and a namespace can only be
-    entered by a single-threaded process), so that runs fork with them loaded (``Sandbox(preload=...)``).
-
-    Numerical libraries are kept single-threaded (no thread pool, which would neither survive the fork nor let the
-    zygote enter its namespaces); matplotlib writes its font cache into a temporary folder removed afterwards.
-    """
-    if not modules:
-        return
-    import importlib
-    import shutil
-
-    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    scratch = tempfile.mkdtemp(prefix="rllm-sandbox-preload-")
-    os.environ.setdefault("MPLCONFIGDIR", scratch)
-    try:
-        for name in modules:
-            importlib.import_module(name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+def _module_archive(preloaded: list[str]):
+    """The standard library's pure-Python modules and those of the preloaded packages, for runs to import from."""
+    archive = _preload.ModuleArchive()
+    archive.add_tree(os.path.dirname(os.__file__))
+    for folder in sys.path:
+        if os.path.basename(folder) == "lib-dynload" and os.path.isdir(folder):
+            archive.add_tree(folder)
+    for name in preloaded:
+        top = name.partition(".")[0]
+        for folder in getattr(sys.modules.get(top), "__path__", None) or []:
+            archive.add_tree(folder, top)
+    archive.seal(_libc)
+    return archive
 
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     config = json.loads(sys.argv[2])
     try:
-        _preload(config.get("preload") or [])
-        zygote = Zygote(sock, config)
+        # Runs of model code get Landlock where the kernel has it: they then import only what is loaded here.
+        landlock_abi = _landlock.probe_abi() if config["isolate"] and not config["read_view"] else 0
+        preload = list(config.get("preload") or [])
+        if landlock_abi:  # and the packages the code may import: under landlock, it can import nothing else
+            preload += [name for name in config["packages"] or [] if name not in preload]
+        _preload.preload(preload)
+        archive = _module_archive(preload) if landlock_abi else None
+        gc.freeze()  # what runs inherit is never scanned by their collections (which would copy every page of it)
+        zygote = Zygote(sock, config, landlock_abi, archive)
     except Exception as exc:
         data = json.dumps({"hello": False, "error": f"{type(exc).__name__}: {exc}"}).encode()
         sock.sendall(_FRAME.pack(len(data)) + data)

@@ -2,9 +2,9 @@
 first process, root, which sets up the run's namespaces and files) and the solution's process (unprivileged, with its
 limits), which executes the program. Standard library only.
 
-``_zygote.py`` loads this file by path (as it loads ``_isolation.py`` and ``channel.py``) and hands it its own copies
-of those two once it has run, as the globals ``_isolation`` and ``channel`` declared below: one copy of each in the
-zygote, none in ``sys.modules`` where a run's own module of the same name would find it.
+``_zygote.py`` loads this file by path (as it loads ``_isolation.py``, ``_landlock.py`` and ``channel.py``) and hands
+it its own copies of those once it has run, as the globals ``_isolation``, ``_landlock`` and ``channel`` declared
+below: one copy of each in the zygote, none in ``sys.modules`` where a run's own module of the same name would find it.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import traceback
 import types
 from typing import Any
 
-# Set by _zygote.py once this file has run (nothing here uses them at import): its own _isolation.py and channel.py.
+# Set by _zygote.py once this file has run (nothing here uses them at import): its own _isolation.py, _landlock.py
+# and channel.py.
 _isolation: Any = None
+_landlock: Any = None
 channel: Any = None
 
 
@@ -35,8 +37,11 @@ def _temp_fd() -> int:
     return os.dup(handle.fileno())
 
 
-def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int) -> None:
-    """In the solution's process: drop privileges, apply limits and the environment (inherited by the code)."""
+def _enter_solution(
+    req: dict, workdir: str, ctx: dict, supervisor: int, role: str | None, ruleset: int | None
+) -> None:
+    """In the solution's process: drop privileges, apply limits and the environment (inherited by the code); where
+    the code is the model's (not a pair's harness), apply the Landlock ``ruleset`` (an fd, closed here either way)."""
     # Dispositions a fresh ``python`` would have.
     for sig, handler in (
         (signal.SIGCHLD, signal.SIG_DFL),
@@ -52,6 +57,11 @@ def _enter_solution(req: dict, workdir: str, ctx: dict, supervisor: int) -> None
     os.environ.clear()
     os.environ.update(req["env"])
     os.environ.update({"HOME": workdir, "TMPDIR": workdir, "PWD": workdir})
+    if ruleset is not None and role != "harness":
+        _landlock.restrict(ruleset)
+        sys.meta_path[:] = ctx["finders"]
+    elif ruleset is not None:
+        os.close(ruleset)
 
 
 def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
@@ -126,7 +136,8 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         workdir = run.workdir
         if ctx["view"]:
-            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"])
+            landlocked = ctx["landlock"] is not None and run.role != "harness"
+            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], landlocked)
         # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
         # every run is a fork, never holds one run's code, input or output where another run could find it.
         payload = json.loads(_read_all(fds["payload"]))
@@ -147,6 +158,10 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
             cgroup = ctx["cgroups"].join(run.slot)
             keep.append(fcntl.fcntl(cgroup, fcntl.F_DUPFD_CLOEXEC, 10))
             cgroup = keep[-1]
+        ruleset = None
+        if ctx["landlock"] is not None:  # the zygote's Landlock ruleset: the solution's process applies and closes it
+            ruleset = fcntl.fcntl(ctx["landlock"], fcntl.F_DUPFD_CLOEXEC, 10)
+            keep.append(ruleset)
         status_w = keep[0]
         targets = [(fds["stdin"], 0), (fds["stdout"], 1), (fds["stderr"], 2)]
         if "chan_r" in fds:
@@ -162,7 +177,7 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
                 if cgroup is not None:
                     os.write(cgroup, b"0")
                     os.close(cgroup)
-                _enter_solution(req, workdir, ctx, supervisor)
+                _enter_solution(req, workdir, ctx, supervisor, run.role, ruleset)
             except BaseException as exc:  # an infrastructure fault: say so, never pass for the code's exit
                 message = f"the solution's process could not start: {type(exc).__name__}: {exc}"
                 os.write(status_w, (json.dumps({"error": message}) + "\n").encode())
