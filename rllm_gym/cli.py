@@ -168,20 +168,9 @@ def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
 def run_train(argv: list[str]) -> int:
     """``rllm-gym train ARGS`` is ``python -m rllm_gym.train.grpo ARGS``: the same flags, messages and exit status."""
-    from rllm_gym.train.run_dir import exit_status_before_imports
+    from rllm_gym.train.command import train_command
 
-    if (status := exit_status_before_imports(argv)) is not None:  # a taken output_dir, said before TRL loads
-        return status
-    from rllm_gym.log import quiet_deepspeed_import
-
-    quiet_deepspeed_import()  # before the trainer's imports bring DeepSpeed (with TRL)
-    from rllm_gym.train.grpo import cli  # imported here: torch and TRL take seconds to load
-
-    program, sys.argv[0] = sys.argv[0], "rllm-gym train"  # the trainer's --help then reads "usage: rllm-gym train"
-    try:
-        return cli(argv)
-    finally:
-        sys.argv[0] = program
+    return train_command(argv, prog="rllm-gym train")
 
 
 def list_envs(as_json: bool) -> None:

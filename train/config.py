@@ -11,7 +11,6 @@ with the closest valid name.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,16 +345,17 @@ def config_path(argv: list[str]) -> Path | None:
     return Path(paths[0]) if paths else None
 
 
-def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
-    """Defaults, then the YAML of --config, then the other CLI flags; also the folder relative paths start from.
+def load_config(argv: list[str], prog: str | None = None) -> tuple[TrainConfig, Path]:
+    """Defaults, then the YAML of --config, then the other flags of ``argv`` (a command line without the program's
+    name, which ``prog`` gives ``--help``); also the folder relative paths start from.
 
     Keys and flags named after GRPOConfig fields that TrainConfig lacks are collected into ``trl_args``. Every setting
     that cannot be used raises :class:`ConfigError` (one line naming it; a YAML value's also names the file).
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(argv)
     options = trl_options()
     flags = _parser_fields("TrainFlags", TrainConfig, tuple(TrainConfig.__dataclass_fields__))
-    parser = _Parser((flags, options))
+    parser = _Parser((flags, options), prog=prog)
     parser.add_argument("--config", help="YAML file of TrainConfig (and TRL GRPOConfig) fields")
     fields = sorted({*TrainConfig.__dataclass_fields__, *TRL_FIELDS})
     values: dict[str, Any] = {}
@@ -366,7 +366,10 @@ def load_config(argv: list[str] | None = None) -> tuple[TrainConfig, Path]:
         values = read_config_file(path, hints)
         parser.set_defaults(**values)
     given = {item.lstrip("-").split("=")[0].replace("-", "_") for item in argv if item.startswith("--")}
-    parsed, trl, _, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    # look_for_args_file off: HfArgumentParser would also read flags from a file named after sys.argv[0] (grpo.args)
+    parsed, trl, _, remaining = parser.parse_args_into_dataclasses(
+        args=argv, return_remaining_strings=True, look_for_args_file=False
+    )
     if remaining:  # between trl and remaining: the namespace of --config
         flag = next((item for item in remaining if item.startswith("-")), remaining[0])
         name = flag.lstrip("-").split("=")[0].replace("-", "_")

@@ -3,15 +3,17 @@
     accelerate launch --config_file train/accelerate/cpu_1.yaml train/grpo.py --config train/configs/demo_cpu.yaml
     python -m rllm_gym.train.grpo --config train/configs/demo_cpu.yaml --max_steps 50      # CLI flags override
 
-Reads top to bottom: config, model, environments and data (each env's tasks split into training and held-out ones,
-:mod:`rllm_gym.train.splits`), a format warm start (:mod:`rllm_gym.train.warm_start`), the trainer, the run
-(evaluated before, every ``eval_steps`` and after, on training and held-out tasks: :mod:`rllm_gym.train.evaluation`),
-and the reward curve. The config's fields and loading are in :mod:`rllm_gym.train.config` (its checks in
-:mod:`rllm_gym.train.config_checks`), what the run prints (progress bars, one line per log, evaluation and
-checkpoint) in :mod:`rllm_gym.train.console`. Each step's episodes go through our envs, agents and engine
-(:mod:`rllm_gym.train.rollout`, which returns them as a ``RolloutBatch``; the generation backend, chosen once, in
-:mod:`rllm_gym.train.generation`), the trainer that turns them into TRL's batch is
-:mod:`rllm_gym.train.trainer`, advantages come from :mod:`rllm_gym.train.advantages`, the loss from TRL.
+Reads top to bottom, as :func:`run` does: the config (parsed once into a ``TrainConfig`` by
+:mod:`rllm_gym.train.config`, from the argv the command line, :mod:`rllm_gym.train.command`, reads once), the model,
+environments and data (each env's tasks split into training and held-out ones, :mod:`rllm_gym.train.splits`), what
+training starts from (a format warm start, :mod:`rllm_gym.train.warm_start`, and the evaluation before, on training
+and held-out tasks, :mod:`rllm_gym.train.evaluation`), the trainer, the training, and the results. The summary is
+built from what these functions return (:mod:`rllm_gym.train.summary`): the scores before, the training's
+``TrainingOutcome`` (its steps, episodes and the run's own ``metrics.jsonl``), the evaluation after. What the run
+prints is in :mod:`rllm_gym.train.console`. Each step's episodes go through our envs, agents and engine
+(:mod:`rllm_gym.train.rollout`; the generation backend, chosen once, in :mod:`rllm_gym.train.generation`), the
+trainer that turns them into the step's batch is :mod:`rllm_gym.train.trainer` (the batch:
+:mod:`rllm_gym.train.batch`), the loss TRL's.
 """
 
 from __future__ import annotations
@@ -28,13 +30,10 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16; we pin its range
-if __name__ == "__main__":  # a taken output_dir is refused at once, not after the imports below (seconds)
-    from rllm_gym.log import quiet_deepspeed_import
-    from rllm_gym.train.run_dir import exit_status_before_imports
+if __name__ == "__main__":  # the command line reads argv here, once, and refuses what it can before the imports below
+    from rllm_gym.train.command import train_command  # (seconds); the run is this file imported as a module
 
-    if (status := exit_status_before_imports(sys.argv[1:])) is not None:
-        sys.exit(status)
-    quiet_deepspeed_import()  # before the imports below bring DeepSpeed (with TRL)
+    sys.exit(train_command(sys.argv[1:], prog=os.path.basename(sys.argv[0])))
 
 import torch
 from accelerate import PartialState
@@ -45,20 +44,18 @@ from transformers.trainer_callback import PrinterCallback
 from trl import GRPOConfig
 
 import rllm_gym
-from rllm_gym.engine.report import describe_errors
 from rllm_gym.log import configure_logging, logger
 from rllm_gym.registry import env_ids
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.baselines import blind_baselines, describe_blind_baselines
+from rllm_gym.train.command import cli  # noqa: F401  (re-exported: the command line, as before)
 from rllm_gym.train.config import DTYPES, TrainConfig, load_config
-from rllm_gym.train.config_file import ConfigError
 from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libraries, say, without_build_notices
-from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores, per_env
+from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores
 from rllm_gym.train.interrupt import StopOnInterrupt
 from rllm_gym.train.model_record import heldout_files, read_training_record, training_record, write_model_record
 from rllm_gym.train.run_dir import (
-    OutputDirError,
-    RunFinished,
+    check_same_split,
     clear_run,
     earlier_results,
     last_checkpoint,  # noqa: F401  (re-exported: tests and scripts find the checkpoint to resume from)
@@ -66,10 +63,23 @@ from rllm_gym.train.run_dir import (
     write_run_record,
 )
 from rllm_gym.train.splits import TaskSplit, make_split, split_record
+from rllm_gym.train.summary import (
+    TrainingOutcome,
+    episode_fields,
+    evaluation_fields,
+    read_run_log,
+    report_episodes,
+    reward_fields,
+    scores,
+    write_summary,
+)
 from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, TrainingStopped, encode_prompt
 from rllm_gym.train.warm_start import warm_start
 
 # Config: TrainConfig and load_config (YAML, then CLI flags) live in train/config.py, its checks in config_checks.py.
+
+# What run.json keeps of the summary: what a resume reads back (train/run_dir.py).
+RUN_RECORD_KEYS = ("config", "split", "warm_start_loss", "evaluation_before")
 
 
 # Model
@@ -159,6 +169,15 @@ def build_prompts(config: TrainConfig, splits: list[TaskSplit]) -> Dataset:
     return Dataset.from_list(rows[: config.max_steps * config.prompts_per_step])
 
 
+def clear_earlier_run(output_dir: Path, state: PartialState, *, overwrite: bool) -> None:
+    """With ``overwrite``, delete the earlier run in ``output_dir`` (process 0), once every process has checked the
+    folder and before any of them writes to it."""
+    state.wait_for_everyone()
+    if overwrite and state.is_main_process:
+        clear_run(output_dir)
+    state.wait_for_everyone()
+
+
 @contextmanager
 def whole_weights(model: Any, *, modify: bool = False) -> Iterator[None]:
     """The whole model on every process, for what runs before the trainer wraps it (warm start, evaluation before).
@@ -233,24 +252,12 @@ def checkpointing_name() -> str:
     return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
 
 
-class RecordTraining(TrainerCallback):
-    """Writes the training record and model card (train/model_record.py) into each checkpoint folder."""
-
-    def __init__(self, output_dir: Path, config: dict[str, Any], summary: dict[str, Any]):
-        self.output_dir, self.config, self.summary = output_dir, config, summary
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = self.output_dir / f"checkpoint-{state.global_step}"
-        if state.is_world_process_zero and folder.is_dir():
-            write_model_record(folder, training_record(self.config, steps=state.global_step, scores=self.summary))
-
-
 # Run
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """One run with the flags in ``argv`` (default: ``sys.argv``); returns its summary. Errors propagate: :func:`cli`
-    is the command line, which turns them into a message and an exit status."""
+def main(argv: list[str]) -> dict[str, Any]:
+    """One run with the flags ``argv`` (the command line's, without the program's name); returns its summary. Errors
+    propagate: :func:`cli` is the command line, which turns them into a message and an exit status."""
     return start(*load_config(argv))
 
 
@@ -266,31 +273,132 @@ def start(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
 
 def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
     """The run of ``config`` (relative task paths start from ``config_dir``); returns its summary."""
-    output_dir = Path(config.output_dir)
+    settings, output_dir = asdict(config), Path(config.output_dir)
     # Checked on every process before anything loads; nothing is deleted until all of them have checked.
-    checkpoint, record = prepare_output_dir(
-        output_dir, asdict(config), resume=config.resume, overwrite=config.overwrite
-    )
+    checkpoint, record = prepare_output_dir(output_dir, settings, resume=config.resume, overwrite=config.overwrite)
     random.seed(config.seed)
     torch.manual_seed(config.seed)
 
     # Environments and data: the eval split first, so that no training task is one of its tasks. Read before the
     # output folder is made: data that cannot be read leaves no empty folder behind.
     splits = make_splits(config, config_dir)
-    split = split_record(splits, asdict(config))
-    if checkpoint is not None and record.get("split", split) != split:
-        raise OutputDirError(
-            f"--resume true: the eval split rebuilt from the run's sources differs from the one {output_dir} was "
-            f"trained with (the data changed since): restore the data, or start a new run in another output_dir"
-        )
+    split = split_record(splits, settings)
+    if checkpoint is not None:
+        check_same_split(split, record, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
     # Model: the training arguments first (under ZeRO-3 they make the load partition the weights, see load_model)
     args = grpo_args(config, output_dir, load_dtype(config))
     model, tokenizer, peft_config = load_model(config)
-
     dataset = build_prompts(config, splits)
     evaluator = Evaluator(config, tokenizer, splits)
+    state = PartialState()
+    clear_earlier_run(output_dir, state, overwrite=config.overwrite)
+
+    # Warm start and the scores to beat (a resumed run keeps the ones its first part recorded)
+    before = {"config": settings, "split": split, "heldout_data": heldout_files(config.eval_tasks, config_dir)}
+    before |= before_training(config, model, tokenizer, evaluator, (checkpoint, record, output_dir), state)
+    if state.is_main_process:  # what a resume reads back: the settings, the split, the warm start and the eval before
+        write_run_record(output_dir, {key: before[key] for key in RUN_RECORD_KEYS if key in before})
+
+    # Training
+    started_at = checkpoint_step(checkpoint)
+    steps = StepBar(config)
+    # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved; StopOnInterrupt
+    # before ConsoleLog: the step Ctrl-C stops after is logged before its checkpoint is saved.
+    callbacks = [RecordTraining(output_dir, settings, before), StopOnInterrupt(announce=state.is_main_process)]
+    callbacks += [ConsoleLog(output_dir, started_at or None, write=state.is_main_process), steps]
+    logged_before = before.get("evaluation_before") if checkpoint is None else None  # at step 0 of a new run
+    trainer = build_trainer(
+        config, args, (model, tokenizer, peft_config), dataset, evaluator, callbacks, logged_before
+    )
+    try:
+        outcome = train(trainer, checkpoint, started_at, output_dir)
+    except TrainingStopped as stop:
+        episodes = episode_fields(trainer.terminations, trainer.errors.groups())
+        report_episodes(before | {"stopped": str(stop)} | episodes, output_dir, write=state.is_main_process)
+        raise
+    finally:
+        steps.close()
+        for task_split in splits:
+            task_split.close()
+    summary = before | {"train_seconds": outcome.seconds} | outcome.episodes
+    report_episodes(summary, output_dir, write=state.is_main_process)
+    if outcome.steps < config.max_steps:  # Ctrl-C stopped it (train/interrupt.py), which said so
+        raise Interrupted(f"checkpoint-{outcome.steps} saved in {output_dir}")
+    return finish(config, trainer, summary | evaluation_fields(outcome, config.env), outcome, state)
+
+
+def before_training(
+    config: TrainConfig, model: Any, tokenizer: Any, evaluator: Evaluator, resumed: tuple, state: PartialState
+) -> dict[str, Any]:
+    """The summary's fields of what training starts from: the format warm start's loss, the evaluation before and its
+    scores, and the figure a policy blind to the observation reaches on the held-out tasks (process 0 only). A run
+    resumed from ``resumed`` (its checkpoint, run record and output folder) keeps what its first part recorded, and
+    one that extends a finished run its earlier results."""
+    checkpoint, record, output_dir = resumed
+    show = state.is_main_process
+    found = {key: record[key] for key in ("warm_start_loss", "evaluation_before") if key in record}
+    if checkpoint is not None:
+        if show:
+            say(f"resuming from {checkpoint} (step {checkpoint_step(checkpoint)} of {config.max_steps})")
+        found |= earlier_parts(output_dir, checkpoint, write=show)
+    if config.warm_start_steps and checkpoint is None:
+        with whole_weights(model, modify=True):
+            found["warm_start_loss"] = warm_start(model, tokenizer, config, evaluator.train_tasks, show=show)
+    if evaluator.enabled:
+        recorded = "evaluation_before" in found
+        if not recorded:
+            with whole_weights(model):
+                found["evaluation_before"] = evaluator(
+                    model, "eval before", rank=state.process_index, world=state.num_processes, show=show
+                )
+        found |= scores(found["evaluation_before"], "before", config.env)
+        if show:
+            say(describe_scores(found["evaluation_before"], "before" + (" (recorded)" if recorded else "")))
+    if show:
+        found |= blind_baselines(config.env, config.env_args, evaluator.heldout_tasks, config.max_turns)
+        for line in describe_blind_baselines(found):
+            say(line)
+    return found
+
+
+def checkpoint_step(checkpoint: Path | None) -> int:
+    """The step a ``checkpoint-N`` folder was saved at (0 for None: a run that starts from the beginning)."""
+    return int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint is not None else 0
+
+
+def earlier_parts(output_dir: Path, checkpoint: Path, *, write: bool) -> dict[str, Any]:
+    """A resume that extends a finished run keeps what the run reached before: the results after each earlier end
+    (the summary's ``earlier``, then summary.json's and final/'s record), and the checkpoint saved at that end, the
+    same weights as final/ then, gets final/'s record and card, its scores after included. Empty for a run that had
+    not finished."""
+    earlier = earlier_results(output_dir)
+    if not earlier:
+        return {}
+    final = read_training_record(output_dir / "final")
+    if write and final is not None and checkpoint.name == f"checkpoint-{final['steps']}":
+        write_model_record(checkpoint, final)
+        say(f"extending the run finished at step {final['steps']}: its results are kept (summary.json's 'earlier')")
+    return {"earlier": earlier}
+
+
+# Training
+
+
+def build_trainer(
+    config: TrainConfig,
+    args: GRPOConfig,
+    loaded: tuple[Any, Any, Any],
+    dataset: Dataset,
+    evaluator: Evaluator,
+    callbacks: list[TrainerCallback],
+    evaluation_before: dict[str, float] | None,
+) -> RLLMGRPOTrainer:
+    """The trainer of the run: the ``loaded`` model, tokenizer and LoRA config, episodes of the config's envs
+    through our agents and engine, our advantages, the ``callbacks`` and the evaluator's schedule;
+    ``evaluation_before`` (None: nothing) is logged at step 0."""
+    model, tokenizer, peft_config = loaded
     rollout = EpisodeRollout(
         [EnvSetup(env_id, agent_args=config.agent_args, env_args=config.env_args) for env_id in config.env],
         max_turns=config.max_turns,
@@ -307,58 +415,7 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         drop_uniform_groups=config.drop_uniform_groups,
         exclude_termination=tuple(config.exclude_termination),
     )
-    state = PartialState()
-    state.wait_for_everyone()
-    if config.overwrite and state.is_main_process:
-        clear_run(output_dir)
-    state.wait_for_everyone()
-
-    # Warm start and the scores to beat (a resumed run keeps the ones its first part recorded)
-    summary: dict[str, Any] = {
-        "config": asdict(config),
-        "split": split,
-        "heldout_data": heldout_files(config.eval_tasks, config_dir),
-    }
-    resume_step = int(checkpoint.name.removeprefix("checkpoint-")) if checkpoint else None
-    if checkpoint is not None and state.is_main_process:
-        say(f"resuming from {checkpoint} (step {resume_step} of {config.max_steps})")
-    for key in ("warm_start_loss", "evaluation_before"):
-        if key in record:
-            summary[key] = record[key]
-    if checkpoint is not None:
-        keep_earlier_results(summary, output_dir, checkpoint, write=state.is_main_process)
-    if config.warm_start_steps and checkpoint is None:
-        with whole_weights(model, modify=True):
-            summary["warm_start_loss"] = warm_start(
-                model, tokenizer, config, evaluator.train_tasks, show=state.is_main_process
-            )
-    if evaluator.enabled:
-        recorded = "evaluation_before" in summary
-        if not recorded:
-            rank, world = state.process_index, state.num_processes
-            with whole_weights(model):
-                summary["evaluation_before"] = evaluator(
-                    model, "eval before", rank=rank, world=world, show=state.is_main_process
-                )
-        summary.update(scores(summary["evaluation_before"], "before", config.env))
-        if state.is_main_process:
-            say(describe_scores(summary["evaluation_before"], "before" + (" (recorded)" if recorded else "")))
-    if state.is_main_process:  # the figure a policy blind to the observation reaches on the held-out tasks
-        summary.update(blind_baselines(config.env, config.env_args, evaluator.heldout_tasks, config.max_turns))
-        for line in describe_blind_baselines(summary):
-            say(line)
-        kept = ("config", "split", "warm_start_loss", "evaluation_before")
-        write_run_record(output_dir, {key: summary[key] for key in kept if key in summary})
-
-    # Training
-    console = ConsoleLog(output_dir, resume_step, write=state.is_main_process)
-    steps = StepBar(config)
-    interrupt = StopOnInterrupt(announce=state.is_main_process)
-    # interrupt before console: the step Ctrl-C stops after is logged before its checkpoint is saved.
-    callbacks = [RecordTraining(output_dir, asdict(config), summary), interrupt, console, steps]
-    # RecordTraining first: a checkpoint's folder is complete when ConsoleLog says it was saved.
-    before = summary.get("evaluation_before") if checkpoint is None else None  # logged at step 0
-    evaluation: dict[str, Any] = {"callbacks": callbacks, "evaluation_before": before}
+    evaluation: dict[str, Any] = {"callbacks": callbacks, "evaluation_before": evaluation_before}
     if evaluator.enabled:
         evaluation |= {"callbacks": [*callbacks, EvalSchedule(config.eval_steps)], "evaluation": evaluator}
     trainer = RLLMGRPOTrainer(
@@ -366,121 +423,68 @@ def run(config: TrainConfig, config_dir: Path) -> dict[str, Any]:
         rollout=rollout, advantage_config=advantage_config, max_error_steps=config.max_error_steps, **evaluation,
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def train(trainer: RLLMGRPOTrainer, checkpoint: Path | None, started_at: int, output_dir: Path) -> TrainingOutcome:
+    """Train from ``checkpoint`` (step ``started_at``; None: from the start) to the last step, or to the step Ctrl-C
+    stopped it after; returns what it reached, its episodes and the run's log (read once every process is done).
+    Raises :class:`TrainingStopped` when too many steps in a row had only ERROR episodes."""
     start = time.monotonic()
-    try:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    except TrainingStopped as stop:
-        summary["stopped"] = str(stop)
-        record_outcome(summary, trainer, output_dir)
-        raise
-    finally:
-        steps.close()
-        for task_split in splits:
-            task_split.close()
-    summary["train_seconds"] = time.monotonic() - start
-    record_outcome(summary, trainer, output_dir)
-    if interrupt.stopped_at is not None:
-        summary["interrupted_at"] = interrupt.stopped_at
-        raise Interrupted(f"checkpoint-{interrupt.stopped_at} saved in {output_dir}")
-
-    # Results (the evaluation after the last step ran in the trainer, which logged it)
-    if trainer.last_evaluation is not None:
-        summary["evaluation_after"] = trainer.last_evaluation
-        summary.update(scores(summary["evaluation_after"], "after", config.env))
-        if trainer.is_world_process_zero():
-            say(describe_scores(summary["evaluation_after"], "after"))
-    trainer.save_model(str(output_dir / "final"))  # on every rank: ZeRO-3 gathers the weights collectively
-    summary["num_processes"] = trainer.accelerator.num_processes
-    if trainer.is_world_process_zero():
-        record = training_record(asdict(config), steps=trainer.state.global_step, scores=summary)
-        write_model_record(output_dir / "final", record)
-        say(f"saved {output_dir / 'final'} (the trained model, step {trainer.state.global_step})")
-        history = console.history
-        if history:
-            summary["reward_first"], summary["reward_last"] = history[0]["reward"], history[-1]["reward"]
-            plot_rewards(history, output_dir / "reward_curve.png", console.evaluations)
-        write_summary(summary, output_dir)
-        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, default=str), flush=True)
-    return summary
+    output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    seconds = time.monotonic() - start
+    trainer.accelerator.wait_for_everyone()  # process 0 has logged the evaluation after the last step
+    return TrainingOutcome(
+        started_at=started_at,
+        steps=output.global_step,
+        seconds=seconds,
+        episodes=episode_fields(trainer.terminations, trainer.errors.groups()),
+        log=read_run_log(output_dir),
+    )
 
 
-def keep_earlier_results(summary: dict[str, Any], output_dir: Path, checkpoint: Path, *, write: bool) -> None:
-    """A resume that extends a finished run keeps what the run reached before: the results after each earlier end
-    go to the summary's ``earlier`` (then summary.json and final/'s record), and the checkpoint saved at that end,
-    the same weights as final/ then, gets final/'s record and card, its scores after included."""
-    earlier = earlier_results(output_dir)
-    if not earlier:
-        return
-    summary["earlier"] = earlier
-    final = read_training_record(output_dir / "final")
-    if write and final is not None and checkpoint.name == f"checkpoint-{final['steps']}":
-        write_model_record(checkpoint, final)
-        say(f"extending the run finished at step {final['steps']}: its results are kept (summary.json's 'earlier')")
+class RecordTraining(TrainerCallback):
+    """Writes the training record and model card (train/model_record.py) into each checkpoint folder, with the
+    ``scores`` before training."""
 
+    def __init__(self, output_dir: Path, config: dict[str, Any], scores: dict[str, Any]):
+        self.output_dir, self.config, self.scores = output_dir, config, scores
 
-def scores(metrics: dict[str, float], when: str, env_ids: list[str]) -> dict[str, dict[str, float]]:
-    """The summary's per-env fields of an evaluation: ``greedy_<when>`` (training tasks) and ``heldout_<when>``."""
-    found = {f"greedy_{when}": per_env(metrics, "eval_train/greedy", env_ids)}
-    found[f"heldout_{when}"] = per_env(metrics, "eval_heldout/greedy", env_ids)
-    return {key: value for key, value in found.items() if value}
+    def on_save(self, args, state, control, **kwargs):
+        folder = self.output_dir / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            write_model_record(folder, training_record(self.config, steps=state.global_step, scores=self.scores))
 
 
 class Interrupted(Exception):
     """Training stopped on Ctrl-C after saving a checkpoint; the message names it."""
 
 
-def record_outcome(summary: dict[str, Any], trainer: RLLMGRPOTrainer, output_dir: Path) -> None:
-    """Put the run's termination counts and errors in the summary (and summary.json), and say what failed."""
-    summary["termination_reasons"] = dict(sorted(trainer.terminations.items()))
-    summary["infra_failed"] = trainer.terminations["infra_failed"]  # episodes left out of the advantages
-    summary["errors"] = trainer.errors.groups()
-    if trainer.errors and trainer.is_world_process_zero():
-        count = sum(group["count"] for group in summary["errors"])
-        logger.warning("%d training episodes ended in ERROR:\n%s", count, describe_errors(summary["errors"]))
-    if trainer.is_world_process_zero():
-        write_summary(summary, output_dir)
+# Results
 
 
-def write_summary(summary: dict[str, Any], output_dir: Path) -> None:
-    with open(output_dir / "summary.json", "w") as handle:
-        json.dump(summary, handle, indent=2, default=str)
-
-
-def cli(argv: list[str] | None = None) -> int:
-    """The command line: a run that cannot go on ends with one line on stderr and exit status 1 (130 on Ctrl-C);
-    a usage error (a setting that cannot be used, an output_dir taken by another run) with exit status 2, as in
-    ``rllm-gym eval``. ``--debug true`` shows the traceback of an error too."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        config, config_dir = load_config(argv)
-    except ConfigError as error:
-        for line in str(error).splitlines():
-            print(f"rllm-gym train: error: {line}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        start(config, config_dir)
-    except OutputDirError as error:
-        print(f"rllm-gym train: {error}", file=sys.stderr, flush=True)
-        return 2
-    except RunFinished as finished:
-        if int(os.environ.get("RANK", "0")) == 0:  # said once, not by every process of a launch
-            print(f"rllm-gym train: {finished}", flush=True)
-        return 0
-    except TrainingStopped as stop:
-        print(f"rllm-gym train: {stop}", file=sys.stderr, flush=True)
-        return 1
-    except Interrupted:
-        return 130  # StopOnInterrupt said so when Ctrl-C came
-    except Exception as error:
-        if config.debug:
-            raise
-        print(f"rllm-gym train: {type(error).__name__}: {error} (--debug shows the traceback)", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("rllm-gym train: interrupted; the last checkpoint saved before it is kept", file=sys.stderr, flush=True)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(cli())
+def finish(
+    config: TrainConfig,
+    trainer: RLLMGRPOTrainer,
+    summary: dict[str, Any],
+    outcome: TrainingOutcome,
+    state: PartialState,
+) -> dict[str, Any]:
+    """Save the trained model in final/ with its record and card, draw the reward curve, and write and print the
+    summary (the evaluation after the last step ran in the trainer, which logged it); returns the summary."""
+    output_dir = Path(config.output_dir)
+    show = state.is_main_process
+    if "evaluation_after" in summary and show:
+        say(describe_scores(summary["evaluation_after"], "after"))
+    trainer.save_model(str(output_dir / "final"))  # on every rank: ZeRO-3 gathers the weights collectively
+    summary = summary | {"num_processes": state.num_processes}
+    if not show:
+        return summary
+    write_model_record(output_dir / "final", training_record(asdict(config), steps=outcome.steps, scores=summary))
+    say(f"saved {output_dir / 'final'} (the trained model, step {outcome.steps})")
+    summary |= reward_fields(outcome.log)
+    if outcome.log.training:
+        plot_rewards(outcome.log.training, output_dir / "reward_curve.png", outcome.log.evaluations)
+    write_summary(summary, output_dir)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, default=str), flush=True)
+    return summary

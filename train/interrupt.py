@@ -1,4 +1,5 @@
-"""Ctrl-C during training: the step under way finishes, a checkpoint is saved, the run stops with one line."""
+"""Ctrl-C during training: the step under way finishes, a checkpoint is saved, the run stops with one line (the
+trainer's ``train()`` then returns before ``max_steps``, which is how train/grpo.py knows)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ __all__ = ["StopOnInterrupt"]
 
 
 class StopOnInterrupt(TrainerCallback):
-    """Ctrl-C (SIGINT) during training: finish the current step, save a checkpoint, stop; ``stopped_at`` is the step.
+    """Ctrl-C (SIGINT) during training: finish the current step, save a checkpoint, stop. During the last step there is
+    nothing to stop: the run finishes as it would have.
 
     A second Ctrl-C quits at once (KeyboardInterrupt), leaving the last checkpoint saved before it.
     """
@@ -19,8 +21,8 @@ class StopOnInterrupt(TrainerCallback):
     def __init__(self, announce: bool = True):
         self.announce = announce
         self.requested = False
-        self.stopped_at: int | None = None
         self._step = 0
+        self._max_steps = 0
         self._previous: Any = None
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -28,7 +30,12 @@ class StopOnInterrupt(TrainerCallback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         self.requested = True
-        if self.announce:
+        if self.announce and self._step + 1 >= self._max_steps:
+            print(
+                f"Ctrl-C: step {self._step + 1} is the last: the run ends after it (Ctrl-C again quits at once)",
+                flush=True,
+            )
+        elif self.announce:
             print(
                 f"Ctrl-C: stopping after step {self._step + 1} with a checkpoint (continue with --resume true; "
                 f"Ctrl-C again quits at once)",
@@ -36,15 +43,14 @@ class StopOnInterrupt(TrainerCallback):
             )
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self._step = state.global_step
+        self._step, self._max_steps = state.global_step, state.max_steps
         self._previous = signal.signal(signal.SIGINT, self._handle)
 
     def on_step_end(self, args, state, control, **kwargs):
         self._step = state.global_step
-        if self.requested:
+        if self.requested and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
-            self.stopped_at = state.global_step
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._previous is not None:

@@ -24,6 +24,7 @@ __all__ = [
     "RUN_ONLY_FIELDS",
     "OutputDirError",
     "RunFinished",
+    "check_same_split",
     "clear_run",
     "earlier_results",
     "exit_status_before_imports",
@@ -191,6 +192,16 @@ def earlier_results(output_dir: Path) -> list[dict[str, Any]]:
     if step is not None and step not in {part.get("steps") for part in parts}:
         parts.append({"steps": step, **{key: summary[key] for key in AFTER_KEYS if key in summary}})
     return parts
+
+
+def check_same_split(split: dict[str, Any], record: dict[str, Any], output_dir: Path) -> None:
+    """Raise :class:`OutputDirError` when a resumed run's eval ``split``, rebuilt from its sources, is not the one its
+    run ``record`` says it was trained with."""
+    if record.get("split", split) != split:
+        raise OutputDirError(
+            f"--resume true: the eval split rebuilt from the run's sources differs from the one {output_dir} was "
+            f"trained with (the data changed since): restore the data, or start a new run in another output_dir"
+        )
 
 
 def check_free(output_dir: Path, overwrite: bool) -> None:

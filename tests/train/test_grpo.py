@@ -1,3 +1,4 @@
+import ast
 import json
 import re
 from pathlib import Path
@@ -161,3 +162,60 @@ def test_shipped_configs_load_and_validate(path):
     assert config_dir == path.parent
     for source in config.tasks or []:
         assert source.startswith("seeds:") or (config_dir / source).is_file()
+
+
+# How train/grpo.py reads (issue 44): short functions, argv read once, results returned ----------------------------
+
+GRPO_SOURCE = REPO / "train" / "grpo.py"
+
+
+def functions(source: Path) -> list[ast.FunctionDef]:
+    return [node for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.FunctionDef)]
+
+
+def test_no_function_of_grpo_py_is_over_60_lines():
+    lengths = {node.name: node.end_lineno - node.lineno + 1 for node in functions(GRPO_SOURCE)}
+    assert {"run", "main", "before_training", "build_trainer", "train", "finish"} <= set(lengths)
+    too_long = {name: length for name, length in lengths.items() if length > 60}
+    assert not too_long, f"functions of train/grpo.py over 60 lines (split them): {too_long}"
+
+
+def argv_reads(source: Path) -> list[int]:
+    """The lines of ``source`` that read ``sys.argv``."""
+    tree = ast.parse(source.read_text())
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "argv" and getattr(node.value, "id", None) == "sys"
+    ]
+
+
+def test_the_trainer_reads_argv_in_one_place_its_main_block():
+    tree = ast.parse(GRPO_SOURCE.read_text())
+    [main_block] = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    reads = argv_reads(GRPO_SOURCE)
+    assert reads and all(main_block.lineno <= line <= main_block.end_lineno for line in reads)
+    assert len(set(reads)) == 1  # one statement hands argv (and the program's name) on
+    for module in ("config.py", "command.py", "summary.py", "run_dir.py"):
+        assert argv_reads(REPO / "train" / module) == [], module
+    assert "sys.argv" not in (REPO / "rllm_gym" / "cli.py").read_text().split("def run_train", 1)[1]
+
+
+def test_the_summary_is_built_from_returned_values_not_read_back_from_attributes():
+    source = GRPO_SOURCE.read_text()
+    for attribute in (".last_evaluation", ".stopped_at", "console.history", "console.evaluations", "trainer.state."):
+        assert attribute not in source, attribute
+
+
+def test_a_run_returns_the_summary_it_writes(tmp_path):
+    output_dir = tmp_path / "run"
+    flags = ["--max_steps", "2", "--eval_greedy", "true", "--eval_limit", "2"]
+    summary = main(["--config", str(TINY), "--output_dir", str(output_dir), *flags])
+    written = json.loads((output_dir / "summary.json").read_text())
+    assert json.loads(json.dumps(summary, default=str)) == written
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    [after] = [record for record in records if "eval_train/greedy" in record and record["step"] == 2]
+    assert written["evaluation_after"] == {"step": 2, **{k: v for k, v in after.items() if k.startswith("eval_")}}
+    assert written["reward_last"] == [record for record in records if "reward" in record][-1]["reward"]
+    assert sum(written["termination_reasons"].values()) > 0 and written["num_processes"] == 1
+    assert json.loads((output_dir / "run.json").read_text())["split"] == written["split"]

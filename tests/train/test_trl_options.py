@@ -71,6 +71,7 @@ def test_help_lists_trl_fields_with_their_help():
         [sys.executable, "-m", "rllm_gym.train.grpo", "--help"], capture_output=True, text=True, env=ENV, timeout=120
     )
     assert result.returncode == 0
+    assert result.stdout.startswith("usage: grpo.py ")  # the script's name, which its __main__ block hands on
     assert "--max_grad_norm" in result.stdout and "(TRL) Maximum gradient norm" in result.stdout
     assert "--warmup_ratio" in result.stdout and "--max_error_steps" in result.stdout
 
