@@ -50,7 +50,12 @@ def run_episodes(
         from rllm_gym.sdk import AgentProgramEngine
 
         engine = AgentProgramEngine(
-            config.agent_program, policy, reward_fn=config.reward_fn, seed=config.seed, **kwargs
+            config.agent_program,
+            policy,
+            reward_fn=config.reward_fn,
+            max_turns=config.max_turns,
+            seed=config.seed,
+            **kwargs,
         )
         return asyncio.run(engine.run(tasks, n_rollouts=n_rollouts, progress=progress))
     engine = engine_for(
