@@ -140,6 +140,11 @@ class EpisodeRollout:
         # env id -> ((policy, sampling, pool), engine): the engine the next call with the same three reuses.
         self._engines: dict[str, tuple[tuple[Any, SamplingParams, EnvThreadPool | None], AgentWorkflowEngine]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process gets (the asynchronous generator's worker): the settings, not the event
+        loop, env pool and engines of this process (the copy opens its own)."""
+        return {**self.__dict__, "_runner": None, "_pool": None, "_engines": {}}
+
     def generation_for(self, trainer: Any) -> Generation:
         """The generation backend of ``trainer`` with this rollout's policy settings (see train/generation.py)."""
         return generation_for(

@@ -30,6 +30,7 @@ from transformers import Trainer
 from trl import GRPOTrainer
 
 from rllm_gym.train.batch import TrainingBatch
+from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.sequences import width_groups
 
 __all__ = [
@@ -245,6 +246,7 @@ class GRPOAdapter(GRPOTrainer):
                 f'pip install "trl{SUPPORTED_TRL}"'
             )
         super().__init__(*args, rollout_func=_outside_a_step, **kwargs)
+        self.off_policy: OffPolicyCorrection | None = None  # set by asynchronous training (max_staleness >= 1)
 
     def training_batch(self, prompts: list[Any]) -> TrainingBatch:
         """The step's batch for this process's TRL ``prompts``; each row names its prompt in ``source``."""
@@ -299,8 +301,31 @@ class GRPOAdapter(GRPOTrainer):
         output["tool_mask"] = loss_mask if mask is None else mask * loss_mask
         trained_tokens = (output["completion_mask"] * output["tool_mask"]).sum()
         output["num_items_in_batch"] = self.accelerator.gather(trained_tokens).sum()
-        self.log_step_metrics(batch.metrics)
+        metrics = batch.metrics
+        if self.off_policy is not None:
+            output["advantages"], corrected = self._off_policy_advantages(output, batch)
+            metrics = {**metrics, **corrected}
+        self.log_step_metrics(metrics)
         return output
+
+    @torch.no_grad()
+    def _off_policy_advantages(
+        self, output: dict[str, Any], batch: TrainingBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The advantages weighted by :attr:`off_policy`'s importance weights (the weights at the start of the step
+        against the behaviour log-probabilities the batch carries), and its metrics. TRL 1.16 applies the same
+        weights in its loss only with vLLM (``vllm_importance_sampling_correction``); folded into the advantages
+        they make the same loss for every loss type the config allows (see train/off_policy.py)."""
+        assert self.off_policy is not None
+        completion_ids = output["completion_ids"]
+        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)  # (B, P + C)
+        trained, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
+        )  # (B, C)
+        behaviour = torch.as_tensor(batch.behaviour_logprobs, device=trained.device, dtype=trained.dtype)  # (B, C)
+        mask = output["completion_mask"] * output["tool_mask"]  # (B, C) the tokens the loss trains
+        return self.off_policy.weigh_advantages(output["advantages"], trained, behaviour, mask)
 
     def _get_per_token_logps_and_entropies(
         self,
