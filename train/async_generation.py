@@ -25,7 +25,6 @@ too. The worker ignores Ctrl-C (the trainer's own handler finishes the step and 
 
 from __future__ import annotations
 
-import copy
 import os
 import queue
 import signal
@@ -44,6 +43,7 @@ from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.train.generation import Generation
 from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
+from rllm_gym.train.trl_adapter import copy_without_hooks
 from rllm_gym.types import ModelOutput
 
 __all__ = ["AsyncGenerator", "GeneratorDied", "LookAhead", "WorkerSettings"]
@@ -183,10 +183,7 @@ class AsyncGenerator:
         timeout_s: float = 1800.0,
     ):
         context = torch.multiprocessing.get_context("spawn")
-        self.model = copy.deepcopy(model).requires_grad_(False).eval()
-        # TRL hooks the input embeddings to require gradients (a training matter, and a local function that cannot be
-        # sent to another process).
-        self.model.disable_input_require_grads()
+        self.model = copy_without_hooks(model).requires_grad_(False).eval()
         self.model.share_memory()
         self.timeout_s = timeout_s
         self._lock = context.Lock()

@@ -15,6 +15,7 @@ made and stops it with the supported range. tests/train/test_trl_adapter.py fail
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ __all__ = [
     "GRPOAdapter",
     "available",
     "completion_positions_only",
+    "copy_without_hooks",
     "cpu_vllm_model",
     "mark_vllm_weights_asleep",
     "step_phase_methods",
@@ -72,6 +74,10 @@ def _vllm_generation_has(name: str) -> Callable[[], bool]:
         return name in source
 
     return check
+
+
+# The forward-hook tables of a torch module (private, no public way to empty them).
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
 
 
 @dataclass(frozen=True)
@@ -136,6 +142,12 @@ INTERNALS: dict[str, Internal] = {
         "the gathered, checkpoint-named weights for vLLM's CPU build",
         "none on vLLM's CPU build: TRL's own sync fails there",
         _vllm_generation_has("def _iter_named_params"),
+    ),
+    "_forward_hooks": Internal(
+        "torch.nn.Module (instance)",
+        "the generation worker's copy of the model without the training's forward hooks (max_staleness >= 1)",
+        "none: a model with hooks that cannot be pickled stops asynchronous generation",
+        lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), name, None), dict) for name in _HOOK_DICTS),
     ),
     "driver_worker": Internal(
         "vllm LLMEngine.model_executor",
@@ -220,6 +232,18 @@ def cpu_vllm_model(generation: Any) -> tuple[torch.nn.Module, Iterator[tuple[str
         )
     engine = generation.llm.llm_engine
     return engine.model_executor.driver_worker.model_runner.model, generation._iter_named_params()
+
+
+def copy_without_hooks(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` without forward hooks, for the generation worker: TRL and PEFT hook the input
+    embeddings to make them require gradients (a training matter), with local functions that cannot be sent to
+    another process."""
+    copied = copy.deepcopy(model)
+    if available("_forward_hooks"):
+        for module in copied.modules():
+            for name in _HOOK_DICTS:
+                getattr(module, name).clear()
+    return copied
 
 
 def step_phase_methods(generates_itself: bool) -> dict[str, str]:
