@@ -10,6 +10,10 @@ says what a step trains on, its advantages, loss mask and metrics). TRL is hande
 advantages are replaced with the batch's, per row (``broadcast``) or per token (``per_step``, ``state``), its
 ``tool_mask`` multiplied by the batch's loss mask. Tested with TRL 1.16 (the ``rollout_func`` hook is experimental
 there, hence the pinned range in pyproject.toml).
+
+With ``max_staleness >= 1`` the episodes come from a generation worker process instead, up to that many optimizer steps
+ahead (train/async_generation.py); rows older than that are dropped from the loss and the rest weighted by
+train/off_policy.py's importance weights.
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ class RLLMGRPOTrainer(GRPOAdapter):
     trainer's control asks for it (train/evaluation.py's ``EvalSchedule``); its metrics go through ``log`` to the
     callbacks and ``report_to`` loggers, and the last ones stay in ``last_evaluation``. ``evaluation_before``, the
     metrics taken before training, are logged at step 0 once those loggers are up.
+
+    ``max_staleness`` (K, default 0: every step generates its own episodes with the weights it trains) starts a
+    :class:`~rllm_gym.train.async_generation.AsyncGenerator` when training starts, hands it the weights after each
+    optimizer step and the next K steps' prompts as TRL's batches are drawn (:meth:`get_batch_samples`), drops rows
+    sampled more than K versions before the step's weights and weighs the rest with ``off_policy`` (default
+    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: token level, truncated at 2).
     """
 
     def __init__(
