@@ -172,3 +172,53 @@ def test_combinations_it_cannot_run_are_refused_by_the_trainer(tiny_model_dir, t
     with pytest.raises(ValueError, match=re.escape("max_staleness=1 is not supported with num_iterations > 1 yet")):
         RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
                         advantage_config=AdvantageConfig(), max_staleness=1)  # fmt: skip
+
+
+def group_ends(group: int, within_s: float) -> bool:
+    """Whether every process of the process ``group`` is gone within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_its_worker_and_a_resume_goes_on_asynchronously(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import QUIET_ENV, REPO
+
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "rllm_gym.train.grpo", "--config", str(REPO / "train/configs/test_tiny.yaml"),
+        "--output_dir", str(output_dir), "--max_staleness", "1", "--save_steps", "1000",
+    ]  # fmt: skip
+    # Its own process group, which the terminal's Ctrl-C reaches as a whole: the trainer and its worker.
+    process = subprocess.Popen(
+        [*command, "--max_steps", "200"], env=QUIET_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    metrics = output_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not get going"
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert sum("Ctrl-C" in line for line in (stdout + stderr).splitlines()) == 1  # the trainer's one notice
+    assert group_ends(process.pid, within_s=60)  # the worker (and multiprocessing's resource tracker) stopped too
+    stopped_at = max(int(path.name.removeprefix("checkpoint-")) for path in output_dir.glob("checkpoint-*"))
+    resumed = subprocess.run(
+        [*command, "--max_steps", str(stopped_at + 2), "--resume", "true"], env=QUIET_ENV, cwd=REPO,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    logged = [line for line in metrics.read_text().splitlines() if "async/staleness_max" in line]
+    assert len(logged) >= stopped_at + 2  # every step of both parts logged its staleness
