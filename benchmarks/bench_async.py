@@ -83,6 +83,7 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path, latency_s: float)
     """``steps`` steps on :class:`SlowLake` with the embedded model: the seconds at the end of each step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig
 
     from rllm_gym.tiny_model import default_model_path
@@ -112,6 +113,7 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path, latency_s: float)
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=rollout,
         advantage_config=AdvantageConfig(), max_staleness=k, callbacks=[clock],
     )  # fmt: skip
+    trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
     trainer.train()
     rollout.close()
