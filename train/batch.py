@@ -25,6 +25,7 @@ from rllm_gym.types import Episode, Trajectory
 __all__ = [
     "PaddingFacts",
     "RowCounts",
+    "Staleness",
     "TrainingBatch",
     "build_training_batch",
     "episode_metrics",
@@ -136,6 +137,28 @@ class TrainingBatch:
         }
 
 
+@dataclass(frozen=True)
+class Staleness:
+    """The policy ``version`` a step trains and the most versions (``limit``, the run's ``max_staleness``) a row may
+    have been sampled before it: a row's staleness is ``version - row.policy_version`` (its oldest reply's)."""
+
+    version: int
+    limit: int
+
+    def stale_rows(self, rows: Sequence[TrainingSequence]) -> list[int]:
+        """The indices of the trained rows sampled more than ``limit`` versions ago."""
+        return [i for i, row in enumerate(rows) if row.source >= 0 and self.version - row.policy_version > self.limit]
+
+    def metrics(self, rows: Sequence[TrainingSequence], dropped: int) -> dict[str, float]:
+        """``async/staleness_mean`` and ``_max`` over the trained rows, and the share of them ``dropped``."""
+        ages = [self.version - row.policy_version for row in rows if row.source >= 0]
+        return {
+            "async/staleness_mean": sum(ages) / max(len(ages), 1),
+            "async/staleness_max": float(max(ages, default=0)),
+            "async/dropped_rows": dropped / max(len(ages), 1),
+        }
+
+
 def _padded(rows: Sequence[Sequence[float]], width: int, value: float, dtype: Any, left: bool = False) -> np.ndarray:
     """``rows`` in one (B, width) array, each padded with ``value`` on the right (or the left)."""
     out = np.full((len(rows), width), value, dtype=dtype)  # (B, width)
@@ -194,6 +217,7 @@ def build_training_batch(
     counts: Sequence[RowCounts] = (),
     seconds: float = 0.0,
     backend_metrics: dict[str, float] | None = None,
+    staleness: Staleness | None = None,
 ) -> TrainingBatch:
     """The step's :class:`TrainingBatch` for this process's ``rows``.
 
@@ -202,7 +226,10 @@ def build_training_batch(
     gather (advantage groups span processes); ``counts`` every process's :func:`row_counts`, ``seconds`` the
     rollout's wall time and ``backend_metrics`` the generation backend's own metrics, for the batch's ``metrics``.
     Writes each step's advantage into the ``everyone`` episodes' ``Step.advantage``
-    (:func:`~rllm_gym.train.advantages.compute_advantages`).
+    (:func:`~rllm_gym.train.advantages.compute_advantages`). With ``staleness`` (asynchronous generation), a row
+    sampled more than ``staleness.limit`` versions before the trained one is not trained (its ``loss_mask`` is 0;
+    its episode still counts in its group's statistics, its reward being a real one), and the ``async/`` metrics say
+    how stale the rows were and how many were dropped.
     """
     result = compute_advantages(list(everyone), config)
     completion_width = padding.width([len(row.completion_ids) for row in rows])
@@ -226,8 +253,14 @@ def build_training_batch(
             if not entry.mask[step]:
                 loss_mask[index, start:end] = 0
         row_advantages[index] = entry.advantages[row.first_step]
+    async_metrics = {}
+    if staleness is not None:
+        dropped = staleness.stale_rows(rows)
+        loss_mask[dropped] = 0
+        async_metrics = staleness.metrics(rows, len(dropped))
     prompt_width = padding.width([len(row.prompt_ids) for row in rows])
     metrics = {
+        **async_metrics,
         **result.metrics,
         **_row_metrics(counts, len(everyone), seconds),
         **(backend_metrics or {}),

@@ -281,6 +281,37 @@ class TrainConfig:
         default=0.3, metadata={"help": "Share of each GPU vLLM may take in colocate mode (0.3 leaves room to train)."}
     )
 
+    # Asynchronous generation (train/async_generation.py)
+    max_staleness: int = field(
+        default=0,
+        metadata={
+            "help": "K: how many policy versions (optimizer steps) generation may run ahead of training. 0 "
+            "(recommended on one process) is the synchronous trainer; K >= 1 generates the next K steps' episodes in "
+            "a worker process with its own copy of the weights while a step trains, drops any row sampled more than "
+            "K versions before the weights it trains and corrects the rest with importance weights (async_is_*). "
+            "CPU path, one process, no DeepSpeed, single-agent envs only."
+        },
+    )
+    async_is_cap: float = field(
+        default=2.0,
+        metadata={
+            "help": "With max_staleness >= 1: the cap C of the importance weights pi_theta / pi_behaviour (truncated "
+            "to at most C, or masked above C; 2.0 as in TRL's vLLM correction)."
+        },
+    )
+    async_is_level: str = field(
+        default="token",
+        metadata={"help": "With max_staleness >= 1: importance weights per 'token' (recommended) or per 'sequence'."},
+    )
+    async_is_mode: str = field(
+        default="truncate",
+        metadata={
+            "help": "With max_staleness >= 1: 'truncate' (min(w, cap), recommended; truncated IS as in IMPALA and "
+            "TRL's vLLM correction) or 'mask' (w above the cap trains nothing), or 'off' (no correction: the "
+            "stale rows train as if on-policy, for comparison only)."
+        },
+    )
+
     def __post_init__(self) -> None:
         # The one place the JSON-object fields are read: a flag's JSON text becomes a dict, and stays one.
         for name in JSON_OBJECT_FIELDS:

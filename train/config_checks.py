@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from typing import Any
 
 from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.log import LOG_LEVELS
 from rllm_gym.policies.base import check_model_source
-from rllm_gym.registry import UnknownEnvError, env_spec
+from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
 from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.types import TerminationReason
@@ -196,6 +197,46 @@ def _problems(config: Any, trl_fields: tuple[str, ...]) -> list[str]:
         check_agent_program(config.agent_program, config.reward_fn)
     except (ValueError, ImportError, AttributeError) as error:
         problems.append(str(error))
+    return problems + async_problems(config)
+
+
+def async_problems(config: Any) -> list[str]:
+    """The problems of the asynchronous-generation fields, and the combinations ``max_staleness >= 1`` does not
+    support yet, each refused with its reason rather than half-run."""
+    problems = []
+    if config.max_staleness < 0:
+        problems.append(f"max_staleness must be >= 0 (0 = synchronous), got {config.max_staleness}")
+    if not config.async_is_cap > 1:
+        problems.append(f"async_is_cap must be > 1 (2.0 recommended), got {config.async_is_cap}")
+    if config.async_is_level not in ("token", "sequence"):
+        problems.append(f"async_is_level must be 'token' or 'sequence', got {config.async_is_level!r}")
+    if config.async_is_mode not in ("truncate", "mask", "off"):
+        problems.append(f"async_is_mode must be 'truncate', 'mask' or 'off', got {config.async_is_mode!r}")
+    if config.max_staleness < 1:
+        return problems
+    refusal = f"max_staleness: {config.max_staleness} (asynchronous generation) is not supported"
+    if config.use_vllm:
+        problems.append(f"{refusal} with use_vllm yet (its generator is a CPU worker process): set max_staleness: 0")
+    if config.agent_program is not None:
+        problems.append(f"{refusal} with agent_program yet (programs run through the trainer's gateway)")
+    multi_agent = sorted(set(config.env) & set(env_ids(multi_agent=True)))
+    if multi_agent:
+        problems.append(
+            f"{refusal} with multi-agent envs yet ({', '.join(multi_agent)}: a task's role slots share episodes "
+            "within one step): set max_staleness: 0"
+        )
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        problems.append(f"{refusal} with several processes yet (WORLD_SIZE > 1): launch one process")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or config.trl_args.get("deepspeed"):
+        problems.append(f"{refusal} under DeepSpeed yet (ZeRO-2/3 shard the weights the worker copies)")
+    trl_args = config.trl_args
+    if trl_args.get("num_iterations", 1) != 1:
+        problems.append(f"{refusal} with num_iterations > 1 (each batch would train at several versions)")
+    accumulation = trl_args.get("gradient_accumulation_steps", 1)
+    if trl_args.get("steps_per_generation", accumulation) != accumulation:
+        problems.append(f"{refusal} with steps_per_generation != gradient_accumulation_steps (one batch per step)")
+    if config.loss_type == "vespo":
+        problems.append(f"{refusal} with loss_type vespo (its weights are not linear in the advantage)")
     return problems
 
 

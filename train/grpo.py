@@ -54,6 +54,7 @@ from rllm_gym.train.console import ConsoleLog, StepBar, plot_rewards, quiet_libr
 from rllm_gym.train.evaluation import EvalSchedule, Evaluator, describe_scores
 from rllm_gym.train.interrupt import StopOnInterrupt
 from rllm_gym.train.model_record import heldout_files, read_training_record, training_record, write_model_record
+from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.run_dir import (
     check_same_split,
     clear_run,
@@ -421,6 +422,8 @@ def build_trainer(
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=dataset, peft_config=peft_config,
         rollout=rollout, advantage_config=advantage_config, max_error_steps=config.max_error_steps, **evaluation,
+        max_staleness=config.max_staleness,
+        off_policy=OffPolicyCorrection(config.async_is_cap, config.async_is_level, config.async_is_mode),
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     return trainer

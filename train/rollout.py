@@ -140,6 +140,11 @@ class EpisodeRollout:
         # env id -> ((policy, sampling, pool), engine): the engine the next call with the same three reuses.
         self._engines: dict[str, tuple[tuple[Any, SamplingParams, EnvThreadPool | None], AgentWorkflowEngine]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a copy in another process gets (the asynchronous generator's worker): the settings, not the event
+        loop, env pool and engines of this process (the copy opens its own)."""
+        return {**self.__dict__, "_runner": None, "_pool": None, "_engines": {}}
+
     def generation_for(self, trainer: Any) -> Generation:
         """The generation backend of ``trainer`` with this rollout's policy settings (see train/generation.py)."""
         return generation_for(
@@ -172,7 +177,8 @@ class EpisodeRollout:
 
             engine = AgentProgramEngine(
                 self.agent_program, policy, reward_fn=self.reward_fn, sampling_params=sampling,
-                timeout_s=self.timeout_s, n_parallel=self.n_parallel, executor=self._pool, tune_interpreter=True,
+                max_turns=self.max_turns, timeout_s=self.timeout_s, n_parallel=self.n_parallel, executor=self._pool,
+                tune_interpreter=True,
             )  # fmt: skip
             self._engines[env_id] = (key, engine)
             return engine

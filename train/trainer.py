@@ -10,10 +10,15 @@ says what a step trains on, its advantages, loss mask and metrics). TRL is hande
 advantages are replaced with the batch's, per row (``broadcast``) or per token (``per_step``, ``state``), its
 ``tool_mask`` multiplied by the batch's loss mask. Tested with TRL 1.16 (the ``rollout_func`` hook is experimental
 there, hence the pinned range in pyproject.toml).
+
+With ``max_staleness >= 1`` the episodes come from a generation worker process instead, up to that many optimizer steps
+ahead (train/async_generation.py); rows older than that are dropped from the loss and the rest weighted by
+train/off_policy.py's importance weights.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -22,7 +27,16 @@ from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.batch import PaddingFacts, TrainingBatch, build_training_batch, row_counts, training_view
+from rllm_gym.train.async_generation import AsyncGenerator, LookAhead, WorkerSettings
+from rllm_gym.train.batch import (
+    PaddingFacts,
+    Staleness,
+    TrainingBatch,
+    build_training_batch,
+    row_counts,
+    training_view,
+)
+from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
 from rllm_gym.train.sequences import (
     TrainingSequence,
@@ -81,6 +95,12 @@ class RLLMGRPOTrainer(GRPOAdapter):
     trainer's control asks for it (train/evaluation.py's ``EvalSchedule``); its metrics go through ``log`` to the
     callbacks and ``report_to`` loggers, and the last ones stay in ``last_evaluation``. ``evaluation_before``, the
     metrics taken before training, are logged at step 0 once those loggers are up.
+
+    ``max_staleness`` (K, default 0: every step generates its own episodes with the weights it trains) starts a
+    :class:`~rllm_gym.train.async_generation.AsyncGenerator` when training starts, hands it the weights after each
+    optimizer step and the next K steps' prompts as TRL's batches are drawn (:meth:`get_batch_samples`), drops rows
+    sampled more than K versions before the step's weights and weighs the rest with ``off_policy`` (default
+    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: token level, truncated at 2).
     """
 
     def __init__(
@@ -91,12 +111,21 @@ class RLLMGRPOTrainer(GRPOAdapter):
         max_error_steps: int = 0,
         evaluation: Any = None,
         evaluation_before: dict[str, float] | None = None,
+        max_staleness: int = 0,
+        off_policy: OffPolicyCorrection | None = None,
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
         super().__init__(*args, **kwargs)
         self.rollout = rollout
         self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
+        self.max_staleness = max_staleness
+        self.generator: AsyncGenerator | None = None  # the worker of max_staleness >= 1, started with the training
+        self.look_ahead: LookAhead | None = None
+        if max_staleness:
+            self._check_async(rollout)
+            self.off_policy = off_policy or OffPolicyCorrection()
+            self.add_callback(_PublishWeights(self))
         self.advantage_config = advantage_config
         self.max_error_steps = max_error_steps
         self.terminations: Counter[str] = Counter()
@@ -166,6 +195,58 @@ class RLLMGRPOTrainer(GRPOAdapter):
             rows += 1
         return rows
 
+    def _check_async(self, rollout: EpisodeRollout) -> None:
+        """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
+        refused = {
+            "use_vllm": self.use_vllm,
+            "several processes": self.accelerator.num_processes > 1,
+            "DeepSpeed": self.is_deepspeed_enabled,
+            "a policy_factory": rollout.policy_factory is not None,
+            "an agent_program": rollout.agent_program is not None,
+            "num_iterations > 1": self.num_iterations != 1,
+            "steps_per_generation != gradient_accumulation_steps": (
+                self.args.steps_per_generation != self.args.gradient_accumulation_steps
+            ),
+        }
+        for name, present in refused.items():
+            if present:
+                raise ValueError(f"max_staleness={self.max_staleness} is not supported with {name} yet: use 0")
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """TRL's training; with ``max_staleness >= 1`` the generation worker is stopped however it ends."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.close_generator()
+
+    def start_generator(self) -> None:
+        """Start the generation worker with the weights of now, as version ``global_step``, and the look-ahead that
+        feeds it the coming steps' prompts."""
+        self.close_generator()
+        threads = max(1, (os.cpu_count() or 2) // 2)
+        settings = WorkerSettings(
+            self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
+            self.generation.chat_template_kwargs, self.generation.token_history, threads,
+        )  # fmt: skip
+        model = self.accelerator.unwrap_model(self.model)
+        self.generator = AsyncGenerator(
+            self.rollout, model, self.processing_class, settings, version=self.state.global_step
+        )
+        self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
+
+    def close_generator(self) -> None:
+        """Stop the generation worker, if there is one."""
+        if self.generator is not None:
+            self.generator.close()
+            self.generator, self.look_ahead = None, None
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        """The step's batches; with ``max_staleness >= 1`` drawn through the look-ahead, which hands the generator
+        the prompts of the next ``max_staleness`` steps as it draws them."""
+        if self.look_ahead is not None:
+            epoch_iterator = self.look_ahead.batches(epoch_iterator)
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
     def collect(self, prompts: list[Any]) -> RolloutBatch:
         """The step's episodes for this process's ``prompts``, padded to the rows every process trains."""
         batch = self.rollout.collect(prompts, self.generation)
@@ -184,7 +265,13 @@ class RLLMGRPOTrainer(GRPOAdapter):
             from rllm_gym.train.vllm_cpu import sync_weights  # TRL's sync, or on vLLM's CPU build one that can load
 
             self.sync_vllm_weights(sync_weights)
-        rollout = self.collect(prompts)
+        staleness = None
+        if self.generator is not None:
+            batch = self.generator.result(prompts)
+            rollout = batch.padded(self._row_count(len(batch.sequences)))
+            staleness = Staleness(self.state.global_step, self.max_staleness)
+        else:
+            rollout = self.collect(prompts)
         local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
         everyone = gather_object(local)
         self._count_episodes(everyone)
@@ -198,4 +285,21 @@ class RLLMGRPOTrainer(GRPOAdapter):
             counts=gather_object([row_counts(rollout.sequences, rollout.episodes)]),
             seconds=rollout.seconds,
             backend_metrics=rollout.metrics,
+            staleness=staleness,
         )
+
+
+class _PublishWeights(TrainerCallback):
+    """Starts the generation worker when training starts (after a resume loaded its weights) and hands it the new
+    weights after each optimizer step, before the trainer draws the next step's batch."""
+
+    def __init__(self, trainer: RLLMGRPOTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.start_generator()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer.generator is not None:
+            trainer.generator.publish(trainer.accelerator.unwrap_model(trainer.model), state.global_step)

@@ -15,6 +15,7 @@ made and stops it with the supported range. tests/train/test_trl_adapter.py fail
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import warnings
@@ -31,6 +32,7 @@ from transformers import Trainer
 from trl import GRPOTrainer
 
 from rllm_gym.train.batch import TrainingBatch
+from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.sequences import width_groups
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "available",
     "colocated_vllm_model",
     "completion_positions_only",
+    "copy_without_hooks",
     "cpu_vllm_model",
     "mark_vllm_weights_asleep",
     "step_phase_methods",
@@ -99,6 +102,10 @@ def _vllm_has_driver_worker() -> bool:
         and "self.driver_worker = " in inspect.getsource(UniProcExecutor._init_executor)
         and "self.model_runner" in inspect.getsource(WorkerBase.__init__)
     )
+
+
+# The forward-hook tables of a torch module (private, no public way to empty them).
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,12 @@ INTERNALS: dict[str, Internal] = {
         "the gathered, checkpoint-named weights for vLLM's CPU build",
         "none on vLLM's CPU build: TRL's own sync fails there",
         _vllm_generation_has("def _iter_named_params"),
+    ),
+    "_forward_hooks": Internal(
+        "torch.nn.Module (instance)",
+        "the generation worker's copy of the model without the training's forward hooks (max_staleness >= 1)",
+        "none: a model with hooks that cannot be pickled stops asynchronous generation",
+        lambda: all(isinstance(getattr(torch.nn.Linear(1, 1), name, None), dict) for name in _HOOK_DICTS),
     ),
     "driver_worker": Internal(
         "vllm.LLM.llm_engine.model_executor",
@@ -276,6 +289,18 @@ def _driver_worker_usable() -> bool:
     return False
 
 
+def copy_without_hooks(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of ``model`` without forward hooks, for the generation worker: TRL and PEFT hook the input
+    embeddings to make them require gradients (a training matter), with local functions that cannot be sent to
+    another process."""
+    copied = copy.deepcopy(model)
+    if available("_forward_hooks"):
+        for module in copied.modules():
+            for name in _HOOK_DICTS:
+                getattr(module, name).clear()
+    return copied
+
+
 def step_phase_methods(generates_itself: bool) -> dict[str, str]:
     """TRL's trainer methods that a step's phases run in (method name -> phase), for benchmarks/ to time: the batch
     and the rewards, and for TRL's own trainer (``generates_itself``) its generation too."""
@@ -300,6 +325,7 @@ class GRPOAdapter(GRPOTrainer):
                 f'pip install "trl{SUPPORTED_TRL}"'
             )
         super().__init__(*args, rollout_func=_outside_a_step, **kwargs)
+        self.off_policy: OffPolicyCorrection | None = None  # set by asynchronous training (max_staleness >= 1)
 
     def training_batch(self, prompts: list[Any]) -> TrainingBatch:
         """The step's batch for this process's TRL ``prompts``; each row names its prompt in ``source``."""
@@ -354,8 +380,31 @@ class GRPOAdapter(GRPOTrainer):
         output["tool_mask"] = loss_mask if mask is None else mask * loss_mask
         trained_tokens = (output["completion_mask"] * output["tool_mask"]).sum()
         output["num_items_in_batch"] = self.accelerator.gather(trained_tokens).sum()
-        self.log_step_metrics(batch.metrics)
+        metrics = batch.metrics
+        if self.off_policy is not None:
+            output["advantages"], corrected = self._off_policy_advantages(output, batch)
+            metrics = {**metrics, **corrected}
+        self.log_step_metrics(metrics)
         return output
+
+    @torch.no_grad()
+    def _off_policy_advantages(
+        self, output: dict[str, Any], batch: TrainingBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The advantages weighted by :attr:`off_policy`'s importance weights (the weights at the start of the step
+        against the behaviour log-probabilities the batch carries), and its metrics. TRL 1.16 applies the same
+        weights in its loss only with vLLM (``vllm_importance_sampling_correction``); folded into the advantages
+        they make the same loss for every loss type the config allows (see train/off_policy.py)."""
+        assert self.off_policy is not None
+        completion_ids = output["completion_ids"]
+        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)  # (B, P + C)
+        trained, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
+        )  # (B, C)
+        behaviour = torch.as_tensor(batch.behaviour_logprobs, device=trained.device, dtype=trained.dtype)  # (B, C)
+        mask = output["completion_mask"] * output["tool_mask"]  # (B, C) the tokens the loss trains
+        return self.off_policy.weigh_advantages(output["advantages"], trained, behaviour, mask)
 
     def _get_per_token_logps_and_entropies(
         self,

@@ -8,6 +8,7 @@ from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.batch import (
     PaddingFacts,
     RowCounts,
+    Staleness,
     build_training_batch,
     episode_metrics,
     row_counts,
@@ -130,6 +131,25 @@ def test_each_row_records_the_oldest_policy_version_that_sampled_it():
     batch = build([episode("c", 0, 1.0, steps), episode("c", 1, 0.0, [step([5], [7], version=4)])], AdvantageConfig())
     assert batch.policy_versions.tolist() == [2, 4]
     assert ModelOutput().policy_version == 0  # the synchronous trainer's
+
+
+def test_a_row_sampled_more_than_max_staleness_versions_ago_is_dropped_and_counted():
+    # Trained at version 5 with max_staleness 2: a row whose oldest reply is version 2 is 3 behind (dropped), one of
+    # version 3 is exactly 2 behind (trained); the multi-turn row keeps its oldest step's version.
+    stale = episode("d", 0, 1.0, [step([5, 6], [7], version=2), step([5, 6, 7, 9], [8], version=4)])
+    fresh = episode("d", 1, 0.0, [step([5], [7, 8], version=3)])
+    rows = [r for i, e in enumerate([stale, fresh]) for r in trajectory_to_sequences(e.trajectories[0], PAD, i)]
+    rows.append(placeholder_sequence(PAD))
+    local = [training_view(e, 0) for e in (stale, fresh)]
+    batch = build_training_batch(
+        rows, local, local, AdvantageConfig(), PaddingFacts(PAD), rewards=[1.0, 0.0], staleness=Staleness(5, 2)
+    )
+    assert batch.loss_mask[0].sum() == 0 and batch.env_mask[0].sum() == 2  # dropped: sampled, not trained
+    assert batch.loss_mask[1].tolist()[:2] == [1, 1]
+    assert batch.metrics["async/dropped_rows"] == 0.5  # of the two trained rows (padding is not counted)
+    assert batch.metrics["async/staleness_max"] == 3 and batch.metrics["async/staleness_mean"] == 2.5
+    synchronous = build([stale, fresh], AdvantageConfig())
+    assert not any(name.startswith("async/") for name in synchronous.metrics)  # K = 0 logs what it logged before
 
 
 def test_metrics_sum_every_processes_counts():

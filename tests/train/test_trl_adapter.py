@@ -157,3 +157,17 @@ def test_trainer_scores_rows_in_width_groups_with_the_same_values_and_gradients(
     assert scored(GRPOAdapter._get_per_token_logps_and_entropies)[0] == [(42, 100)]
     attention_mask[40:, :88] = 0
     assert scored(GRPOAdapter._get_per_token_logps_and_entropies)[0] == [(42, 12)]
+
+
+def test_the_generation_workers_copy_has_no_training_hooks_and_pickles(tiny_model_dir):
+    import pickle
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.enable_input_require_grads()  # what TRL and PEFT do: a hook with a local function
+    copied = trl_adapter.copy_without_hooks(model)
+    pickle.dumps(copied)  # the worker gets it through a pipe
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():  # nothing requires gradients here but what the hook sets
+        assert not copied.get_input_embeddings()(ids).requires_grad
+        assert model.get_input_embeddings()(ids).requires_grad  # the trained model keeps its hook
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), copied.parameters(), strict=True))

@@ -1,0 +1,224 @@
+import os
+import re
+import signal
+import time
+from unittest.mock import patch
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import GRPOConfig
+
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, LookAhead, WorkerSettings
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+
+LAKE = "rllm/FrozenLake-v0"
+
+
+def lake_rollout() -> EpisodeRollout:
+    # Replies of 4 random tokens are rarely a move: the env says so and the episode goes on, several turns each.
+    return EpisodeRollout([EnvSetup(LAKE)], max_turns=3, stop_on_truncation=False)
+
+
+def settings(tokenizer) -> WorkerSettings:
+    sampling = SamplingParams(temperature=1.0, max_tokens=4)
+    return WorkerSettings(sampling, run_seed=0, filler_id=tokenizer.eos_token_id, chat_template_kwargs={},
+                          token_history="sampled")  # fmt: skip
+
+
+def test_look_ahead_hands_over_the_next_steps_prompts_and_starts_again_each_epoch():
+    submitted = []
+    look_ahead = LookAhead(depth=2, submit=submitted.append)
+    epoch = iter([[{"prompt": f"p{i}"}] for i in range(4)])
+    first = list(zip(range(1), look_ahead.batches(epoch), strict=False))  # the trainer takes step 0's batch
+    assert first == [(0, [{"prompt": "p0"}])] and submitted == [["p0"], ["p1"], ["p2"]]
+    assert next(look_ahead.batches(epoch)) == [{"prompt": "p1"}] and submitted[-1] == ["p3"]
+    assert [batch[0]["prompt"] for batch in look_ahead.batches(epoch)] == ["p2", "p3"]  # the epoch's end: no more
+    submitted.clear()
+    assert next(look_ahead.batches(iter([[{"prompt": "q0"}]]))) == [{"prompt": "q0"}]  # a new epoch's iterator
+    assert submitted == [["q0"]]
+    # With 2 batches per generation (TRL repeats a generation batch), only the first of each pair is generated.
+    submitted.clear()
+    repeated = LookAhead(depth=1, submit=submitted.append, generate_every=2)
+    pairs = iter([[{"prompt": "a"}], [{"prompt": "a"}], [{"prompt": "b"}], [{"prompt": "b"}]])
+    assert len(list(repeated.batches(pairs))) == 4 and submitted == [["a"], ["b"]]
+
+
+def test_the_worker_stamps_each_step_with_the_published_version_ignores_ctrl_c_and_is_joined(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [encode_prompt(LAKE, seed) for seed in (0, 0, 1, 1)]
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), version=3, timeout_s=300)
+    try:
+        generator.submit(prompts)
+        first = generator.result(prompts)
+        steps = [step for episode in first.episodes for step in episode.trajectories[0].steps]
+        assert len(steps) > len(first.episodes)  # multi-turn episodes
+        assert {step.model_output.policy_version for step in steps} == {3}
+        assert all(len(step.logprobs) == len(step.response_ids) for step in steps)  # behaviour log-probabilities
+        os.kill(generator.process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group: the trainer's
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.01)
+        generator.publish(model, 4)
+        assert all(
+            torch.equal(mine, shared)
+            for mine, shared in zip(model.parameters(), generator.model.parameters(), strict=True)
+        )
+        generator.submit(prompts)
+        second = generator.result(prompts)
+        assert generator.process.is_alive()
+        versions = {s.model_output.policy_version for e in second.episodes for s in e.trajectories[0].steps}
+        assert versions == {4}
+        assert [e.id for e in second.episodes] != [e.id for e in first.episodes]  # numbered per call, as in sync
+        with pytest.raises(RuntimeError, match="prompts the generator was not given next"):
+            generator.result(prompts)
+    finally:
+        generator.close()
+    assert not generator.process.is_alive() and generator.process.exitcode == 0
+
+
+def test_a_worker_that_dies_stops_the_wait_with_its_exit_code(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    try:
+        os.kill(generator.process.pid, signal.SIGKILL)
+        generator.process.join(30)
+        with pytest.raises(GeneratorDied, match=re.escape("the generation worker exited with code -9")):
+            generator.submit([encode_prompt(LAKE, 0)])
+    finally:
+        generator.close()
+
+
+class _Recorded:
+    """The RolloutBatch the trainer got from its generator at each step, and the step it trained at."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __enter__(self):
+        result = AsyncGenerator.result
+        record = self.batches
+
+        def recorded(generator, prompts):
+            record.append(result(generator, prompts))
+            return record[-1]
+
+        self._patch = patch.object(AsyncGenerator, "result", recorded)
+        self._patch.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._patch.stop()
+
+
+def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [{"prompt": encode_prompt(LAKE, seed)} for seed in range(2 * max_steps)]
+    args = GRPOConfig(
+        output_dir=str(tmp_path), max_completion_length=4, learning_rate=1e-2, beta=0.0, report_to=[], use_cpu=True,
+        bf16=False, save_strategy="no", disable_tqdm=True, logging_steps=1, per_device_train_batch_size=8,
+        num_generations=4, max_steps=max_steps, seed=0,
+    )  # fmt: skip
+    return RLLMGRPOTrainer(
+        model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=lake_rollout(),
+        advantage_config=AdvantageConfig(), max_staleness=max_staleness,
+    )  # fmt: skip
+
+
+def test_k2_trains_on_multi_turn_rows_at_most_two_versions_old_and_logs_the_correction(tiny_model_dir, tmp_path):
+    trainer = trainer_for(tiny_model_dir, tmp_path, max_steps=4, max_staleness=2)
+    with _Recorded() as recorded:
+        trainer.train()
+    assert trainer.generator is None  # stopped with the training
+    assert len(recorded.batches) == 4
+    for step, batch in enumerate(recorded.batches):
+        versions = [s.model_output.policy_version for e in batch.episodes for s in e.trajectories[0].steps]
+        assert all(step - 2 <= version <= step for version in versions), (step, versions)
+    # Steps 0-2 were drawn before any optimizer step; step 3's when step 1 began, after version 1 was published.
+    last = recorded.batches[3].episodes
+    assert min(s.model_output.policy_version for e in last for s in e.trajectories[0].steps) >= 1
+    logged = [entry for entry in trainer.state.log_history if "async/staleness_max" in entry]
+    assert [entry["async/staleness_max"] for entry in logged] == [0, 1, 2, 2]
+    assert all(entry["async/dropped_rows"] == 0 for entry in logged)
+    assert all(0 <= entry["async/is_clipped"] <= 1 and entry["async/mismatch"] >= 0 for entry in logged)
+    assert all(entry["rollout/turns"] > 1 for entry in logged)
+
+
+def test_a_worker_killed_mid_run_stops_training_with_its_reason_and_no_hang(tiny_model_dir, tmp_path):
+    class KillWorker(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            os.kill(trainer.generator.process.pid, signal.SIGKILL)
+            time.sleep(0.5)
+
+    trainer = trainer_for(tiny_model_dir, tmp_path, max_steps=2, max_staleness=1)
+    trainer.add_callback(KillWorker())  # after the trainer's own, which starts the worker
+    with pytest.raises(GeneratorDied, match=re.escape("the generation worker exited with code -9")):
+        trainer.train()
+    assert trainer.generator is None
+
+
+def test_combinations_it_cannot_run_are_refused_by_the_trainer(tiny_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                      num_generations=4, num_iterations=2)  # fmt: skip
+    dataset = Dataset.from_list([{"prompt": encode_prompt(LAKE, 0)}] * 4)
+    with pytest.raises(ValueError, match=re.escape("max_staleness=1 is not supported with num_iterations > 1 yet")):
+        RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
+                        advantage_config=AdvantageConfig(), max_staleness=1)  # fmt: skip
+
+
+def group_ends(group: int, within_s: float) -> bool:
+    """Whether every process of the process ``group`` is gone within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_and_its_worker_and_a_resume_goes_on_asynchronously(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import QUIET_ENV, REPO
+
+    output_dir = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "rllm_gym.train.grpo", "--config", str(REPO / "train/configs/test_tiny.yaml"),
+        "--output_dir", str(output_dir), "--max_staleness", "1", "--save_steps", "1000",
+    ]  # fmt: skip
+    # Its own process group, which the terminal's Ctrl-C reaches as a whole: the trainer and its worker.
+    process = subprocess.Popen(
+        [*command, "--max_steps", "200"], env=QUIET_ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    metrics = output_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not get going"
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert sum("Ctrl-C" in line for line in (stdout + stderr).splitlines()) == 1  # the trainer's one notice
+    assert group_ends(process.pid, within_s=60)  # the worker (and multiprocessing's resource tracker) stopped too
+    stopped_at = max(int(path.name.removeprefix("checkpoint-")) for path in output_dir.glob("checkpoint-*"))
+    resumed = subprocess.run(
+        [*command, "--max_steps", str(stopped_at + 2), "--resume", "true"], env=QUIET_ENV, cwd=REPO,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    logged = [line for line in metrics.read_text().splitlines() if "async/staleness_max" in line]
+    assert len(logged) >= stopped_at + 2  # every step of both parts logged its staleness

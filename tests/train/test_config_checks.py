@@ -1,0 +1,49 @@
+"""The checks of asynchronous generation's fields, and the combinations max_staleness >= 1 refuses with a reason."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rllm_gym.train.config import TrainConfig, load_config
+from rllm_gym.train.config_file import ConfigError
+
+REFUSED = "max_staleness: 1 (asynchronous generation) is not supported"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_staleness": -1}, "max_staleness must be >= 0 (0 = synchronous), got -1"),
+        ({"async_is_cap": 1.0}, "async_is_cap must be > 1 (2.0 recommended), got 1.0"),
+        ({"async_is_level": "row"}, "async_is_level must be 'token' or 'sequence', got 'row'"),
+        ({"async_is_mode": "clip"}, "async_is_mode must be 'truncate', 'mask' or 'off', got 'clip'"),
+        ({"max_staleness": 1, "use_vllm": True}, f"{REFUSED} with use_vllm yet"),
+        ({"max_staleness": 1, "env": ["rllm/SolverJudge-v0"]}, f"{REFUSED} with multi-agent envs yet"),
+        ({"max_staleness": 1, "agent_program": "json:dumps"}, f"{REFUSED} with agent_program yet"),
+        ({"max_staleness": 1, "trl_args": {"num_iterations": 2}}, f"{REFUSED} with num_iterations > 1"),
+        ({"max_staleness": 1, "trl_args": {"steps_per_generation": 2}}, f"{REFUSED} with steps_per_generation"),
+        ({"max_staleness": 1, "loss_type": "vespo"}, f"{REFUSED} with loss_type vespo"),
+    ],
+)
+def test_bad_async_settings_and_refused_combinations_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TrainConfig(**kwargs)
+
+
+def test_several_processes_and_deepspeed_are_refused_from_the_launchers_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    with pytest.raises(ValueError) as error:
+        TrainConfig(max_staleness=2)
+    assert "with several processes yet (WORLD_SIZE > 1)" in str(error.value)
+    assert "under DeepSpeed yet" in str(error.value)
+    assert TrainConfig(max_staleness=0).max_staleness == 0  # the synchronous trainer runs everywhere
+
+
+def test_the_settings_are_flags_and_a_refusal_names_the_flag():
+    config, _ = load_config(["--max_staleness", "2", "--async_is_level", "sequence", "--lora", "true"])
+    assert (config.max_staleness, config.async_is_level, config.async_is_cap) == (2, "sequence", 2.0)
+    with pytest.raises(ConfigError, match=re.escape("max_staleness: 2 (asynchronous generation) is not supported")):
+        load_config(["--max_staleness", "2", "--use_vllm", "true"])

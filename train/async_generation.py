@@ -1,0 +1,312 @@
+"""Asynchronous generation (``max_staleness: K >= 1``): the episodes of the next ``K`` steps run in a worker process
+while a step trains.
+
+:class:`AsyncGenerator` starts one worker process (``torch.multiprocessing``, spawn) that holds its own copy of the
+trainer's model, its parameters in shared memory: after each optimizer step the trainer copies its weights into that
+copy in place (:meth:`AsyncGenerator.publish`, no file round trip) under a lock that the worker holds for each LLM
+batch it generates, so every batch is sampled by exactly one version of the weights, recorded in each Step's
+``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were published). An episode in flight across
+an update keeps each Step's own version and behaviour log-probabilities. The worker runs the trainer's own
+:class:`~rllm_gym.train.rollout.EpisodeRollout` (same envs, agents, engine, reset seeds and episode ids as the
+synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a queue.
+
+Which prompts come next: :class:`LookAhead` draws the trainer's batches from its epoch iterator ``K`` steps early and
+hands each step's prompts to the generator as it draws them (TRL's dataloader and sampler stay TRL's, checkpoints
+included). At an epoch boundary the look-ahead stops at the epoch's last batch: the next epoch's order exists only
+once the trainer starts it, so its first steps are generated then (their staleness starts again from 0). A resume
+regenerates what was in flight: nothing of it is in a checkpoint, and the look-ahead draws the resumed epoch's
+batches again.
+
+Every wait has a bound: the trainer polls the worker's results and its liveness each second, so a worker that died
+stops the run with its reason (its traceback, or its exit code), and one that sends nothing for ``timeout_s`` stops it
+too. The worker ignores Ctrl-C (the trainer's own handler finishes the step and saves a checkpoint);
+:meth:`AsyncGenerator.close` asks it to stop, joins it, and terminates it if it does not.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.hf import HFPolicy
+from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.train.generation import Generation
+from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
+from rllm_gym.train.trl_adapter import copy_without_hooks
+from rllm_gym.types import ModelOutput
+
+__all__ = ["AsyncGenerator", "GeneratorDied", "LookAhead", "WorkerSettings"]
+
+
+class GeneratorDied(RuntimeError):
+    """The generation worker stopped (an exception, a crash, or no answer in time); the message says why."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What the worker's generation needs of the trainer: the sampling settings, the run's seed (reset seeds derive
+    from it), the filler token of padding rows, the policies' chat settings, and the torch threads it may use."""
+
+    sampling: SamplingParams
+    run_seed: int
+    filler_id: int
+    chat_template_kwargs: dict[str, Any]
+    token_history: TokenHistory
+    threads: int = 1
+
+
+class VersionedHFPolicy(HFPolicy):
+    """HFPolicy on the worker's shared weights: each batch generated under ``lock`` (the trainer cannot update the
+    weights mid-batch), its outputs stamped with the ``version`` those weights were published as."""
+
+    def __init__(self, model: Any, *, lock: Any, version: Any, **kwargs: Any):
+        super().__init__(model, **kwargs)
+        self._lock, self._version = lock, version
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        with self._lock:
+            version = int(self._version.value)
+            outputs = super()._generate_batch(prompts, params)
+        return [output.model_copy(update={"policy_version": version}) for output in outputs]
+
+
+class _WorkerGeneration(Generation):
+    """The worker's generation backend: the trainer's settings as values, its policy on the shared weights (kept
+    from call to call while the episode count stays the same, as the trainer's own backend keeps it)."""
+
+    def __init__(self, settings: WorkerSettings, model: Any, tokenizer: Any, lock: Any, version: Any):
+        super().__init__(
+            None, chat_template_kwargs=settings.chat_template_kwargs, token_history=settings.token_history
+        )
+        self.settings, self.model, self.tokenizer, self.lock, self.version = settings, model, tokenizer, lock, version
+        self._kept: tuple[int, VersionedHFPolicy] | None = None
+
+    @property
+    def process_index(self) -> int:
+        return 0  # one training process (several are refused at config time)
+
+    @property
+    def run_seed(self) -> int:
+        return self.settings.run_seed
+
+    @property
+    def filler_id(self) -> int:
+        return self.settings.filler_id
+
+    def sampling_params(self) -> SamplingParams:
+        return self.settings.sampling
+
+    @contextmanager
+    def _policy(self, count: int) -> Iterator[Any]:
+        if self._kept is None or self._kept[0] != count:
+            policy = VersionedHFPolicy(
+                self.model, lock=self.lock, version=self.version, tokenizer=self.tokenizer, device="cpu",
+                chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history,
+                max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True,
+            )  # fmt: skip
+            self._kept = (count, policy)
+        yield self._kept[1]
+
+
+def _work(
+    rollout: EpisodeRollout,
+    model: Any,
+    tokenizer: Any,
+    settings: WorkerSettings,
+    lock: Any,
+    version: Any,
+    requests: Any,
+    results: Any,
+    parent: int,
+) -> None:
+    """The worker process: :func:`_serve` the requests, then stop at once (see below)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
+    torch.set_num_threads(settings.threads)
+    try:
+        _serve(rollout, _WorkerGeneration(settings, model, tokenizer, lock, version), requests, results, parent)
+    finally:
+        rollout.close()
+    # A clean stop ends here once the answers are flushed: the interpreter's own teardown (native, after torch and
+    # the tokenizers) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def _serve(rollout: EpisodeRollout, generation: Generation, requests: Any, results: Any, parent: int) -> None:
+    """Each request ``(ticket, prompts)`` answered with ``(ticket, RolloutBatch, None)``, or ``(ticket, None,
+    traceback)`` after which it returns; ``None``, or a parent that is gone, makes it return."""
+    while True:
+        try:
+            request = requests.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if request is None:
+            return
+        ticket, prompts = request
+        try:
+            batch = rollout.collect(prompts, generation)
+        except Exception:
+            results.put((ticket, None, traceback.format_exc()))
+            return
+        results.put((ticket, batch, None))
+
+
+class AsyncGenerator:
+    """A generation worker process with its own, shared-memory copy of ``model`` (see the module's docstring).
+
+    :meth:`submit` hands it a step's prompts, :meth:`result` waits (bounded) for that step's
+    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` copies new weights into its copy, :meth:`close`
+    stops it. Results come in the order the prompts were submitted."""
+
+    def __init__(
+        self,
+        rollout: EpisodeRollout,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        settings: WorkerSettings,
+        *,
+        version: int = 0,
+        timeout_s: float = 1800.0,
+    ):
+        context = torch.multiprocessing.get_context("spawn")
+        self.model = copy_without_hooks(model).requires_grad_(False).eval()
+        self.model.share_memory()
+        self.timeout_s = timeout_s
+        self._lock = context.Lock()
+        self._version = context.Value("q", version, lock=False)
+        self._requests, self._results = context.Queue(), context.Queue()
+        self._pending: deque[tuple[int, list[Any]]] = deque()
+        self._tickets = 0
+        self.process = context.Process(
+            target=_work,
+            args=(rollout, self.model, tokenizer, settings, self._lock, self._version, self._requests, self._results,
+                  os.getpid()),
+            name="rllm-gym-generator",
+            daemon=True,
+        )  # fmt: skip
+        self.process.start()
+
+    @property
+    def version(self) -> int:
+        """The version of the weights the worker generates with now."""
+        return int(self._version.value)
+
+    @property
+    def pending(self) -> int:
+        """Steps submitted whose results were not taken yet."""
+        return len(self._pending)
+
+    @torch.no_grad()
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """Copy ``model``'s parameters into the worker's copy in place, between two of its LLM batches, as
+        ``version``."""
+        source = dict(model.named_parameters())
+        with self._lock:
+            for name, parameter in self.model.named_parameters():
+                parameter.copy_(source[name])
+            self._version.value = version
+
+    def submit(self, prompts: list[Any]) -> None:
+        """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
+        self._check_alive()
+        self._requests.put((self._tickets, list(prompts)))
+        self._pending.append((self._tickets, list(prompts)))
+        self._tickets += 1
+
+    def result(self, prompts: list[Any]) -> RolloutBatch:
+        """The :class:`RolloutBatch` of the oldest submitted step, which must be ``prompts``; waits for it at most
+        ``timeout_s``, checking each second that the worker is alive (:class:`GeneratorDied` if not)."""
+        if not self._pending or self._pending[0][1] != list(prompts):
+            raise RuntimeError(
+                f"the trainer asked for the episodes of prompts the generator was not given next "
+                f"({self.pending} steps pending): the look-ahead lost track of TRL's batches"
+            )
+        ticket, _ = self._pending.popleft()
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                answered, batch, error = self._results.get(timeout=1.0)
+            except queue.Empty:
+                self._check_alive()
+                if time.monotonic() > deadline:
+                    raise GeneratorDied(
+                        f"the generation worker sent no episodes for {self.timeout_s:.0f} s (hung env or model?)"
+                    ) from None
+                continue
+            if error is not None:
+                raise GeneratorDied(f"the generation worker failed:\n{error}")
+            if answered != ticket:
+                raise GeneratorDied(f"the generation worker answered step {answered} where {ticket} was due")
+            return batch
+
+    def _check_alive(self) -> None:
+        if not self.process.is_alive():
+            raise GeneratorDied(f"the generation worker exited with code {self.process.exitcode}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the worker: asked first, terminated if it has not stopped within ``timeout_s``; the queues closed."""
+        if self.process.is_alive():
+            with suppress(OSError, ValueError):
+                self._requests.put(None)
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+        for channel in (self._requests, self._results):
+            channel.close()
+            channel.cancel_join_thread()
+        self._pending.clear()
+
+
+class LookAhead:
+    """The trainer's batches, drawn from its epoch iterator ``depth`` steps ahead: each generation batch's prompts go
+    to ``submit`` when it is drawn. ``generate_every`` is TRL's batches per generation (the first of each such run
+    is the one TRL generates for; its repeats are the same prompts).
+
+    :meth:`batches` gives the iterator the trainer takes a step's batches from; a new epoch iterator (a new epoch, or
+    the one a resume fast-forwarded) starts the look-ahead again from it."""
+
+    def __init__(self, depth: int, submit: Callable[[list[Any]], None], generate_every: int = 1):
+        self.depth, self.submit, self.generate_every = depth, submit, generate_every
+        self._iterator: Iterator[Any] | None = None
+        self._drawn: deque[Any] = deque()
+        self._count = 0
+
+    def batches(self, epoch_iterator: Iterator[Any]) -> Iterator[Any]:
+        if epoch_iterator is not self._iterator:
+            self._iterator, self._count = epoch_iterator, 0
+            self._drawn.clear()
+        return self._next_batches()
+
+    def _next_batches(self) -> Iterator[Any]:
+        while True:
+            self._fill()
+            if not self._drawn:
+                return
+            yield self._drawn.popleft()
+
+    def _fill(self) -> None:
+        assert self._iterator is not None
+        while len(self._drawn) < (self.depth + 1) * self.generate_every:
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                return
+            if self._count % self.generate_every == 0:
+                self.submit([example["prompt"] for example in batch])
+            self._count += 1
+            self._drawn.append(batch)
