@@ -118,7 +118,7 @@ def build_view(
             _TMP_TREES.append((tree, stash))
     _make_etc(root)
     _make_dev(root)
-    if run_files is not None:
+    if run_files is not None and not _TMP_TREES:  # no Landlock where /tmp holds the interpreter (the zygote's check)
         make_run_root(root + RUN_ROOT, run_files, run_unreadable)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
         os.mkdir(os.path.join(root, name), mode)

@@ -275,7 +275,7 @@ def test_proc_shows_only_the_runs_own_processes(view_sandbox):
 # Paired runs: the test harness and the solution in separate processes
 
 _SCAN_SOLUTION = r"""
-import gc, json, os, re, sys
+import gc, itertools, json, os, re, sys
 PATTERN = re.compile(r"RLLMSECRET-[0-9a-f]{32}")
 BPATTERN = re.compile(rb"RLLMSECRET-[0-9a-f]{32}")
 
@@ -348,7 +348,8 @@ def scan(fds=True):
         except OSError:
             pass
     skip = tuple(os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, "/usr", "/proc", "/sys"))
-    for root, dirs, files in [*os.walk("/"), *os.walk(os.getcwd())]:  # under landlock, "/" cannot be listed
+    # Lazily, so that the pruning of dirs below takes effect; under landlock "/" cannot be listed, hence the cwd too.
+    for root, dirs, files in itertools.chain(os.walk("/"), os.walk(os.getcwd())):
         dirs[:] = [d for d in dirs if not os.path.join(root, d).startswith(skip)]
         for name in files:
             try:

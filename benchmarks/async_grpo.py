@@ -13,7 +13,7 @@ other in this process (the figures share the machine's load of the moment: on a 
 The first ``--skip`` steps of each run are left out (the worker process starts then). Prints a table of steps per
 second and the ratio to K = 0, and writes ``benchmarks/results/async.json`` (with the machine and CPU count).
 
-    python benchmarks/bench_async.py --steps 12              # about 20 minutes on 2 idle cores
+    python benchmarks/async_grpo.py --steps 12              # about 20 minutes on 2 idle cores
 """
 
 from __future__ import annotations
