@@ -217,3 +217,26 @@ def _openenv_url_for_registry_wide_tests(request: pytest.FixtureRequest, monkeyp
     a served FrozenLake as that env's base_url, through ``RLLM_GYM_OPENENV_URL``, unless the variable is set."""
     if "rllm/OpenEnv-v0" in request.node.name and "RLLM_GYM_OPENENV_URL" not in os.environ:
         monkeypatch.setenv("RLLM_GYM_OPENENV_URL", request.getfixturevalue("openenv_frozenlake_url"))
+
+
+@pytest.fixture
+def mcp_http_url() -> Iterator[str]:
+    """The URL (``.../mcp``) of the MCP tests' server (tests/tools/mcp_test_server.py, FastMCP) over streamable HTTP
+    on a free loopback port, for one test; killed after it."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = [sys.executable, str(REPO / "tests" / "tools" / "mcp_test_server.py"), "--http", str(port)]
+    process = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120  # the server imports the MCP SDK: seconds on 2 loaded cores
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.kill()
+        process.wait()

@@ -148,32 +148,13 @@ def html_server() -> Iterator[str]:
     plain.server_close()
 
 
-@pytest.fixture(scope="module")
-def mcp_url() -> Iterator[str]:
-    """A streamable-HTTP MCP server (the MCP tests' server), by the URL an MCP client takes."""
-    port = free_port()
-    server = [sys.executable, str(Path(__file__).parents[1] / "tools" / "mcp_test_server.py"), "--http", str(port)]
-    process = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(1200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.kill()
-        process.wait()
-
-
 def one_line(error: pytest.ExceptionInfo) -> str:
     message = str(error.value)
     assert "\n" not in message, message
     return message
 
 
-def test_bad_urls_are_one_clear_line(html_server: str, mcp_url: str, monkeypatch) -> None:
+def test_bad_urls_are_one_clear_line(html_server: str, mcp_http_url: str, monkeypatch) -> None:
     monkeypatch.delenv("RLLM_GYM_OPENENV_URL", raising=False)
     with pytest.raises(ValueError, match="must be an http") as error:
         gym.make("rllm/OpenEnv-v0", base_url=["http://127.0.0.1:1", "ftp://127.0.0.1:1"])
@@ -185,7 +166,7 @@ def test_bad_urls_are_one_clear_line(html_server: str, mcp_url: str, monkeypatch
     with pytest.raises(EnvServerError, match="no OpenEnv replica can be reached") as error:
         gym.make("rllm/OpenEnv-v0", base_url=[f"http://127.0.0.1:{port}", f"http://127.0.0.1:{free_port()}"])
     one_line(error)
-    for url in (html_server, mcp_url, mcp_url.removesuffix("/mcp")):  # a web page, an MCP server
+    for url in (html_server, mcp_http_url, mcp_http_url.removesuffix("/mcp")):  # a web page, an MCP server
         with pytest.raises(EnvServerError, match=re.escape(f"{url} does not speak the OpenEnv protocol")) as error:
             gym.make("rllm/OpenEnv-v0", base_url=url, timeout=5)
         one_line(error)

@@ -4,10 +4,7 @@ stdio and streamable HTTP: schemas, calls, results as tool messages in Tool-v0, 
 from __future__ import annotations
 
 import re
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -32,25 +29,6 @@ def call(env: gym.Env, name: str, **arguments) -> tuple[str, float, bool]:
         ModelOutput(tool_calls=[ToolCall(name=name, arguments=arguments)])
     )
     return observation, reward, terminated
-
-
-@pytest.fixture
-def http_server():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([*SERVER, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_stdio_server_tools_join_tool_env_and_answer_as_tool_messages() -> None:
@@ -94,16 +72,16 @@ def test_a_hanging_crashing_or_garbage_server_gives_observations() -> None:
         env.close()
 
 
-def test_streamable_http_server_and_tool_agent(http_server: str) -> None:
-    server = MCPServer(http_server, timeout=5, max_output_chars=50)
+def test_streamable_mcp_http_url_and_tool_agent(mcp_http_url: str) -> None:
+    server = MCPServer(mcp_http_url, timeout=5, max_output_chars=50)
     try:
         assert server.call("add", {"a": 5, "b": 6}).output == "11"
         long = next(tool for tool in server.tools if tool.name == "shout")(text="x", times=500)
         assert long.truncated and len(long.output) <= 50 + 40  # cut to max_output_chars, with a marker
     finally:
         server.close()
-    assert server.call("add", {"a": 1, "b": 1}).error == f"MCP server {http_server!r} was closed"
-    agent = ToolAgent(tools=["finish"], mcp_servers=[http_server], native_tools=True)
+    assert server.call("add", {"a": 1, "b": 1}).error == f"MCP server {mcp_http_url!r} was closed"
+    agent = ToolAgent(tools=["finish"], mcp_servers=[mcp_http_url], native_tools=True)
     assert [schema["function"]["name"] for schema in agent.tools_schema][:3] == ["finish", "add", "shout"]
 
 
