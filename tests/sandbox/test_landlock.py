@@ -467,6 +467,18 @@ def test_a_runs_tmp_is_its_own_and_shows_nothing_of_the_hosts(sandbox):
         assert (".so" in os.path.basename(path) and readable) or (size == 0 and not readable), (path, size, readable)
 
 
+# Runs a command with a host folder bound at another path, in a mount namespace of its own: an interpreter installed
+# under /tmp without copying it (its prefix is where it is bound: a bind mount, unlike a link, is not resolved).
+_BOUND = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+source, target, *command = sys.argv[1:]
+assert libc.unshare(0x00020000) == 0 and libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None) == 0
+assert libc.mount(source.encode(), target.encode(), None, 4096 | (1 << 14), None) == 0, ctypes.get_errno()
+os.execv(command[0], command)
+"""
+
+
 def _output(*command: str) -> str:
     process = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
     assert process.returncode == 0, (command, process.stderr[-3000:])
@@ -474,13 +486,16 @@ def _output(*command: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("location", ["/tmp", "/dev/shm"])
-def test_every_attack_of_this_file_fails_the_same_from_a_venv_under_tmp(location):
+@pytest.mark.parametrize(
+    ("location", "interpreter_too"), [("/tmp", False), ("/dev/shm", False), ("/tmp", True)], ids=["tmp", "shm", "base"]
+)
+def test_every_attack_of_this_file_fails_the_same_from_a_venv_under_tmp(location, interpreter_too):
     """An interpreter under /tmp or /dev/shm (a venv with a symlinked python, as CI machines and pip's build isolation
-    make), which a run reaches through its own /tmp: every other test of this file runs again from it, the page-cache
-    probe on a cold file of that venv included (not on /dev/shm, a tmpfs whose pages cannot be dropped), and none may
-    skip. A package of that venv (yaml, copied in) is preloaded from there, its extension module loaded through the
-    run's /tmp."""
+    make; with ``interpreter_too`` the interpreter's own prefix as well, its standard library's extension modules
+    included), which a run reaches through its own /tmp: every other test of this file runs again from it, the
+    page-cache probe on a cold file of that venv included (not on /dev/shm, a tmpfs whose pages cannot be dropped),
+    and none may skip. A package of that venv (yaml, copied in) is preloaded from there, its extension module loaded
+    through the run's /tmp."""
     if not LINUX_ROOT or not probe_abi() or not os.path.isdir(location):
         pytest.skip(f"needs root on Linux with Landlock, and {location}")
     yaml = pytest.importorskip("yaml")
@@ -491,20 +506,28 @@ def test_every_attack_of_this_file_fails_the_same_from_a_venv_under_tmp(location
     this = Path(__file__).resolve()
     base = Path(tempfile.mkdtemp(prefix="rllm-landlock-", dir=location))
     try:
+        wrap, creator = [], sys.executable
+        if interpreter_too:  # the interpreter's prefix, bound at base/python for each command below
+            prefix = os.path.realpath(sys.base_prefix)
+            (base / "python").mkdir()
+            wrap = [sys.executable, "-c", _BOUND, prefix, str(base / "python")]
+            creator = str(base / "python" / os.path.relpath(os.path.realpath(sys._base_executable), prefix))
         venv = base / "x" / ".venv"
-        _output(sys.executable, "-m", "venv", "--without-pip", "--symlinks", str(venv))
-        python = str(venv / "bin" / "python")
-        purelib = _output(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
+        _output(*wrap, creator, "-m", "venv", "--without-pip", "--symlinks", str(venv))
+        python = [*wrap, str(venv / "bin" / "python")]
+        purelib = _output(*python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
         sources = [*site.getsitepackages(), str(Path(rllm_gym.__file__).parents[1])]
         Path(purelib, "rllm-host.pth").write_text(f"import site; list(map(site.addsitedir, {sources!r}))\n")
         shutil.copytree(Path(yaml.__file__).parent, Path(purelib, "yaml"))
-        where = "import json, sys, rllm_gym, yaml; print(json.dumps([sys.prefix, rllm_gym.__file__, yaml.__file__]))"
-        prefix, package, yaml_file = json.loads(_output(python, "-c", where))
+        where = "import json, sys, rllm_gym, yaml\n"
+        where += "print(json.dumps([sys.prefix, sys.base_prefix, rllm_gym.__file__, yaml.__file__]))"
+        prefix, base_prefix, package, yaml_file = json.loads(_output(*python, "-c", where))
         assert prefix == str(venv) and package == rllm_gym.__file__ and yaml_file.startswith(purelib), where
+        assert base_prefix == str(base / "python") if interpreter_too else not base_prefix.startswith(location), where
         options = ["-k", "not venv_under_tmp" + (" and not earlier_run" if location != "/tmp" else "")]
+        options += ["-m", "slow or not slow", "-p", "no:cacheprovider", f"--basetemp={base / 'pytest'}"]
         process = subprocess.run(
-            [python, "-m", "pytest", str(this), "-q", "-rs", "-p", "no:cacheprovider", f"--basetemp={base / 'pytest'}",
-             "-m", "slow or not slow", *options],
+            [*python, "-m", "pytest", str(this), "-q", "-rs", *options],
             capture_output=True, text=True, timeout=900, cwd=this.parents[2], check=False,
         )  # fmt: skip
     finally:
