@@ -7,7 +7,9 @@ the project's own package folders are covered by empty mounts; a memory cgroup o
 (``_cgroups.py``); a probe for per-run PID namespaces and the seccomp program. Per run, in the run's supervisor
 (pid 1 of a fresh PID namespace, still root): new mount, network and IPC namespaces, a private size-capped tmpfs on
 ``/sandbox`` owned by the run's uid (its working directory, ``HOME`` and ``TMPDIR``; ``/tmp`` and ``/dev/shm`` point
-into it) and a fresh ``/proc`` (:func:`enter_run`);
+into it) and a fresh ``/proc`` (:func:`enter_run`); where the interpreter or its venv lives under ``/tmp`` or
+``/dev/shm`` (:data:`RUN_ALIASES`), what the run may read of it is bound inside that tmpfs, at the path under
+``/tmp`` that leads there (a run of model code under Landlock, in its own root: :func:`make_run_root`, the same);
 then, in the solution's process: the memory cgroup, the switch to the run's unprivileged uid, ``no_new_privs``, the
 parent-death signal, the seccomp filter and the rlimits. The zygote loads this file by its path (it runs as a script
 under ``python -I``, so its folder is not on ``sys.path``); keep it free of package imports.
