@@ -440,6 +440,20 @@ out["nested"] = sorted(
     [os.path.join(root, name), os.path.getsize(os.path.join(root, name)), os.access(os.path.join(root, name), os.R_OK)]
     for root, _dirs, names in os.walk("/tmp/") for name in names if root != "/tmp/"
 )
+# What it sees of the interpreter's tree is the same for every run: nothing of it can be changed, moved or added to.
+tops = [os.path.join("/tmp", name) for name in os.listdir("/tmp") if os.path.isdir(os.path.join("/tmp", name))]
+attempts = [lambda path=path: os.unlink(path) for path, _size, _readable in out["nested"]]
+attempts += [lambda path=path: open(path, "ab").close() for path, _size, _readable in out["nested"]]
+for top in tops:
+    attempts += [lambda: os.rename(top, "/tmp/moved"), lambda: os.rmdir(top), lambda: os.mkdir(top + "/new")]
+    attempts += [lambda: os.chmod(top, 0o777), lambda: open(top + "/new.so", "w").close()]
+out["changed"], out["attempts"] = 0, len(attempts)
+for attempt in attempts:
+    try:
+        attempt()
+        out["changed"] += 1
+    except OSError:
+        pass
 print(json.dumps(out))
 """
 
@@ -448,7 +462,7 @@ def test_a_runs_tmp_is_its_own_and_shows_nothing_of_the_hosts(sandbox):
     """A run's /tmp is its own folder, writable: a file written there reads back. It shows no file of the host's
     /tmp nor another run's; where the interpreter lives under /tmp (or /dev/shm), only the folders leading to that
     tree and, in it, the extension modules' files the run may load and the unreadable placeholders of the
-    interpreter's own."""
+    interpreter's own, which no run can change."""
     _needs_landlock(sandbox)
     token = secrets.token_hex(6)
     marker = Path("/tmp") / f"rllm-host-{token}"
@@ -456,12 +470,15 @@ def test_a_runs_tmp_is_its_own_and_shows_nothing_of_the_hosts(sandbox):
     try:
         assert sandbox.run(f"open('/tmp/other-{token}', 'w').write('another run')").ok
         out = _report(sandbox.run(textwrap.dedent(_PRIVATE_TMP)))
+        again = _report(sandbox.run(textwrap.dedent(_PRIVATE_TMP)))
     finally:
         marker.unlink()
+    assert out["changed"] == again["changed"] == 0 and out["nested"] == again["nested"], (out, again)
     trees = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}  # where the run finds one under an alias:
     trees = {"/tmp" + tree[len(alias) :] for tree in trees for alias in RUN_ALIASES if tree.startswith(alias + "/")}
     assert out["read"] == "mine" and out["same"], out
     assert set(out["listing"]) == {"x", "main.py", *(tree.split("/")[2] for tree in trees)}, out
+    assert bool(out["attempts"]) == bool(out["nested"]) == bool(trees), out
     for path, size, readable in out["nested"]:
         assert any(path.startswith(tree + "/") for tree in trees), path
         assert (".so" in os.path.basename(path) and readable) or (size == 0 and not readable), (path, size, readable)
