@@ -399,17 +399,21 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False) -> None:
+def enter_run(
+    namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False, own: frozenset = ()
+) -> None:
     """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR and a fresh /proc
     with its host-wide files covered; with ``run_root`` (model code under Landlock, which reads no /proc), the
-    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc."""
+    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc.
+    ``own``: the names of the run's own files; where one is also the name of the top folder of a tree bound in
+    RUN_DIR (an interpreter under ``/tmp/<name>``), the run's file takes that place and the tree is not bound."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
         options += f",uid={uid},gid={uid}"
     if run_root:
         mount("tmpfs", RUN_ROOT + RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
-        for top in _ALIASED_TOPS:  # what the run may read of a tree under /tmp, where its /tmp leads
+        for top in (top for top in _ALIASED_TOPS if top not in own):  # what it may read of a tree under /tmp
             inside = f"{RUN_ROOT}{RUN_DIR}/{top}"
             os.mkdir(inside, 0o755)
             _bind_tree(f"{RUN_ROOT_ALIASED}/{top}", inside)
@@ -420,6 +424,8 @@ def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: boo
     if _TMP_TREES:  # the interpreter lives under /tmp: /tmp becomes the run's folder with that tree bound back in it
         for alias, tree, stash in _TMP_TREES:
             inside = RUN_DIR + tree[len(alias) :]
+            if inside.split("/")[2] in own:
+                continue
             os.makedirs(inside, 0o755, exist_ok=True)
             _bind_tree(stash, inside)
         for alias in sorted({alias for alias, _tree, _stash in _TMP_TREES}):

@@ -482,6 +482,11 @@ def test_a_runs_tmp_is_its_own_and_shows_nothing_of_the_hosts(sandbox):
     for path, size, readable in out["nested"]:
         assert any(path.startswith(tree + "/") for tree in trees), path
         assert (".so" in os.path.basename(path) and readable) or (size == 0 and not readable), (path, size, readable)
+    for top in {tree.split("/")[2] for tree in trees}:  # a file of the run named like that folder takes its place
+        code = f"print(open({top!r}).read(), open('/tmp/' + {top!r}).read())"
+        with Sandbox(max_parallel=1, read_view=True) as trusted:  # without Landlock, the same
+            for result in (sandbox.run(code, files={top: "mine"}), trusted.run(code, files={top: "mine"})):
+                assert result.ok and result.stdout == "mine mine\n", (result.status, result.error, result.stderr)
 
 
 # Runs a command with a host folder bound at another path, in a mount namespace of its own: an interpreter installed
