@@ -7,7 +7,9 @@ the project's own package folders are covered by empty mounts; a memory cgroup o
 (``_cgroups.py``); a probe for per-run PID namespaces and the seccomp program. Per run, in the run's supervisor
 (pid 1 of a fresh PID namespace, still root): new mount, network and IPC namespaces, a private size-capped tmpfs on
 ``/sandbox`` owned by the run's uid (its working directory, ``HOME`` and ``TMPDIR``; ``/tmp`` and ``/dev/shm`` point
-into it) and a fresh ``/proc`` (:func:`enter_run`);
+into it) and a fresh ``/proc`` (:func:`enter_run`); where the interpreter or its venv lives under ``/tmp`` or
+``/dev/shm`` (:data:`RUN_ALIASES`), what the run may read of it is bound inside that tmpfs, at the path under
+``/tmp`` that leads there (a run of model code under Landlock, in its own root: :func:`make_run_root`, the same);
 then, in the solution's process: the memory cgroup, the switch to the run's unprivileged uid, ``no_new_privs``, the
 parent-death signal, the seccomp filter and the rlimits. The zygote loads this file by its path (it runs as a script
 under ``python -I``, so its folder is not on ``sys.path``); keep it free of package imports.
@@ -41,7 +43,14 @@ _BASE = ""  # the host folder where build_view assembles the new root (made and 
 # or its venv may live under /tmp and must stay visible; /tmp is a link here unless such a tree occupies it.
 RUN_DIR = "/sandbox"
 RUN_ROOT = "/.run-root"  # inside the view: the root of runs of model code under Landlock (make_run_root)
-_TMP_TREES: list[tuple[str, str]] = []  # (path under /tmp, its second read-only mount) for trees each run rebinds
+# The host folders a run's own tmpfs stands for: a host path below one (an interpreter or venv under /tmp) is reached
+# in a run through RUN_DIR, so each run binds what it needs of such a tree back inside its RUN_DIR.
+RUN_ALIASES = ("/tmp", "/dev/shm")
+_TMP_TREES: list[tuple[str, str, str]] = []  # (alias, tree below it, its second read-only mount): each run rebinds
+# Inside the view, outside RUN_ROOT: what make_run_root binds below an alias (by the path under it); each run of model
+# code binds every top folder of it inside its RUN_DIR, at the path its files have under /tmp.
+RUN_ROOT_ALIASED = "/.run-root-aliased"
+_ALIASED_TOPS: list[str] = []
 _DEVICES = ("null", "zero", "full", "random", "urandom")
 _SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
@@ -111,18 +120,19 @@ def build_view(
                     os.chmod(placeholder, 0)
                 _bind_readonly(placeholder, root + path)
     for tree in _python_trees():
-        if tree.startswith("/tmp/"):  # each run's /tmp covers it: enter_run binds it back from this second mount,
+        alias = _alias_of(tree)
+        if alias is not None:  # each run's own folder covers it: enter_run binds it back from this second mount,
             stash = f"/.python-trees/{len(_TMP_TREES)}"  # which carries the covers above (MS_REC)
             os.makedirs(root + stash, 0o755)
             _bind_tree(root + tree, root + stash)
-            _TMP_TREES.append((tree, stash))
+            _TMP_TREES.append((alias, tree, stash))
     _make_etc(root)
     _make_dev(root)
-    if run_files is not None and not _TMP_TREES:  # no Landlock where /tmp holds the interpreter (the zygote's check)
-        make_run_root(root + RUN_ROOT, run_files, run_unreadable)
+    if run_files is not None:
+        make_run_root(root + RUN_ROOT, run_files, run_unreadable, root + RUN_ROOT_ALIASED)
     for name, mode in (("proc", 0o555), (RUN_DIR.lstrip("/"), 0o755), (".old", 0o700)):
         os.mkdir(os.path.join(root, name), mode)
-    if not _TMP_TREES:  # else /tmp holds the interpreter's tree and each run binds its own folder there
+    if not os.path.lexists(root + "/tmp"):  # else /tmp holds the interpreter's tree and each run binds its own folder
         os.symlink(RUN_DIR, root + "/tmp")
     os.chdir(root)
     check(libc.syscall(_SYS_PIVOT_ROOT, b".", b".old"), "pivot_root")
@@ -135,37 +145,50 @@ def build_view(
     return True
 
 
-def make_run_root(run_root: str, files: list[str], unreadable: list[str] = ()) -> None:
+def make_run_root(run_root: str, files: list[str], unreadable: list[str] = (), aliased: str = "") -> None:
     """The root a run of model code is chrooted into (under Landlock): in memory (directories of the view's tmpfs)
     but for ``files`` (each file of a folder one by one) bound read-only at their own paths, the system links, the
     ``/dev`` nodes and an empty ``/sandbox``. No other path of the disk exists there, so a run cannot warm the
     kernel's caches of directories and inodes (by a ``stat`` of a cold path) for a later run to time. ``unreadable``
     (the interpreter's own files) get an empty placeholder nobody may read: opening one fails with ``EACCES``, as for
-    any file a run may not read, without a lookup on the disk."""
+    any file a run may not read, without a lookup on the disk. A path below one of :data:`RUN_ALIASES` (an
+    interpreter or venv under /tmp), whose alias is the run's own folder there, is built in ``aliased`` instead, by
+    its path under the alias: :func:`enter_run` binds it inside each run's folder, where that path leads."""
     os.mkdir(run_root, 0o755)
     for name in _SYSTEM_DIRS:
         if os.path.islink("/" + name):
             os.symlink(os.readlink("/" + name), f"{run_root}/{name}")
+
+    def at(path: str) -> str:  # where ``path`` is built
+        alias = _alias_of(path)
+        return run_root + path if alias is None else aliased + path[len(alias) :]
+
     bound: set[str] = set()
     for path in files:
         inside = [os.path.join(path, entry) for entry in sorted(os.listdir(path))] if os.path.isdir(path) else [path]
-        os.makedirs(run_root + path if os.path.isdir(path) else os.path.dirname(run_root + path), 0o755, exist_ok=True)
+        os.makedirs(at(path) if os.path.isdir(path) else os.path.dirname(at(path)), 0o755, exist_ok=True)
         for file in inside:
             if os.path.isfile(file) and not os.path.islink(file):
-                _bind_readonly(file, run_root + file)
+                _bind_readonly(file, at(file))
                 bound.add(file)
     for folder in {os.path.dirname(file) for file in bound}:  # the names the loader asks for: libssl.so.3 -> ...
         for entry in os.listdir(folder):
             link = os.path.join(folder, entry)
-            if os.path.islink(link) and os.path.realpath(link) in bound and not os.path.lexists(run_root + link):
-                os.symlink(os.readlink(link), run_root + link)
+            if os.path.islink(link) and os.path.realpath(link) in bound and not os.path.lexists(at(link)):
+                os.symlink(os.readlink(link), at(link))
     _make_dev(run_root)
     os.mkdir(run_root + RUN_DIR, 0o755)
     os.symlink(RUN_DIR, run_root + "/tmp")
     for path in unreadable:
-        with contextlib.suppress(OSError):  # one under /tmp, or where a bound file is: nothing to stand in for
-            os.makedirs(os.path.dirname(run_root + path), 0o755, exist_ok=True)
-            os.close(os.open(run_root + path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0))
+        with contextlib.suppress(OSError):  # where a bound file is: nothing to stand in for
+            os.makedirs(os.path.dirname(at(path)), 0o755, exist_ok=True)
+            os.close(os.open(at(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0))
+    _ALIASED_TOPS[:] = sorted(os.listdir(aliased)) if aliased and os.path.isdir(aliased) else []
+
+
+def _alias_of(path: str) -> str | None:
+    """The folder of :data:`RUN_ALIASES` that ``path`` lies below, if any."""
+    return next((alias for alias in RUN_ALIASES if path.startswith(alias + "/")), None)
 
 
 def _bind_tree(source: str, target: str) -> None:
@@ -244,14 +267,15 @@ def _make_etc(root: str) -> None:
 
 def _make_dev(root: str) -> None:
     dev = root + "/dev"
-    os.mkdir(dev, 0o755)
+    os.makedirs(dev, 0o755, exist_ok=True)  # it holds the interpreter's tree where that lives under /dev/shm
     for name in _DEVICES:
         if os.path.exists("/dev/" + name):
             _bind_readonly("/dev/" + name, f"{dev}/{name}", nodev=False)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1")):
         os.symlink(target, f"{dev}/{name}")
     os.symlink("/proc/self/fd/2", dev + "/stderr")
-    os.symlink(RUN_DIR, dev + "/shm")  # POSIX shared memory and semaphores land in the run's own capped tmpfs
+    if not os.path.lexists(dev + "/shm"):  # else enter_run binds the run's own folder over it
+        os.symlink(RUN_DIR, dev + "/shm")  # POSIX shared memory and semaphores land in the run's own capped tmpfs
 
 
 def probe_pid_namespace() -> int | None:
@@ -375,26 +399,37 @@ def fork_run(pidns_fd: int | None) -> int:
     return pid
 
 
-def enter_run(namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False) -> None:
+def enter_run(
+    namespaces: int, file_size_mb: int, uid: int | None, own_proc: bool, run_root: bool = False, own: frozenset = ()
+) -> None:
     """In the run's supervisor: new mount (+ ``namespaces``) namespaces, a private tmpfs on RUN_DIR and a fresh /proc
     with its host-wide files covered; with ``run_root`` (model code under Landlock, which reads no /proc), the
-    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc."""
+    supervisor enters :data:`RUN_ROOT` (``chroot``) with the tmpfs on its RUN_DIR instead, and mounts no /proc.
+    ``own``: the names of the run's own files; where one is also the name of the top folder of a tree bound in
+    RUN_DIR (an interpreter under ``/tmp/<name>``), the run's file takes that place and the tree is not bound."""
     check(libc.unshare(CLONE_NEWNS | namespaces), "unshare the run's namespaces")
     options = f"size={max(1, file_size_mb) * 2}m,nr_inodes=4096,mode=0700"
     if uid is not None:
         options += f",uid={uid},gid={uid}"
     if run_root:
         mount("tmpfs", RUN_ROOT + RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        for top in (top for top in _ALIASED_TOPS if top not in own):  # what it may read of a tree under /tmp
+            inside = f"{RUN_ROOT}{RUN_DIR}/{top}"
+            os.mkdir(inside, 0o755)
+            _bind_tree(f"{RUN_ROOT_ALIASED}/{top}", inside)
         os.chroot(RUN_ROOT)
         os.chdir("/")
         return
     mount("tmpfs", RUN_DIR, "tmpfs", MS_NOSUID | MS_NODEV, options)
     if _TMP_TREES:  # the interpreter lives under /tmp: /tmp becomes the run's folder with that tree bound back in it
-        for tree, stash in _TMP_TREES:
-            inside = RUN_DIR + tree[len("/tmp") :]
-            os.makedirs(inside, 0o755)
+        for alias, tree, stash in _TMP_TREES:
+            inside = RUN_DIR + tree[len(alias) :]
+            if inside.split("/")[2] in own:
+                continue
+            os.makedirs(inside, 0o755, exist_ok=True)
             _bind_tree(stash, inside)
-        mount(RUN_DIR, "/tmp", None, MS_BIND | MS_REC)
+        for alias in sorted({alias for alias, _tree, _stash in _TMP_TREES}):
+            mount(RUN_DIR, alias, None, MS_BIND | MS_REC)
     if own_proc:  # the supervisor is pid 1 of the run's PID namespace: this /proc shows the run's processes only
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
         for name in HOST_WIDE_PROC:

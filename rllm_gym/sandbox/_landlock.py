@@ -4,8 +4,9 @@ The pages of a file a run reads stay in the host's page cache after it ends, so 
 cold file and a later run find out which (by timing a read, or by its own major-fault count). Under this layer a
 run's process is chrooted into a root of its own that holds only its private ``/sandbox`` tmpfs (pages that are its
 own and die with it), the ``/dev`` nodes (no page cache) and the shared objects of extension modules it may still load
-(each held resident and locked by the zygote), bound at their own paths, and empty placeholders of the interpreter's
-own files that it may not open: no other path of the disk exists for it, not even to ``stat`` (which would warm the
+(each held resident and locked by the zygote), bound at their own paths (inside its ``/sandbox``, where its ``/tmp``
+leads, for those of an interpreter under ``/tmp``), and empty placeholders of the interpreter's own files that it may
+not open: no other path of the disk exists for it, not even to ``stat`` (which would warm the
 kernel's caches of directories and inodes). Landlock then refuses it every other
 access (``EACCES``), the execution of any file included. What the code imports must then come from the
 zygote (``_preload.py``): the packages it loaded, the compiled code of the standard library and of those packages, and

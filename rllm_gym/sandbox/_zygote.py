@@ -105,8 +105,8 @@ class Zygote:
             self.isolation.append("memory_cgroup")
         elif memory_rules and self.seccomp is not None:
             self.isolation.append("memory_rules")
-        # Landlock confines a run to its own folder; not where that folder holds the interpreter's tree (under /tmp).
-        usable = usable and self.view and not _isolation._TMP_TREES
+        # Landlock confines a run to its own root, which holds what it may read even of a tree under /tmp.
+        usable = usable and self.view
         self.landlock = landlock_abi if usable else 0
         self.ruleset, self.finders = None, []
         if self.landlock:

@@ -135,13 +135,14 @@ def supervise(req: dict, run: Run, ctx: dict, fds: dict[str, int]) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         workdir = run.workdir
-        if ctx["view"]:
-            landlocked = ctx["landlock"] is not None and run.role != "harness"
-            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], landlocked)
         # The run's data (code, stdin, files) arrives in a memfd that only this process reads: the zygote, of which
         # every run is a fork, never holds one run's code, input or output where another run could find it.
         payload = json.loads(_read_all(fds["payload"]))
         code = payload["code"]
+        if ctx["view"]:
+            landlocked = ctx["landlock"] is not None and run.role != "harness"
+            own = frozenset([*payload["files"], req["filename"]])
+            _isolation.enter_run(ctx["namespaces"], req["file_size_mb"], ctx["uid"], ctx["own_proc"], landlocked, own)
         stdin_fd = os.memfd_create("stdin") if hasattr(os, "memfd_create") else _temp_fd()
         os.write(stdin_fd, payload["stdin"].encode("utf-8", "surrogatepass"))  # a lone surrogate: text, no fault
         os.lseek(stdin_fd, 0, os.SEEK_SET)

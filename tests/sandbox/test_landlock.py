@@ -4,6 +4,8 @@ A run that could read a host file could warm chosen pages of it (a hidden test's
 later run whose output reaches the model could tell which pages are warm by its own major-fault count. With Landlock a
 run's program opens no file outside its own folder, and every page of the files it has mapped is resident and locked
 by the zygote (``_preload.pin_mapped_files``), so the later run's report cannot depend on the earlier run's secret.
+The layer holds wherever the interpreter lives: the last test runs every other test of this file again from a venv
+under /tmp, whose files a run reaches through its own /tmp.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import json
 import mmap
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from rllm_gym.sandbox import ExecutionStatus, Sandbox, SandboxResult
+from rllm_gym.sandbox._isolation import RUN_ALIASES
 from rllm_gym.sandbox._landlock import probe_abi
 
 LINUX_ROOT = sys.platform.startswith("linux") and os.geteuid() == 0
@@ -34,12 +39,11 @@ def sandbox(strict_sandbox):
 
 
 def _needs_landlock(box: Sandbox) -> None:
-    """Skip where the layer cannot be in force (a kernel without Landlock, an interpreter under /tmp, which each
-    run's /sandbox covers); elsewhere it must be (a missing one fails)."""
+    """Skip where the layer cannot be in force (a kernel without Landlock); elsewhere it must be, wherever the
+    interpreter lives (under /tmp too): a missing one fails."""
     if not probe_abi():
         pytest.skip(f"this kernel has no Landlock, so the sandbox runs without its landlock layer ({box.isolation})")
-    if any(os.path.realpath(prefix).startswith("/tmp/") for prefix in (sys.prefix, sys.base_prefix)):
-        pytest.skip("the interpreter lives under /tmp: the sandbox runs without its landlock layer there")
+    assert "landlock" in box.isolation and box.landlock_abi, (box.landlock_abi, box.isolation)
 
 
 def _report(result: SandboxResult) -> dict:
@@ -425,3 +429,131 @@ def test_correct_solutions_that_import_the_standard_library_still_score_and_the_
         assert result.reward == 1.0, result.metadata
     out = PythonTool()(code="import fractions, heapq\nprint(heapq.nsmallest(2, [3, 1, 2]), fractions.Fraction(1, 2))")
     assert out.error is None and out.output == "[1, 2] 1/2", out
+
+
+_PRIVATE_TMP = """
+import json, os
+with open("/tmp/x", "w") as handle:
+    handle.write("mine")
+out = {"read": open("/tmp/x").read(), "same": os.path.samefile("/tmp/x", "x"), "listing": sorted(os.listdir("/tmp"))}
+out["nested"] = sorted(
+    [os.path.join(root, name), os.path.getsize(os.path.join(root, name)), os.access(os.path.join(root, name), os.R_OK)]
+    for root, _dirs, names in os.walk("/tmp/") for name in names if root != "/tmp/"
+)
+# What it sees of the interpreter's tree is the same for every run: nothing of it can be changed, moved or added to.
+tops = [os.path.join("/tmp", name) for name in os.listdir("/tmp") if os.path.isdir(os.path.join("/tmp", name))]
+attempts = [lambda path=path: os.unlink(path) for path, _size, _readable in out["nested"]]
+attempts += [lambda path=path: open(path, "ab").close() for path, _size, _readable in out["nested"]]
+for top in tops:
+    attempts += [lambda: os.rename(top, "/tmp/moved"), lambda: os.rmdir(top), lambda: os.mkdir(top + "/new")]
+    attempts += [lambda: os.chmod(top, 0o777), lambda: open(top + "/new.so", "w").close()]
+out["changed"], out["attempts"] = 0, len(attempts)
+for attempt in attempts:
+    try:
+        attempt()
+        out["changed"] += 1
+    except OSError:
+        pass
+print(json.dumps(out))
+"""
+
+
+def test_a_runs_tmp_is_its_own_and_shows_nothing_of_the_hosts(sandbox):
+    """A run's /tmp is its own folder, writable: a file written there reads back. It shows no file of the host's
+    /tmp nor another run's; where the interpreter lives under /tmp (or /dev/shm), only the folders leading to that
+    tree and, in it, the extension modules' files the run may load and the unreadable placeholders of the
+    interpreter's own, which no run can change."""
+    _needs_landlock(sandbox)
+    token = secrets.token_hex(6)
+    marker = Path("/tmp") / f"rllm-host-{token}"
+    marker.write_text("the host's")
+    try:
+        assert sandbox.run(f"open('/tmp/other-{token}', 'w').write('another run')").ok
+        out = _report(sandbox.run(textwrap.dedent(_PRIVATE_TMP)))
+        again = _report(sandbox.run(textwrap.dedent(_PRIVATE_TMP)))
+    finally:
+        marker.unlink()
+    assert out["changed"] == again["changed"] == 0 and out["nested"] == again["nested"], (out, again)
+    trees = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}  # where the run finds one under an alias:
+    trees = {"/tmp" + tree[len(alias) :] for tree in trees for alias in RUN_ALIASES if tree.startswith(alias + "/")}
+    assert out["read"] == "mine" and out["same"], out
+    assert set(out["listing"]) == {"x", "main.py", *(tree.split("/")[2] for tree in trees)}, out
+    assert bool(out["attempts"]) == bool(out["nested"]) == bool(trees), out
+    for path, size, readable in out["nested"]:
+        assert any(path.startswith(tree + "/") for tree in trees), path
+        assert (".so" in os.path.basename(path) and readable) or (size == 0 and not readable), (path, size, readable)
+    for top in {tree.split("/")[2] for tree in trees}:  # a file of the run named like that folder takes its place
+        code = f"print(open({top!r}).read(), open('/tmp/' + {top!r}).read())"
+        with Sandbox(max_parallel=1, read_view=True) as trusted:  # without Landlock, the same
+            for result in (sandbox.run(code, files={top: "mine"}), trusted.run(code, files={top: "mine"})):
+                assert result.ok and result.stdout == "mine mine\n", (result.status, result.error, result.stderr)
+
+
+# Runs a command with a host folder bound at another path, in a mount namespace of its own: an interpreter installed
+# under /tmp without copying it (its prefix is where it is bound: a bind mount, unlike a link, is not resolved).
+_BOUND = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+source, target, *command = sys.argv[1:]
+assert libc.unshare(0x00020000) == 0 and libc.mount(b"none", b"/", None, (1 << 14) | (1 << 18), None) == 0
+assert libc.mount(source.encode(), target.encode(), None, 4096 | (1 << 14), None) == 0, ctypes.get_errno()
+os.execv(command[0], command)
+"""
+
+
+def _output(*command: str) -> str:
+    process = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert process.returncode == 0, (command, process.stderr[-3000:])
+    return process.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("location", "interpreter_too"), [("/tmp", False), ("/dev/shm", False), ("/tmp", True)], ids=["tmp", "shm", "base"]
+)
+def test_every_attack_of_this_file_fails_the_same_from_a_venv_under_tmp(location, interpreter_too):
+    """An interpreter under /tmp or /dev/shm (a venv with a symlinked python, as CI machines and pip's build isolation
+    make; with ``interpreter_too`` the interpreter's own prefix as well, its standard library's extension modules
+    included), which a run reaches through its own /tmp: every other test of this file runs again from it, the
+    page-cache probe on a cold file of that venv included (not on /dev/shm, a tmpfs whose pages cannot be dropped),
+    and none may skip. A package of that venv (yaml, copied in) is preloaded from there, its extension module loaded
+    through the run's /tmp."""
+    if not LINUX_ROOT or not probe_abi() or not os.path.isdir(location):
+        pytest.skip(f"needs root on Linux with Landlock, and {location}")
+    yaml = pytest.importorskip("yaml")
+    import site
+
+    import rllm_gym
+
+    this = Path(__file__).resolve()
+    base = Path(tempfile.mkdtemp(prefix="rllm-landlock-", dir=location))
+    try:
+        wrap, creator = [], sys.executable
+        if interpreter_too:  # the interpreter's prefix, bound at base/python for each command below
+            prefix = os.path.realpath(sys.base_prefix)
+            (base / "python").mkdir()
+            wrap = [sys.executable, "-c", _BOUND, prefix, str(base / "python")]
+            creator = str(base / "python" / os.path.relpath(os.path.realpath(sys._base_executable), prefix))
+        venv = base / "x" / ".venv"
+        _output(*wrap, creator, "-m", "venv", "--without-pip", "--symlinks", str(venv))
+        python = [*wrap, str(venv / "bin" / "python")]
+        purelib = _output(*python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip()
+        sources = [*site.getsitepackages(), str(Path(rllm_gym.__file__).parents[1])]
+        Path(purelib, "rllm-host.pth").write_text(f"import site; list(map(site.addsitedir, {sources!r}))\n")
+        shutil.copytree(Path(yaml.__file__).parent, Path(purelib, "yaml"))
+        where = "import json, sys, rllm_gym, yaml\n"
+        where += "print(json.dumps([sys.prefix, sys.base_prefix, rllm_gym.__file__, yaml.__file__]))"
+        prefix, base_prefix, package, yaml_file = json.loads(_output(*python, "-c", where))
+        assert prefix == str(venv) and package == rllm_gym.__file__ and yaml_file.startswith(purelib), where
+        assert base_prefix == str(base / "python") if interpreter_too else not base_prefix.startswith(location), where
+        options = ["-k", "not venv_under_tmp" + (" and not earlier_run" if location != "/tmp" else "")]
+        options += ["-m", "slow or not slow", "-p", "no:cacheprovider", f"--basetemp={base / 'pytest'}"]
+        process = subprocess.run(
+            [*python, "-m", "pytest", str(this), "-q", "-rs", *options],
+            capture_output=True, text=True, timeout=900, cwd=this.parents[2], check=False,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    summary = process.stdout.strip().splitlines()[-1] if process.stdout.strip() else ""
+    assert process.returncode == 0 and "passed" in summary, process.stdout[-6000:] + process.stderr[-3000:]
+    assert "skipped" not in summary and "deselected" in summary, process.stdout[-6000:]

@@ -239,7 +239,8 @@ def test_writes_outside_the_workdir_are_impossible(sandbox, tmp_path):
 
 
 def test_an_interpreter_under_tmp_stays_visible_and_the_view_folder_is_removed(tmp_path):
-    """A venv under the host's /tmp (CI clones may live there): its packages reach the code; /tmp is the run's own."""
+    """A venv under the host's /tmp (CI clones may live there): its packages reach the code (preloaded: under Landlock
+    a run reads no file of it); /tmp is the run's own."""
     if not LINUX_ROOT:
         pytest.skip("the view needs root on Linux")
     venv = tmp_path / "venv"
@@ -248,15 +249,16 @@ def test_an_interpreter_under_tmp_stays_visible_and_the_view_folder_is_removed(t
     (site / "probe_module.py").write_text("VALUE = 42\n")
     paths = [str(Path(rllm_gym.__file__).parents[1]), *(p for p in sys.path if p.endswith("site-packages"))]
     script = (
-        "import glob, tempfile\nfrom rllm_gym.sandbox import Sandbox\n"
-        "before = set(glob.glob(tempfile.gettempdir() + '/rllm-sandbox-view-*'))\n"
-        "with Sandbox(max_parallel=1) as box:\n"
+        "import os\nfrom rllm_gym.sandbox import Sandbox\n"
+        "with Sandbox(max_parallel=1, preload=['probe_module']) as box:\n"
         '    r = box.run(\'import os, probe_module; open("/tmp/x", "w").write("1"); '
         'print(probe_module.VALUE, os.getcwd(), os.path.exists(os.environ["TMPDIR"] + "/x"))\')\n'
+        "    views = [box._view_base]\n"
         "print(r.status.value, r.stdout.strip(), r.stderr[-300:])\n"
         "with Sandbox(max_parallel=1, packages=[]) as box:\n"
         "    print('limited', box.run('import probe_module').status.value)\n"
-        "print('left', set(glob.glob(tempfile.gettempdir() + '/rllm-sandbox-view-*')) - before)\n"
+        "    views.append(box._view_base)\n"
+        "print('left', set(filter(os.path.exists, views)) if all(views) else views)\n"  # its own (other tests': not)
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run([str(venv / "bin" / "python"), "-c", script], env=env, capture_output=True, text=True)
