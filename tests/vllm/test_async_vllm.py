@@ -1,0 +1,159 @@
+"""Asynchronous GRPO on vLLM (train/async_vllm.py): a vLLM engine of its own in a worker process, the trainer's
+weights published into it after each optimizer step, on vLLM's CPU build."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.train.advantages import AdvantageConfig
+from rllm_gym.train.async_generation import GeneratorDied, WorkerSettings
+from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator
+from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+
+ROOT = Path(__file__).resolve().parents[2]
+LAKE = "rllm/FrozenLake-v0"
+
+
+def lake_rollout() -> EpisodeRollout:
+    # Replies of 4 random tokens are rarely a move: the env says so and the episode goes on, several turns each.
+    return EpisodeRollout([EnvSetup(LAKE)], max_turns=3, stop_on_truncation=False)
+
+
+def worker_settings(tokenizer) -> WorkerSettings:
+    sampling = SamplingParams(temperature=1.0, max_tokens=4)
+    return WorkerSettings(sampling, run_seed=0, filler_id=tokenizer.eos_token_id, chat_template_kwargs={},
+                          token_history="sampled")  # fmt: skip
+
+
+def perturbed(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+
+
+def steps_of(batch):
+    return [step for episode in batch.episodes for step in episode.trajectories[0].steps]
+
+
+def largest_logprob_gap(steps, model) -> float:
+    """The largest gap between the logprobs vLLM sampled each reply token with and ``model``'s (transformers)."""
+    gap = 0.0
+    for step in steps:
+        output = step.model_output
+        ids = torch.tensor([output.prompt_ids + output.completion_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(output.prompt_ids) - 1 : -1]  # (C, V)
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(output.completion_ids)[:, None])[:, 0]
+        gap = max(gap, float((expected - torch.tensor(output.logprobs)).abs().max()))
+    return gap
+
+
+def test_the_engine_samples_with_each_published_version_and_a_killed_one_stops_the_wait(vllm_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    perturbed(model, 0)  # the trainer's weights are not the folder's (a warm start, a resume): the engine takes these
+    prompts = [encode_prompt(LAKE, seed) for seed in (0, 0, 1, 1)]
+    engine = EngineSettings(str(vllm_model_dir), "float32", max_model_len=512)
+    generator = VLLMGenerator(lake_rollout(), model, tokenizer, worker_settings(tokenizer), engine, version=3,
+                              timeout_s=400)  # fmt: skip
+    try:
+        generator.submit(prompts)
+        first = steps_of(generator.result(prompts))
+        assert len(first) > len(prompts)  # multi-turn episodes
+        assert {step.model_output.policy_version for step in first} == {3}
+        assert largest_logprob_gap(first, model) < 1e-3  # behaviour logprobs of exactly the published weights
+        old = copy.deepcopy(model)
+        perturbed(model, 1)  # an optimizer step
+        generator.publish(model, 4)
+        generator.submit(prompts)
+        second = steps_of(generator.result(prompts))
+        assert {step.model_output.policy_version for step in second} == {4}
+        assert largest_logprob_gap(second, model) < 1e-3 < largest_logprob_gap(second, old)
+        with pytest.raises(RuntimeError, match="prompts the vLLM generator was not given next"):
+            generator.result(prompts)
+        os.kill(generator.process.pid, signal.SIGKILL)
+        generator.process.join(30)
+        with pytest.raises(GeneratorDied, match=re.escape("the vLLM generation worker exited with code -9")):
+            generator.submit(prompts)
+    finally:
+        generator.close()
+    assert not generator.process.is_alive()
+
+
+def test_an_engine_that_cannot_start_stops_the_wait_with_its_traceback(vllm_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    engine = EngineSettings(str(tmp_path), "float32")  # a folder without a model
+    generator = VLLMGenerator(lake_rollout(), model, tokenizer, worker_settings(tokenizer), engine, timeout_s=400)
+    prompts = [encode_prompt(LAKE, 0)] * 2
+    try:
+        generator.submit(prompts)
+        with pytest.raises(GeneratorDied, match="the vLLM generation worker could not start its engine:\n.*Traceback"):
+            generator.result(prompts)
+    finally:
+        generator.close()
+    assert generator.process.exitcode == 0  # it stopped on its own after sending the reason
+
+
+def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_model_dir, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    rows = [{"prompt": encode_prompt(LAKE, seed)} for seed in range(6)]
+    args = GRPOConfig(
+        output_dir=str(tmp_path), max_completion_length=4, learning_rate=1e-2, beta=0.0, report_to=[], use_cpu=True,
+        bf16=False, save_strategy="no", disable_tqdm=True, logging_steps=1, per_device_train_batch_size=8,
+        num_generations=4, max_steps=3, seed=0, use_vllm=True, vllm_mode="colocate", vllm_max_model_length=512,
+    )  # fmt: skip
+    trainer = RLLMGRPOTrainer(
+        model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=lake_rollout(),
+        advantage_config=AdvantageConfig(), max_staleness=1,
+    )  # fmt: skip
+    assert args.use_vllm and not trainer.use_vllm  # TRL's lock-step engine is not started; the caller's args unchanged
+    assert trainer.vllm_engine is not None and trainer.vllm_engine.dtype == "float32"
+    batches = []
+    result = VLLMGenerator.result
+
+    def recorded(generator, prompts):
+        batches.append(result(generator, prompts))
+        return batches[-1]
+
+    with patch.object(VLLMGenerator, "result", recorded):
+        trainer.train()
+    assert trainer.generator is None  # stopped with the training
+    versions = [{step.model_output.policy_version for step in steps_of(batch)} for batch in batches]
+    assert versions[0] == {0} and versions[1] <= {0, 1}
+    # Step 2's prompts were drawn when step 1 began, after version 1 was published: sampled by updated weights.
+    assert versions[2] <= {1, 2} and versions[2]
+    logged = [entry for entry in trainer.state.log_history if "async/staleness_max" in entry]
+    assert len(logged) == 3 and logged[0]["async/staleness_max"] == 0
+    assert all(entry["async/staleness_max"] <= 1 and entry["async/dropped_rows"] == 0 for entry in logged)
+    assert all(0 <= entry["async/is_clipped"] <= 1 and entry["async/mismatch"] >= 0 for entry in logged)
+
+
+def test_the_command_line_runs_k1_with_use_vllm(tmp_path):
+    command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", str(ROOT / "train/configs/test_tiny.yaml")]
+    command += ["--use_vllm", "true", "--max_staleness", "1", "--max_steps", "2", "--debug", "true"]
+    command += ["--output_dir", str(tmp_path / "run")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [record for record in records if "async/staleness_max" in record]
+    assert [record["step"] for record in steps] == [1, 2]
+    assert steps[0]["async/staleness_max"] == 0 and steps[1]["async/staleness_max"] <= 1
+    assert all(record["async/dropped_rows"] == 0 for record in steps)
