@@ -79,10 +79,8 @@ def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
             f"max_staleness >= 1 with use_vllm runs a vLLM engine of its own next to the trainer, not "
             f"vllm_mode={args.vllm_mode!r}: use vllm_mode='colocate'"
         )
-    try:
-        from peft import PeftModel
-    except ImportError:
-        PeftModel = ()  # noqa: N806 - no peft, no adapter to refuse
+    from peft import PeftModel
+
     if isinstance(model, PeftModel):
         raise ValueError(
             "max_staleness >= 1 with use_vllm is not supported with a LoRA adapter yet (the generator's engine loads "
@@ -337,7 +335,7 @@ class VLLMGenerator:
         if not self.process.is_alive():
             reason = f"exited with code {self.process.exitcode}"
             with suppress(queue.Empty, OSError, ValueError):
-                answered, _, error = self._results.get_nowait()  # its last words, when it sent any
+                _, _, error = self._results.get_nowait()  # its last words, when it sent any
                 if error is not None:
                     reason = f"failed:\n{error}"
             raise GeneratorDied(f"the vLLM generation worker {reason}")

@@ -127,7 +127,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
             kwargs["args"].use_vllm = False
         super().__init__(*args, **kwargs)
         # The worker's vLLM engine (its model folder, dtype, TRL's vllm_* settings), refused here when it cannot run.
-        self.vllm_engine = engine_settings(self.args, self.accelerator.unwrap_model(self.model)) if async_vllm else None
+        self.vllm_engine = None
+        if async_vllm:
+            self.vllm_engine = engine_settings(self.args, self.accelerator.unwrap_model(self.model))
         self.rollout = rollout
         self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
         self.max_staleness = max_staleness
