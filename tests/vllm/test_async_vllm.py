@@ -19,25 +19,14 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
-from rllm_gym.policies.base import SamplingParams
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.async_generation import GeneratorDied, WorkerSettings
+from rllm_gym.train.async_generation import GeneratorDied
 from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator
-from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+from rllm_gym.train.trainer import RLLMGRPOTrainer, encode_prompt
+from tests.train.test_async_generation import LAKE, lake_rollout
+from tests.train.test_async_generation import settings as worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-LAKE = "rllm/FrozenLake-v0"
-
-
-def lake_rollout() -> EpisodeRollout:
-    # Replies of 4 random tokens are rarely a move: the env says so and the episode goes on, several turns each.
-    return EpisodeRollout([EnvSetup(LAKE)], max_turns=3, stop_on_truncation=False)
-
-
-def worker_settings(tokenizer) -> WorkerSettings:
-    sampling = SamplingParams(temperature=1.0, max_tokens=4)
-    return WorkerSettings(sampling, run_seed=0, filler_id=tokenizer.eos_token_id, chat_template_kwargs={},
-                          token_history="sampled")  # fmt: skip
 
 
 def perturbed(model: torch.nn.Module, seed: int) -> None:
