@@ -212,7 +212,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
     def _check_async(self, rollout: EpisodeRollout) -> None:
         """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
         refused = {
-            "use_vllm": self.use_vllm,
+            "TRL's own vLLM engine (pass args=... by keyword: the generator then runs an engine of its own)": (
+                self.use_vllm
+            ),
             "several processes": self.accelerator.num_processes > 1,
             "DeepSpeed": self.is_deepspeed_enabled,
             "a policy_factory": rollout.policy_factory is not None,
