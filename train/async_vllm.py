@@ -119,6 +119,7 @@ class _Engine:
         self.max_prompt_tokens = int(self.llm.llm_engine.model_config.max_model_len) - 1
         self.weights, self.lock, self.version = weights, lock, version
         self.loaded: int | None = None  # none yet: the folder's weights are not the trainer's (warm start, resume)
+        self.failure: str | None = None  # why a batch failed, once one did
 
     def current(self) -> int:
         """Load the newest published weights if the engine does not hold them; their version."""
@@ -142,10 +143,15 @@ class _Engine:
         self.llm.reset_prefix_cache()  # its cached keys and values were computed by the old weights
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
-        """One batch, sampled by one version of the weights; each output stamped with it."""
-        version = self.current()
-        sampling = self.vllm.SamplingParams(**vllm_sampling_kwargs(params))
-        finished = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
+        """One batch, sampled by one version of the weights; each output stamped with it. A failure is kept in
+        :attr:`failure`: the episodes would only end in ERROR, so the worker stops the run with it instead."""
+        try:
+            version = self.current()
+            sampling = self.vllm.SamplingParams(**vllm_sampling_kwargs(params))
+            finished = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
+        except Exception:
+            self.failure = f"its engine failed on a batch of {len(prompts)} prompts:\n{traceback.format_exc()}"
+            raise
         return [model_output_from_vllm(out).model_copy(update={"policy_version": version}) for out in finished]
 
 
@@ -237,9 +243,13 @@ def _work(
                 break
             ticket, prompts = request
             try:
-                results.put((ticket, rollout.collect(prompts, generation), None))
+                batch = rollout.collect(prompts, generation)
             except Exception:
                 results.put((ticket, None, traceback.format_exc()))
+                break
+            failure = generation.engine.failure  # infrastructure, not the episodes' fault: never trained on
+            results.put((ticket, None, failure) if failure else (ticket, batch, None))
+            if failure:
                 break
     finally:
         rollout.close()

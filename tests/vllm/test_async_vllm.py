@@ -85,6 +85,37 @@ def test_the_engine_samples_with_each_published_version_and_a_killed_one_stops_t
     assert not generator.process.is_alive()
 
 
+def test_the_engine_reloads_published_weights_before_a_batch_and_keeps_a_failure(vllm_model_dir, monkeypatch):
+    import multiprocessing
+    import threading
+
+    from vllm.exceptions import VLLMValidationError
+
+    from rllm_gym.policies.base import SamplingParams
+    from rllm_gym.train.async_vllm import _Engine
+    from rllm_gym.train.trl_adapter import colocated_vllm_model
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the worker runs it: the model in this process
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    version = multiprocessing.Value("q", 0, lock=False)
+    settings = EngineSettings(str(vllm_model_dir), "float32", max_model_len=128)
+    engine = _Engine(settings, weights, threading.Lock(), version)
+    name = "model.embed_tokens.weight"  # not repacked by the CPU backend: comparable as it is
+    engine_weight = colocated_vllm_model(engine.llm).get_parameter(name)
+    with torch.no_grad():
+        weights[name].add_(0.5)  # what VLLMGenerator.publish does to the shared copy, then the version
+    version.value = 1
+    assert not torch.equal(engine_weight, weights[name])
+    outputs = engine.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=3))
+    assert [output.policy_version for output in outputs] == [1, 1] and engine.loaded == 1
+    assert torch.equal(colocated_vllm_model(engine.llm).get_parameter(name), weights[name])
+    vocabulary = int(engine.llm.llm_engine.model_config.get_vocab_size())
+    with pytest.raises(VLLMValidationError, match="out of vocabulary"):  # vLLM refuses the batch
+        engine.generate([[vocabulary + 10]], SamplingParams(max_tokens=3))
+    assert engine.failure.startswith("its engine failed on a batch of 1 prompts:\nTraceback")
+
+
 def test_an_engine_that_cannot_start_stops_the_wait_with_its_traceback(vllm_model_dir, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
