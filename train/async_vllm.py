@@ -6,7 +6,8 @@ between its steps; server: every process joins each server call), so with ``K >=
 TRL's engine at all. :class:`VLLMGenerator` starts one worker process (``torch.multiprocessing``, spawn) that runs
 ``vllm.LLM`` in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode runs it) and the trainer's
 own :class:`~rllm_gym.train.rollout.EpisodeRollout`, one request per step, the answers in submission order, as
-train/async_generation.py's CPU worker does (same envs, agents, reset seeds, episode ids, :class:`LookAhead`).
+train/async_generation.py's CPU worker does (same envs, agents, reset seeds and episode ids; the trainer's
+:class:`~rllm_gym.train.async_generation.LookAhead` hands it the coming steps' prompts).
 
 The weights travel through shared memory, never a file: the trainer's checkpoint-named parameters have a copy in
 shared memory, which :meth:`VLLMGenerator.publish` overwrites in place under a lock after each optimizer step, with
