@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest.mock import patch
 
@@ -23,7 +24,8 @@ from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import GeneratorDied
 from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator
 from rllm_gym.train.trainer import RLLMGRPOTrainer, encode_prompt
-from tests.train.test_async_generation import LAKE, lake_rollout
+from tests.conftest import QUIET_ENV
+from tests.train.test_async_generation import LAKE, group_ends, lake_rollout
 from tests.train.test_async_generation import settings as worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,14 +169,35 @@ def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_mode
     assert all(0 <= entry["async/is_clipped"] <= 1 and entry["async/mismatch"] >= 0 for entry in logged)
 
 
-def test_the_command_line_runs_k1_with_use_vllm(tmp_path):
+def test_the_command_line_runs_k1_with_use_vllm_stops_on_ctrl_c_and_resumes_at_its_version(tmp_path):
+    output_dir = tmp_path / "run"
     command = [sys.executable, "-m", "rllm_gym.train.grpo", "--config", str(ROOT / "train/configs/test_tiny.yaml")]
-    command += ["--use_vllm", "true", "--max_staleness", "1", "--max_steps", "2", "--debug", "true"]
-    command += ["--output_dir", str(tmp_path / "run")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [record for record in records if "async/staleness_max" in record]
-    assert [record["step"] for record in steps] == [1, 2]
-    assert steps[0]["async/staleness_max"] == 0 and steps[1]["async/staleness_max"] <= 1
-    assert all(record["async/dropped_rows"] == 0 for record in steps)
+    command += ["--use_vllm", "true", "--max_staleness", "1", "--save_steps", "1000", "--output_dir", str(output_dir)]
+    # Its own process group, which the terminal's Ctrl-C reaches as a whole: the trainer and its vLLM worker.
+    process = subprocess.Popen(
+        [*command, "--max_steps", "200"], env=QUIET_ENV, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    metrics = output_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 500
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not get going"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert group_ends(process.pid, within_s=60)  # the vLLM worker stopped too
+    stopped_at = max(int(path.name.removeprefix("checkpoint-")) for path in output_dir.glob("checkpoint-*"))
+    resumed = subprocess.run(
+        [*command, "--max_steps", str(stopped_at + 1), "--resume", "true"], env=QUIET_ENV, cwd=tmp_path,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = {record["step"]: record for record in records if "async/staleness_max" in record}
+    assert sorted(steps) == list(range(1, stopped_at + 2))
+    assert steps[1]["async/staleness_max"] == 0 and all(r["async/staleness_max"] <= 1 for r in steps.values())
+    assert all(record["async/dropped_rows"] == 0 for record in steps.values())
+    # The resumed engine starts at the checkpoint's version: its first step's rows are fresh, none dropped as stale.
+    assert steps[stopped_at + 1]["async/staleness_max"] == 0
