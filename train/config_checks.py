@@ -215,8 +215,13 @@ def async_problems(config: Any) -> list[str]:
     if config.max_staleness < 1:
         return problems
     refusal = f"max_staleness: {config.max_staleness} (asynchronous generation) is not supported"
-    if config.use_vllm:
-        problems.append(f"{refusal} with use_vllm yet (its generator is a CPU worker process): set max_staleness: 0")
+    if config.use_vllm and config.vllm_mode != "colocate":
+        problems.append(
+            f"{refusal} with vllm_mode: {config.vllm_mode} (the generator runs a vLLM engine of its own next to the "
+            "trainer): use vllm_mode: colocate"
+        )
+    if config.use_vllm and config.lora:
+        problems.append(f"{refusal} with use_vllm and lora yet (its engine loads whole weights): set lora: false")
     if config.agent_program is not None:
         problems.append(f"{refusal} with agent_program yet (programs run through the trainer's gateway)")
     multi_agent = sorted(set(config.env) & set(env_ids(multi_agent=True)))

@@ -12,12 +12,13 @@ advantages are replaced with the batch's, per row (``broadcast``) or per token (
 there, hence the pinned range in pyproject.toml).
 
 With ``max_staleness >= 1`` the episodes come from a generation worker process instead, up to that many optimizer steps
-ahead (train/async_generation.py); rows older than that are dropped from the loss and the rest weighted by
-train/off_policy.py's importance weights.
+ahead (train/async_generation.py; with ``use_vllm``, a vLLM engine of its own in that process, train/async_vllm.py);
+rows older than that are dropped from the loss and the rest weighted by train/off_policy.py's importance weights.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from collections import Counter
 from typing import Any
@@ -28,6 +29,7 @@ from trl.models import unwrap_model_for_generation
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import AsyncGenerator, LookAhead, WorkerSettings
+from rllm_gym.train.async_vllm import VLLMGenerator, engine_settings
 from rllm_gym.train.batch import (
     PaddingFacts,
     Staleness,
@@ -100,7 +102,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
     :class:`~rllm_gym.train.async_generation.AsyncGenerator` when training starts, hands it the weights after each
     optimizer step and the next K steps' prompts as TRL's batches are drawn (:meth:`get_batch_samples`), drops rows
     sampled more than K versions before the step's weights and weighs the rest with ``off_policy`` (default
-    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: token level, truncated at 2).
+    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: token level, truncated at 2). With ``use_vllm`` in
+    ``args`` (given by keyword) the worker is a :class:`~rllm_gym.train.async_vllm.VLLMGenerator` with a vLLM engine
+    of its own (``vllm_engine``), and TRL's lock-step engine is not started (``self.args.use_vllm`` is False).
     """
 
     def __init__(
@@ -116,11 +120,21 @@ class RLLMGRPOTrainer(GRPOAdapter):
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
+        training_args = kwargs.get("args")
+        async_vllm = bool(max_staleness and training_args is not None and training_args.use_vllm)
+        if async_vllm:  # the generator's engine replaces TRL's, which would generate in the training's lock-step
+            kwargs["args"] = copy.copy(training_args)
+            kwargs["args"].use_vllm = False
         super().__init__(*args, **kwargs)
+        # The worker's vLLM engine (its model folder, dtype, TRL's vllm_* settings), refused here when it cannot run.
+        self.vllm_engine = None
+        if async_vllm:
+            self.vllm_engine = engine_settings(self.args, self.accelerator.unwrap_model(self.model))
         self.rollout = rollout
         self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
         self.max_staleness = max_staleness
-        self.generator: AsyncGenerator | None = None  # the worker of max_staleness >= 1, started with the training
+        # The worker of max_staleness >= 1, started with the training.
+        self.generator: AsyncGenerator | VLLMGenerator | None = None
         self.look_ahead: LookAhead | None = None
         if max_staleness:
             self._check_async(rollout)
@@ -198,7 +212,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
     def _check_async(self, rollout: EpisodeRollout) -> None:
         """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
         refused = {
-            "use_vllm": self.use_vllm,
+            "TRL's own vLLM engine (pass args=... by keyword: the generator then runs an engine of its own)": (
+                self.use_vllm
+            ),
             "several processes": self.accelerator.num_processes > 1,
             "DeepSpeed": self.is_deepspeed_enabled,
             "a policy_factory": rollout.policy_factory is not None,
@@ -229,9 +245,14 @@ class RLLMGRPOTrainer(GRPOAdapter):
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
         )  # fmt: skip
         model = self.accelerator.unwrap_model(self.model)
-        self.generator = AsyncGenerator(
-            self.rollout, model, self.processing_class, settings, version=self.state.global_step
-        )
+        if self.vllm_engine is not None:
+            self.generator = VLLMGenerator(
+                self.rollout, model, self.processing_class, settings, self.vllm_engine, version=self.state.global_step
+            )
+        else:
+            self.generator = AsyncGenerator(
+                self.rollout, model, self.processing_class, settings, version=self.state.global_step
+            )
         self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
 
     def close_generator(self) -> None:

