@@ -62,7 +62,9 @@ class MathEnv(MultiTurnEnv):
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct``, ``extracted_answer`` (None on a
     format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
-    ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``math_verify``, ``timeout``,
+    ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``unevaluated`` (the answer
+    is work for the grader rather than a value, e.g. ``\\int_0^2 1\\,dx``, ``17+25`` for 42, or an expression copied
+    from the question: wrong), ``math_verify``, ``timeout``,
     ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
     ``invalid_action`` (the action was outside the action space), ``infra_failed`` (bool).
 

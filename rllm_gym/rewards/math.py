@@ -34,6 +34,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.rewards._math_forms import restated_reason, unevaluated_reason
 from rllm_gym.rewards._math_normalize import _normalize, normalize_answer
 from rllm_gym.rewards.numbers import exact_scientific, numeric_verdict, parse_number
 from rllm_gym.types import RewardOutput
@@ -289,7 +290,10 @@ class MathGrader:
 
     ``metadata`` holds ``extracted_answer``, ``ground_truth`` (the first reference answer), ``path`` (which path
     decided: ``exact``, ``numeric``, ``words`` (words after the number change its meaning: not equal),
-    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
+    ``unevaluated`` (the answer is work for the grader, not a value: an integral, sum, limit or derivative, ``1+1``
+    or ``2^{10}`` for a plain number, an expression copied from ``task_info["question"]``; see
+    :mod:`rllm_gym.rewards._math_forms`: not equal), ``math_verify``, ``timeout``, ``error``, ``format_error``),
+    ``format_error``
     and, for format errors and failures, ``error`` and ``infra_failed`` (True when the math-verify worker died: the
     infrastructure's failure; a ``timeout`` on the answer is the answer's).
 
@@ -349,6 +353,8 @@ class MathGrader:
             return (True, "exact"), answer, ground_truth
         if "words" in (answer_words, gold_words):  # math-verify would read "3 is not it" as 3
             return (False, "words"), answer, ground_truth
+        if unevaluated_reason(norm_answer, norm_gold) is not None:  # \int, 1+1: the grader would do the task
+            return (False, "unevaluated"), answer, ground_truth
         verdict = numeric_verdict(norm_gold, norm_answer, self.significant_digits)
         if verdict is not None:
             return (verdict, "numeric"), answer, ground_truth
@@ -382,6 +388,9 @@ class MathGrader:
             metadata.update(format_error=True, path="format_error", error=error)
             return RewardOutput(reward=self.format_error_reward, is_correct=False, metadata=metadata)
         is_correct, path = False, "exact"
+        norm_golds = [normalize_answer(gold) for gold in golds]
+        if restated_reason(normalize_answer(answer), task_info.get("question"), norm_golds) is not None:
+            is_correct, path, golds = False, "unevaluated", []  # "(x+1)^2" for "Expand (x+1)^2": nothing to compare
         for gold in golds:  # the first correct reference ends the search
             verdict, verify_answer, verify_gold = self._cheap_verdict(answer, gold)
             if verdict is None:
