@@ -68,9 +68,11 @@ class MathEnv(MultiTurnEnv):
     ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
     ``invalid_action`` (the action was outside the action space), ``infra_failed`` (bool).
 
-    Whose failure: no answer, a wrong one, or one math-verify ran past ``time_limit`` on (``timeout``) is the
-    model's. The math-verify worker dying (``error`` with ``infra_failed`` True: a crash, the host's memory) is the
-    infrastructure's; the engine retries such an episode and the trainer leaves it out.
+    Whose failure: no answer, a wrong one, or one math-verify computed on past ``time_limit`` (``timeout``) is the
+    model's. The math-verify worker dying (a crash, the host's memory) or starved by the host (a quarter of
+    ``time_limit`` in CPU time not reached in three times the limit: a loaded machine, a stopped process) is the
+    infrastructure's: ``error`` with ``infra_failed`` True; the engine retries such an episode and the trainer
+    leaves it out. A step grades within three times ``time_limit`` whatever the reply.
 
     ## Arguments
     ``dataset``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path, a Hugging
