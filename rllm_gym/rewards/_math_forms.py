@@ -76,13 +76,26 @@ def unevaluated_reason(answer: str, gold: str) -> str | None:
 
 _QUESTION_DROP = re.compile(r"\\left|\\right|\\[!,;: ]|~|\\displaystyle|[\s$]+")
 _OPERATION = re.compile(r"[+*/^=!<>-]|\\[a-zA-Z]+")
+_SINGLE_BRACED = re.compile(r"\{(\\?[A-Za-z0-9])\}")  # x^{2} is x^2
+_PRODUCT = re.compile(r"\\cdot|\\times")
+_TRIVIAL_WRAPPING = re.compile(r"^(?:\(|1\*|\+)*(.*?)(?:\)|\*1|\+0|-0)*$")
+
+
+def _canonical(text: str) -> str:
+    text = _QUESTION_DROP.sub("", text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return _PRODUCT.sub("*", _SINGLE_BRACED.sub(r"\1", text))
 
 
 def restated_reason(answer: str, question: object, golds: list[str]) -> str | None:
     """Why the normalized ``answer`` only copies an expression out of ``question`` (``(x+1)^2`` for "Expand
-    (x+1)^2"), or None. Only answers with an operation count: a bare number or name may well be quoted by the
-    question, and an answer written exactly as one of the normalized ``golds`` is never refused."""
+    (x+1)^2", also wrapped as ``1\\cdot((x+1)^{2})+0``), or None. Only answers with an operation count: a bare
+    number or name may well be quoted by the question, and an answer written as one of the normalized ``golds`` is
+    never refused."""
     if not isinstance(question, str) or len(answer) < 3 or answer in golds or not _OPERATION.search(answer):
         return None
-    text = _QUESTION_DROP.sub("", question).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    return "the answer copies an expression from the question" if answer in text else None
+    core = _canonical(answer)
+    while (unwrapped := _TRIVIAL_WRAPPING.fullmatch(core)) and unwrapped.group(1) != core and unwrapped.group(1):
+        core = unwrapped.group(1)
+    if len(core) < 3 or not _OPERATION.search(core) or core in {_canonical(gold) for gold in golds}:
+        return None
+    return "the answer copies an expression from the question" if core in _canonical(question) else None

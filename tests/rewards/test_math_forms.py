@@ -10,7 +10,7 @@ import pytest
 
 import rllm_gym
 from rllm_gym.rewards._math_forms import restated_reason, unevaluated_reason
-from rllm_gym.rewards.math import MathGrader
+from rllm_gym.rewards.math import MathGrader, normalize_answer
 
 GRADER = MathGrader(time_limit=10)
 
@@ -87,6 +87,7 @@ def test_values_in_every_usual_form_still_pay(gold: str, answer: str, path: str)
     ("question", "gold", "answer"),
     [
         ("Expand $(x+1)^2$.", "x^2+2x+1", "(x+1)^2"),
+        ("Expand $(x + 1)^{2}$.", "x^2+2x+1", r"1\cdot\left((x+1)^{2}\right)+0"),  # trivially wrapped
         ("Simplify $\\dfrac{x^2-1}{x-1}$.", "x+1", r"\frac{x^2-1}{x-1}"),
         ("Factor $x^2 - 1$.", "(x-1)(x+1)", "x^2-1"),
     ],
@@ -95,7 +96,7 @@ def test_an_expression_copied_from_the_question_pays_nothing(question: str, gold
     task = {"question": question, "ground_truth": gold}
     graded = GRADER(task, f"\\boxed{{{answer}}}")
     assert (graded.reward, graded.metadata["path"]) == (0.0, "unevaluated")
-    assert restated_reason(answer.replace(" ", ""), question, [gold]) is not None
+    assert restated_reason(normalize_answer(answer), question, [gold]) is not None
 
 
 def test_a_question_may_quote_the_answer_it_asks_for() -> None:
