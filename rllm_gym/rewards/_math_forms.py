@@ -62,7 +62,8 @@ def unevaluated_reason(answer: str, gold: str) -> str | None:
     if gold_value is None or _MIXED_NUMBER.fullmatch(answer):
         return None
     if answer_value is not None:
-        if gold_value[0].denominator == 1 and _FRACTION.fullmatch(answer) and "%" not in gold:
+        written_as_integer = gold_value[0].denominator == 1 and "%" not in gold and not _FRACTION.fullmatch(gold)
+        if written_as_integer and answer_value[0] == gold_value[0] and _FRACTION.fullmatch(answer):
             # 50% is 1/2, but 16/2 for 8 is the division the question asked for
             return "the answer is a fraction for the grader to divide; the reference answer is an integer"
         return None

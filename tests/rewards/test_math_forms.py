@@ -72,6 +72,7 @@ CONTROLS = [
     ("\\sqrt{2}", r"\frac{2}{\sqrt{2}}", "math_verify"),
     ("x^2", r"x \cdot x", "math_verify"),
     ("\\frac{1+\\sqrt{5}}{2}", r"\frac{1}{2}+\frac{\sqrt{5}}{2}", "math_verify"),
+    ("\\frac{10}{5}", "10/5", "numeric"),  # the reference is written as a fraction itself
     ("\\int_0^1 x dx", r"\int_0^1 x\,dx", "exact"),  # the reference is an integral itself
     ("\\sum_{k=1}^{n} k", r"\sum_{k=1}^{n}k", "exact"),
 ]
