@@ -62,13 +62,17 @@ class MathEnv(MultiTurnEnv):
     ## Information
     ``reset``: ``task`` (the task dict), ``task_id``. ``step``: ``is_correct``, ``extracted_answer`` (None on a
     format error), ``ground_truth``, ``format_error`` (bool), ``grading_path`` (``exact``, ``numeric``,
-    ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``math_verify``, ``timeout``,
+    ``words`` (words after the number change its meaning, e.g. ``3 is not it``: wrong), ``unevaluated`` (the answer
+    is work for the grader rather than a value, e.g. ``\\int_0^2 1\\,dx``, ``17+25`` for 42, or an expression copied
+    from the question: wrong), ``math_verify``, ``timeout``,
     ``error``, ``format_error``), ``turn`` (1-based), ``turns_left``,
     ``invalid_action`` (the action was outside the action space), ``infra_failed`` (bool).
 
-    Whose failure: no answer, a wrong one, or one math-verify ran past ``time_limit`` on (``timeout``) is the
-    model's. The math-verify worker dying (``error`` with ``infra_failed`` True: a crash, the host's memory) is the
-    infrastructure's; the engine retries such an episode and the trainer leaves it out.
+    Whose failure: no answer, a wrong one, or one math-verify computed on past ``time_limit`` (``timeout``) is the
+    model's. The math-verify worker dying (a crash, the host's memory) or starved by the host (a quarter of
+    ``time_limit`` in CPU time not reached in three times the limit: a loaded machine, a stopped process) is the
+    infrastructure's: ``error`` with ``infra_failed`` True; the engine retries such an episode and the trainer
+    leaves it out. A step grades within three times ``time_limit`` whatever the reply.
 
     ## Arguments
     ``dataset``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path, a Hugging

@@ -34,6 +34,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.rewards._math_forms import restated_reason, unevaluated_reason
 from rllm_gym.rewards._math_normalize import _normalize, normalize_answer
 from rllm_gym.rewards.numbers import exact_scientific, numeric_verdict, parse_number
 from rllm_gym.types import RewardOutput
@@ -136,6 +137,22 @@ _STARTUP_TIMEOUT = 120.0  # importing sympy on a loaded 2-core machine can take 
 
 
 _WORKER_EXITED = "error: the math-verify worker exited"
+_WORKER_STARVED = "error: the math-verify worker was starved"
+# A timeout counts as the answer's only when the worker really computed for this share of the limit; less means the
+# host did not run it (a loaded machine, a stopped process), which is the infrastructure's failure.
+_MIN_CPU_SHARE = 0.25
+_STARVED_WALL_FACTOR = 3.0  # a starved worker waits this many time limits in all before it is given up
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user + system) process ``pid`` has used, from ``/proc`` (None where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class MathVerifyPool:
@@ -178,12 +195,17 @@ class MathVerifyPool:
 
     @staticmethod
     def _ask(process: subprocess.Popen[bytes], request: dict[str, Any], limit: float) -> tuple[bool, str]:
-        assert process.stdin is not None and process.stdout is not None
+        assert process.stdin is not None
         try:
             process.stdin.write((json.dumps(request) + "\n").encode())
             process.stdin.flush()
         except (BrokenPipeError, OSError):
             return False, _WORKER_EXITED
+        return MathVerifyPool._read(process, limit)
+
+    @staticmethod
+    def _read(process: subprocess.Popen[bytes], limit: float) -> tuple[bool, str]:
+        assert process.stdout is not None
         ready, _, _ = select.select([process.stdout], [], [], limit)
         if not ready:
             return False, "timeout"
@@ -193,18 +215,53 @@ class MathVerifyPool:
         reply = json.loads(line)
         return bool(reply["verdict"]), "ok" if reply["error"] is None else f"error: {reply['error']}"
 
+    @staticmethod
+    def _wait_while_starved(
+        process: subprocess.Popen[bytes], time_limit: float, cpu_before: float
+    ) -> tuple[bool, str]:
+        """After ``time_limit`` seconds without a reply: wait on while the worker has used less than a quarter of the
+        limit in CPU time, up to ``_STARVED_WALL_FACTOR`` times the limit in all; a worker still starved then is the
+        infrastructure's failure (``_WORKER_STARVED``), one that computed that long is the answer's ``timeout``."""
+        waited, used = time_limit, 0.0
+        while waited < _STARVED_WALL_FACTOR * time_limit:
+            cpu = _cpu_seconds(process.pid)
+            if cpu is None:
+                return False, "timeout"  # no CPU accounting here: the wall clock decides
+            used = cpu - cpu_before
+            if used >= _MIN_CPU_SHARE * time_limit:
+                return False, "timeout"
+            step = min(time_limit / 4, _STARVED_WALL_FACTOR * time_limit - waited)
+            verdict, outcome = MathVerifyPool._read(process, step)
+            if outcome != "timeout":
+                return verdict, outcome
+            waited += step
+        return False, f"{_WORKER_STARVED}: {used:.2f} s of CPU in {waited:.3g} s"
+
     def verify(self, gold: str, answer: str, time_limit: float) -> tuple[bool, str]:
-        """``(verdict, outcome)``: outcome is ``"ok"``, ``"timeout"`` or ``"error: ..."`` (then verdict is False)."""
+        """``(verdict, outcome)``: outcome is ``"ok"``, ``"timeout"`` or ``"error: ..."`` (then verdict is False).
+
+        A worker past ``time_limit`` is killed. It is the answer's ``timeout`` only when the worker used at least a
+        quarter of the limit in CPU time: a worker the host starved (a loaded machine, a stopped process) gets up to
+        three times the limit in wall-clock time to use it, and is then the infrastructure's failure like a worker
+        that exited: ``"error: the math-verify worker was starved: ..."``. One answer costs at most
+        ``3 * time_limit``.
+        """
         with self._slots:
             with self._lock:
                 process = self._idle.pop() if self._idle else None
             if process is None or process.poll() is not None:
                 process = self._start_worker()
-            request = {"gold": gold, "answer": answer, "timeout": max(1, math.ceil(time_limit))}
+            # math-verify's own alarm is set past the longest wait, so this process's clock always decides
+            budget = max(1, math.ceil(_STARVED_WALL_FACTOR * time_limit) + 1)
+            request = {"gold": gold, "answer": answer, "timeout": budget}
+            cpu_before = _cpu_seconds(process.pid)
             verdict, outcome = self._ask(process, request, time_limit)
-            if outcome == "timeout" or process.poll() is not None:
+            if outcome == "timeout" and cpu_before is not None:
+                verdict, outcome = self._wait_while_starved(process, time_limit, cpu_before)
+            overdue = outcome == "timeout" or outcome.startswith(_WORKER_STARVED)
+            if overdue or process.poll() is not None:
                 self._kill(process)
-                self.workers_killed += outcome == "timeout"
+                self.workers_killed += overdue
             else:
                 with self._lock:
                     self._idle.append(process)
@@ -289,14 +346,20 @@ class MathGrader:
 
     ``metadata`` holds ``extracted_answer``, ``ground_truth`` (the first reference answer), ``path`` (which path
     decided: ``exact``, ``numeric``, ``words`` (words after the number change its meaning: not equal),
-    ``math_verify``, ``timeout``, ``error``, ``format_error``), ``format_error``
-    and, for format errors and failures, ``error`` and ``infra_failed`` (True when the math-verify worker died: the
-    infrastructure's failure; a ``timeout`` on the answer is the answer's).
+    ``unevaluated`` (the answer is work for the grader, not a value: an integral, sum, limit or derivative, ``1+1``
+    or ``2^{10}`` for a plain number, an expression copied from ``task_info["question"]``; see
+    :mod:`rllm_gym.rewards._math_forms`: not equal), ``math_verify``, ``timeout``, ``error``, ``format_error``),
+    ``format_error``
+    and, for format errors and failures, ``error`` and ``infra_failed`` (True when the math-verify worker died or
+    the host starved it, see :meth:`MathVerifyPool.verify`: the infrastructure's failure; a ``timeout`` on the
+    answer, with the worker computing, is the answer's).
 
     Args:
         correct_reward / incorrect_reward / format_error_reward: the reward for a correct answer, a wrong one, and a
             reply with no extractable answer (or one longer than ``max_answer_chars``).
-        time_limit: hard wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong.
+        time_limit: wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong if
+            the worker used a quarter of it in CPU time, else the host starved it (``infra_failed``) after at most
+            three times the limit.
         max_answer_chars: longer extracted answers are format errors and never reach the parser.
         use_math_verify: False keeps to the exact and numeric paths (symbolic answers then only match exactly).
         significant_digits: how many significant digits a decimal must carry to count as a correctly rounded value
@@ -349,6 +412,8 @@ class MathGrader:
             return (True, "exact"), answer, ground_truth
         if "words" in (answer_words, gold_words):  # math-verify would read "3 is not it" as 3
             return (False, "words"), answer, ground_truth
+        if unevaluated_reason(norm_answer, norm_gold) is not None:  # \int, 1+1: the grader would do the task
+            return (False, "unevaluated"), answer, ground_truth
         verdict = numeric_verdict(norm_gold, norm_answer, self.significant_digits)
         if verdict is not None:
             return (verdict, "numeric"), answer, ground_truth
@@ -382,6 +447,9 @@ class MathGrader:
             metadata.update(format_error=True, path="format_error", error=error)
             return RewardOutput(reward=self.format_error_reward, is_correct=False, metadata=metadata)
         is_correct, path = False, "exact"
+        norm_golds = [normalize_answer(gold) for gold in golds]
+        if restated_reason(normalize_answer(answer), task_info.get("question"), norm_golds) is not None:
+            is_correct, path, golds = False, "unevaluated", []  # "(x+1)^2" for "Expand (x+1)^2": nothing to compare
         for gold in golds:  # the first correct reference ends the search
             verdict, verify_answer, verify_gold = self._cheap_verdict(answer, gold)
             if verdict is None:
@@ -395,7 +463,7 @@ class MathGrader:
         if path.startswith("error"):
             metadata["error"] = path.partition(": ")[2]
             # The worker process died (the host's memory, a crash): the infrastructure's failure, not a wrong answer.
-            metadata["infra_failed"] = path == _WORKER_EXITED
+            metadata["infra_failed"] = path == _WORKER_EXITED or path.startswith(_WORKER_STARVED)
         reward = self.correct_reward if is_correct else self.incorrect_reward
         return RewardOutput(reward=reward, is_correct=is_correct, metadata=metadata)
 

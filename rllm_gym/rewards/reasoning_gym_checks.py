@@ -1,13 +1,14 @@
 """The wrapper's own checks of reasoning-gym verdicts, and the datasets whose scorer cannot be made sound.
 
 Some reasoning-gym scorers say 1.0 for answers that do not solve the task: ``puzzle24`` truncates the value
-(``int(24.5) == 24``) and never checks that the expression uses the puzzle's numbers (a regex counts any four
-numbers, so ``0x18`` or ``24+0*0*0`` pass), ``countdown``'s number check misses hex and float literals,
-``coin_flip``'s "matching prefix" credit reaches 1.0 (``1e9`` for a probability of 1), ``complex_arithmetic`` pays
-``nan`` in full (``min(1.0, exp(-nan))``), and ``polynomial_equations``' oracle misses real roots of some quartics,
-so ``0`` is paid on tasks it does not solve (checked against every real root here; a task whose own oracle fails the
-check is not posed, :func:`oracle_problem`). Where the task is checkable exactly, :func:`wrapper_check` checks it
-here, on the host, without evaluating the answer as code (a Fraction evaluator over the parsed tree, only
+(``int(24.5) == 24``) and never checks that the expression uses the puzzle's numbers (a regex counts any four numbers,
+so ``0x18`` or ``24+0*0*0`` pass), ``countdown``'s number check misses hex and float literals, ``coin_flip``'s
+"matching prefix" credit reaches 1.0 (``1e9`` for a probability of 1, ``0`` on every task: the check here pays only the
+probability, to 1e-4 and to a tenth of ``min(p, 1 - p)``, so ``1`` is no answer to 0.99997), ``complex_arithmetic``
+pays ``nan`` in full (``min(1.0, exp(-nan))``), and ``polynomial_equations``' oracle misses real roots of some
+quartics, so ``0`` is paid on tasks it does not solve (checked against every real root here; a task whose own oracle
+fails the check is not posed, :func:`oracle_problem`). Where the task is checkable exactly, :func:`wrapper_check`
+checks it here, on the host, without evaluating the answer as code (a Fraction evaluator over the parsed tree, only
 ``+ - * /`` and the puzzle's own decimal numbers). Where it is not, the dataset is in :data:`UNSOUND_DATASETS` and
 ``rllm/ReasoningGym-v0`` refuses it unless ``allow_unsound=True``.
 """
@@ -33,7 +34,7 @@ UNSOUND_DATASETS: dict[str, str] = {
         "themselves, one of them or all joined with ∧, are paid on every task"
     ),
 }
-_PLAIN_NUMBER = re.compile(r"\s*-?\d{1,30}(?:\.\d{1,30})?(?:\s*/\s*\d{1,30})?\s*")
+_PROBABILITY = re.compile(r"-?\d{1,30}(?:\.\d{1,30})?(?:[eE][+-]?\d{1,2}|/\d{1,30})?")
 _NOT_A_NUMBER = re.compile(r"nan|inf", re.IGNORECASE)
 _PLAIN_DECIMAL = re.compile(r"[+-]?\d{1,30}(?:\.\d{0,30})?")
 
@@ -145,13 +146,21 @@ def roots_problem(answer: str, expression: str, variable: str) -> str | None:
 
 
 def _probability_problem(answer: str, oracle: str) -> str | None:
-    """Why ``answer`` is not the oracle's probability (within 1e-4): a plain decimal or fraction, parsed without
-    exponents (``Fraction("1e999999999")`` would take forever)."""
-    answer, oracle = answer.replace(",", ""), oracle.replace(",", "")
-    if not _PLAIN_NUMBER.fullmatch(answer) or not _PLAIN_NUMBER.fullmatch(oracle):
+    """Why ``answer`` is not the oracle's probability, or None. It must be within 1e-4 of it and, for an oracle
+    strictly between 0 and 1, within a tenth of the smaller of ``p`` and ``1 - p``: ``0`` is no answer to a chance
+    of 3e-5 (15 heads in 15 flips), nor ``1`` to 0.99997 (at least one head in 15), though both are within 1e-4. The
+    answer is a plain decimal, fraction or ``1.5e-05``-style decimal (a bounded exponent: ``Fraction("1e999999999")``
+    would take forever)."""
+    answer, oracle = answer.replace(",", "").replace(" ", ""), oracle.replace(",", "").replace(" ", "")
+    if not _PROBABILITY.fullmatch(answer) or not _PROBABILITY.fullmatch(oracle):
         return "the answer is not a plain decimal or fraction"
     try:
-        distance = abs(Fraction(answer.replace(" ", "")) - Fraction(oracle.replace(" ", "")))
+        value, expected = Fraction(answer), Fraction(oracle)
     except (ValueError, ZeroDivisionError):
         return "the answer is not a number"
-    return None if distance <= Fraction(1, 10_000) else f"the answer is {float(distance):.3g} away from the oracle"
+    distance = abs(value - expected)
+    if distance > Fraction(1, 10_000):
+        return f"the answer is {float(distance):.3g} away from the oracle"
+    if 0 < expected < 1 and distance > min(expected, 1 - expected) / 10:
+        return f"the answer is {float(distance):.3g} away from a probability of {float(expected):.3g}"
+    return None

@@ -73,8 +73,9 @@ PAIRS: list[tuple[str, str, bool]] = [
     ("7", "\\boxed{\\text{7}}", True),
     ("100", "\\boxed{10^2}", True),
     ("100", "\\boxed{10^3}", False),
-    ("8", "\\boxed{2^3}", True),
-    ("12", "\\boxed{3 \\cdot 4}", True),
+    # arithmetic left for the grader to do is not an answer to a plain number (rllm_gym.rewards._math_forms)
+    ("8", "\\boxed{2^3}", False),
+    ("12", "\\boxed{3 \\cdot 4}", False),
     ("12", "\\boxed{3 \\times 5}", False),
     # decimals
     ("0.5", "\\boxed{0.5}", True),
@@ -379,7 +380,8 @@ def test_pathological_answer_hits_the_time_limit_without_stalling_others() -> No
             start = time.perf_counter()
             results[name] = (slow({"ground_truth": gold}, reply), time.perf_counter() - start)
 
-        bomb = threading.Thread(target=grade, args=("bomb", "9", "\\boxed{9^{9^{9^{9}}}}"))
+        # A symbolic reference: against a plain number the tower is refused unevaluated before math-verify sees it.
+        bomb = threading.Thread(target=grade, args=("bomb", "x+9", "\\boxed{x+9^{9^{9^{9}}}}"))
         bomb.start()
         time.sleep(0.05)
         for index in range(5):

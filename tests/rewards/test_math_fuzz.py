@@ -133,7 +133,7 @@ def test_grader_returns_one_of_its_documented_rewards_on_any_reply(reply, gold):
     assert isinstance(result, RewardOutput)
     assert result.reward in (1.0, 0.25, -1.0)
     assert result.is_correct == (result.reward == 1.0)
-    assert result.metadata["path"] in ("exact", "numeric", "words", "format_error")
+    assert result.metadata["path"] in ("exact", "numeric", "words", "unevaluated", "format_error")
     assert result.metadata["format_error"] == (result.metadata["path"] == "format_error")
     assert result.metadata["ground_truth"] == gold
     if result.metadata["format_error"]:
@@ -155,4 +155,5 @@ def test_math_verify_path_never_raises_and_reports_its_path(reply):
     grader = MathGrader(time_limit=3.0)
     result = grader({"ground_truth": "\\frac{\\pi}{3}"}, f"\\boxed{{{reply}}}")
     assert result.reward in (0.0, 1.0)
-    assert result.metadata["path"] in ("exact", "numeric", "words", "math_verify", "timeout", "error", "format_error")
+    paths = ("exact", "numeric", "words", "unevaluated", "math_verify", "timeout", "error", "format_error")
+    assert result.metadata["path"] in paths
