@@ -7,10 +7,10 @@ holds) and decoded from the output of a ``visible`` run (what public-test feedba
 
 * ``cpu``: the verdict run loads every CPU (forked busy loops) for a bit of 1 and sleeps for a 0; a visible run
   submitted right after it counts how many loop turns it gets in 0.3 s and prints the count.
-* ``wall_clock``: the verdict run takes 0.05 s for a 0 and 0.15 s for a 1; a visible run before it and one after it
+* ``wall_clock``: the verdict run sleeps 0.21 s for a 0 and 0.31 s for a 1; a visible run before it and one after it
   print ``time.time()`` (a model sees both, in two revisions' feedback), and the gap is decoded. Both durations are
-  within the gate's first release level (0.25 s).
-* ``wall_clock_levels``: the same with 0.05 s and 0.4 s, one on each side of a level: what the gate leaves, one bit of
+  within one release level of the gate (0.2-0.4 s).
+* ``wall_clock_levels``: the same with 0.05 s and 0.45 s, levels apart: what the gate leaves, one bit of
   the ``log2(levels)`` a verdict run can carry by choosing its level.
 
 A decoder picks the threshold that best separates the bits on the first half of the trials (the attacker's
@@ -79,9 +79,9 @@ def cpu_trial(box: Sandbox, bit: int, cpus: int) -> float:
     return count
 
 
-def wall_clock_trial(box: Sandbox, bit: int, one_s: float = 0.15) -> float:
+def wall_clock_trial(box: Sandbox, bit: int, zero_s: float, one_s: float) -> float:
     before = _value(box.run(_CLOCK, run_class="visible"))
-    assert box.run(_SLEEP.format(seconds=one_s if bit else 0.05), run_class="verdict").ok
+    assert box.run(_SLEEP.format(seconds=one_s if bit else zero_s), run_class="verdict").ok
     return _value(box.run(_CLOCK, run_class="visible")) - before
 
 
@@ -106,8 +106,8 @@ def attack(box: Sandbox, name: str, trials: int, cpus: int) -> dict[str, float]:
     bits = [rng.randrange(2) for _ in range(trials)]
     trials_by_name = {
         "cpu": lambda b: cpu_trial(box, b, cpus),
-        "wall_clock": lambda b: wall_clock_trial(box, b),
-        "wall_clock_levels": lambda b: wall_clock_trial(box, b, one_s=0.4),
+        "wall_clock": lambda b: wall_clock_trial(box, b, 0.21, 0.31),
+        "wall_clock_levels": lambda b: wall_clock_trial(box, b, 0.05, 0.45),
     }
     trial = trials_by_name[name]
     values = [trial(bit) for bit in bits]

@@ -50,7 +50,7 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
 **Run classes** (``run_class``): a run whose output may reach the model (``"visible"``: public tests, revision
 feedback, the ``python`` tool) never runs at the same time as one that holds hidden inputs (``"verdict"``: hidden
 tests, scorers), so neither can time the other's use of the CPU; a run without a class runs alone. A verdict run's
-result is released at a level of a doubling grid (0.25 s, 0.5 s, 1 s, ...), so a later run reading the clock learns
+result is released at a level of a doubling grid (0.1 s, 0.2 s, 0.4 s, ...), so a later run reading the clock learns
 that level, not its duration (``_gate.py``; every :class:`Sandbox` of the process shares one gate;
 ``Sandbox.schedule`` holds the gate's records of a sandbox's runs).
 

@@ -18,7 +18,7 @@ together, so a run waits for at most the phase in progress and one phase of the 
 The wall clock: a later visible run can read the time (``time.time`` is read without a system call, so it cannot be
 refused) and print it, so how long a verdict run took must not show. A verdict (or exclusive) run's result, and the
 end of its part of the phase, are released at ``admitted + level``, ``level`` the smallest of ``GRID_S * 2**k`` not
-below what it took: a run that took 0.1 s or 0.2 s is released at 0.25 s, one of 3 s at 4 s. What a verdict run's
+below what it took: a run that took 0.03 s or 0.09 s is released at 0.1 s, one of 3 s at 3.2 s. What a verdict run's
 duration tells a later run is its level: ``log2(levels)`` bits, where ``levels`` counts the levels up to its timeout
 (:func:`bits_per_run`). Visible runs are released when they end.
 
@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 RUN_CLASSES = ("visible", "verdict", "exclusive")
-GRID_S = 0.25  # the shortest release level of a verdict run; the others double it
+GRID_S = 0.1  # the shortest release level of a verdict run; the others double it
 HISTORY = 4096  # schedule records a gate keeps
 
 

@@ -104,19 +104,11 @@ def test_sandboxes_of_one_process_share_the_gate(sandbox):
 
 
 def test_release_levels_double_from_the_grid():
-    assert [release_level(s) for s in (0.0, 0.1, GRID_S, 0.26, 0.5, 0.51, 3.0, 4.0, 30.0)] == [
-        0.25,
-        0.25,
-        0.25,
-        0.5,
-        0.5,
-        1.0,
-        4.0,
-        4.0,
-        32.0,
-    ]
-    assert bits_per_run(5.0) == pytest.approx(2.585, abs=1e-3)  # 0.25, 0.5, 1, 2, 4, 8 s: six levels
-    assert bits_per_run(0.1) == 0.0
+    assert GRID_S == 0.1
+    seconds = (0.0, 0.05, GRID_S, 0.11, 0.2, 0.21, 3.0, 3.2, 30.0)
+    assert [release_level(s) for s in seconds] == pytest.approx([0.1, 0.1, 0.1, 0.2, 0.2, 0.4, 3.2, 3.2, 51.2])
+    assert bits_per_run(5.0) == pytest.approx(2.807, abs=1e-3)  # 0.1, 0.2, ... 6.4 s: seven levels
+    assert bits_per_run(0.05) == 0.0
 
 
 def test_a_verdict_result_waits_for_its_release_level(sandbox):
