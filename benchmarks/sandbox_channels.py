@@ -1,12 +1,13 @@
 """What crosses from a hidden-test run to a run the model sees, by timing, with the sandbox's run gate off and on.
 
-Run: ``python benchmarks/sandbox_channels.py [--trials 40] [--json benchmarks/results/sandbox_channels.json]``.
+Run: ``python benchmarks/sandbox_channels.py [--trials 60] [--json benchmarks/results/sandbox_channels.json]``.
 
 Two attacks, each a random secret bit per trial, held by a ``verdict`` run (what a hidden test's run of model code
 holds) and decoded from the output of a ``visible`` run (what public-test feedback or a ``python`` tool call shows):
 
-* ``cpu``: the verdict run loads every CPU (forked busy loops) for a bit of 1 and sleeps for a 0; a visible run
-  submitted right after it counts how many loop turns it gets in 0.3 s and prints the count.
+* ``cpu``: the verdict run loads every CPU (twelve forked busy loops per CPU) for 0.5 s for a bit of 1 and sleeps for a
+  0; a visible run submitted right after it spins for 0.3 s and prints the share of a CPU it got (its CPU time over
+  the wall-clock time).
 * ``wall_clock``: the verdict run sleeps 0.21 s for a 0 and 0.31 s for a 1; a visible run before it and one after it
   print ``time.time()`` (a model sees both, in two revisions' feedback), and the gap is decoded. Both durations are
   within one release level of the gate (0.2-0.4 s).
@@ -42,7 +43,7 @@ from rllm_gym.sandbox import Sandbox, _gate
 _BUSY = """import os, time
 end = time.time() + {seconds}
 workers = []
-for _ in range({cpus} - 1):
+for _ in range({workers} - 1):
     pid = os.fork()
     if pid == 0:
         while time.time() < end:
@@ -56,11 +57,10 @@ for pid in workers:
 """
 _SLEEP = "import time\ntime.sleep({seconds})\n"
 _COUNT = """import time
-end = time.perf_counter() + 0.3
-turns = 0
-while time.perf_counter() < end:
-    turns += 1
-print(turns)
+start, cpu = time.perf_counter(), time.process_time()
+while time.perf_counter() < start + 0.3:
+    pass
+print((time.process_time() - cpu) / (time.perf_counter() - start))
 """
 _CLOCK = "import time\nprint(repr(time.time()))\n"
 
@@ -71,7 +71,7 @@ def _value(result: Any) -> float:
 
 
 def cpu_trial(box: Sandbox, bit: int, cpus: int) -> float:
-    program = _BUSY.format(seconds=0.5, cpus=cpus) if bit else _SLEEP.format(seconds=0.5)
+    program = _BUSY.format(seconds=0.5, workers=12 * cpus) if bit else _SLEEP.format(seconds=0.5)
     verdict = box.submit(program, run_class="verdict", timeout=10)
     time.sleep(0.05)  # the verdict run has started (gate off) or holds its phase (gate on)
     count = _value(box.run(_COUNT, run_class="visible"))
@@ -136,7 +136,7 @@ def cost(box: Sandbox, episodes: int, at_once: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=40, help="secret bits per attack and side (default 40)")
+    parser.add_argument("--trials", type=int, default=60, help="secret bits per attack and side (default 60)")
     parser.add_argument("--runs-per-episode", type=int, default=3, help="verdict runs one episode observes")
     parser.add_argument("--json", default=str(Path(__file__).parent / "results" / "sandbox_channels.json"))
     args = parser.parse_args()
