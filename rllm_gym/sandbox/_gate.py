@@ -22,18 +22,23 @@ below what it took: a run that took 0.03 s or 0.09 s is released at 0.1 s, one o
 duration tells a later run is its level: ``log2(levels)`` bits, where ``levels`` counts the levels up to its timeout
 (:func:`bits_per_run`). Visible runs are released when they end.
 
-One gate per process (:data:`GATE`), shared by every :class:`~rllm_gym.sandbox.Sandbox` of the process; runs of two
-processes are not ordered by it. A forked child starts with a gate of its own.
+One gate per process (:data:`GATE`), shared by every :class:`~rllm_gym.sandbox.Sandbox` of the process, and the gates
+of one user's processes on one host take their phases in turn through :class:`HostLocks` (``flock`` on three files in
+a folder of that user's), so the ranks of a multi-process trainer never run a visible run beside a verdict run either.
+A forked child starts with a gate of its own.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import heapq
 import itertools
 import math
 import os
+import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -106,6 +111,71 @@ class Ticket:
         }
 
 
+class HostLocks:
+    """The phases of every gate of one user on one host: ``flock`` on three files of a private folder.
+
+    A process's gate holds ``visible`` shared during a visible phase and ``verdict`` shared during a verdict phase; it
+    enters one through ``turnstile`` (exclusive), taking its class's lock shared and then the other class's
+    exclusive and back (which waits until no process is in a phase of the other class), so a class that waits holds
+    the turnstile and no process starts a phase of the other class meanwhile. An exclusive run holds both locks
+    exclusive. Locks die with their process, whatever ends it.
+    """
+
+    NAMES = ("turnstile", "visible", "verdict")
+
+    def __init__(self, folder: str | None = None):
+        folder = folder or os.path.join(tempfile.gettempdir(), f"rllm-sandbox-gate-{os.getuid()}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise OSError(f"{folder} is not a private folder of this user's")
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        self.fds = {name: os.open(os.path.join(folder, name), flags, 0o600) for name in self.NAMES}
+        # The turnstile once more, as a description of its own: a probe through it conflicts with this process's own
+        # hold of the turnstile too (flock locks belong to an open file description, not to a process).
+        self.fds["probe"] = os.open(os.path.join(folder, "turnstile"), flags, 0o600)
+        self.held: list[str] = []
+
+    def acquire(self, run_class: str) -> None:
+        """Wait until no process of this user is in a phase that excludes ``run_class``, then hold its lock."""
+        turnstile, visible, verdict = (self.fds[name] for name in self.NAMES)
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            if run_class == "exclusive":
+                fcntl.flock(visible, fcntl.LOCK_EX)
+                fcntl.flock(verdict, fcntl.LOCK_EX)
+                self.held = ["visible", "verdict"]
+                return
+            own, other = (visible, verdict) if run_class == "visible" else (verdict, visible)
+            fcntl.flock(own, fcntl.LOCK_SH)
+            fcntl.flock(other, fcntl.LOCK_EX)
+            fcntl.flock(other, fcntl.LOCK_UN)
+            self.held = [run_class]
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+    def release(self) -> None:
+        for name in self.held:
+            fcntl.flock(self.fds[name], fcntl.LOCK_UN)
+        self.held = []
+
+    def contended(self) -> bool:
+        """Whether a process waits to start a phase (it holds the turnstile)."""
+        try:
+            fcntl.flock(self.fds["probe"], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self.fds["probe"], fcntl.LOCK_UN)
+        return False
+
+    def forget(self) -> None:
+        """In a forked child: close the inherited descriptors without unlocking what the parent holds."""
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class RunGate:
     """Admits runs by class in fair phases and releases verdict runs on the grid (see the module's docstring).
 
@@ -113,9 +183,13 @@ class RunGate:
     and releases it when it ends.
     """
 
-    def __init__(self, grid_s: float = GRID_S, enabled: bool = True):
-        self.grid_s, self.enabled = grid_s, enabled
+    def __init__(self, grid_s: float = GRID_S, enabled: bool = True, host_folder: str | None = None):
+        self.grid_s, self.enabled, self.host_folder = grid_s, enabled, host_folder
+        self.host: HostLocks | None = None  # opened by the first phase; None where it cannot be (then per process)
+        self._host_tried = False
         self._lock = threading.Lock()
+        self._phase_wake = threading.Condition(self._lock)
+        self._phase_thread: threading.Thread | None = None
         self._waiting: collections.deque[Ticket] = collections.deque()
         self._phase: str | None = None
         self._members = 0
@@ -136,13 +210,17 @@ class RunGate:
                 self._admit(ticket)
             else:
                 self._waiting.append(ticket)
+                self._wake_phases()
         if admitted:
             ticket.start()
 
     def _may_join(self, run_class: str) -> bool:
-        if not self.enabled or self._members == 0:
+        """Whether a run may join the phase in progress: its class, nothing waiting here or in another process."""
+        if not self.enabled:
             return True
-        return run_class == self._phase and run_class != "exclusive" and not self._waiting
+        if self._members == 0 or run_class != self._phase or run_class == "exclusive" or self._waiting:
+            return False
+        return self.host is None or not self.host.contended()
 
     def _admit(self, ticket: Ticket) -> None:
         self._phase = ticket.run_class
@@ -168,15 +246,50 @@ class RunGate:
                 ticket.released_seq = next(self._seq)
                 self.history.append(ticket.record(time.monotonic()))
                 self._members -= 1
-                starting = self._next_phase() if self._members == 0 else []
-            for waiting in starting:
-                waiting.start()
+                if self._members == 0:
+                    self._phase = None
+                    self._wake_phases()
+
+    # Phases: started by a thread of the gate's own, as taking the host's lock can wait for other processes
+
+    def _wake_phases(self) -> None:
+        if self._phase_thread is None:
+            self._phase_thread = threading.Thread(target=self._run_phases, name="sandbox-phases", daemon=True)
+            self._phase_thread.start()
+        self._phase_wake.notify()
+
+    def _run_phases(self) -> None:
+        while True:
+            with self._lock:
+                while self._members or not (self._waiting or (self.host is not None and self.host.held)):
+                    self._phase_wake.wait()
+                head = self._waiting[0].run_class if self._waiting else None
+            self._host_step(head)
+            if head is None:
+                continue
+            with self._lock:
+                starting = self._next_phase()
+            for ticket in starting:
+                ticket.start()
+
+    def _host_step(self, head: str | None) -> None:
+        """Leave the host's phase this process held; then, for ``head``, wait for the host's turn and take it. Where
+        the locks cannot be had (no private folder, a failing ``flock``) the gate orders this process's runs only."""
+        try:
+            if self.host is not None:
+                self.host.release()
+            if head is not None and not self._host_tried:
+                self._host_tried = True
+                self.host = HostLocks(self.host_folder)
+            if head is not None and self.host is not None:
+                self.host.acquire(head)
+        except OSError:
+            if self.host is not None:
+                self.host.forget()  # closing the descriptors drops whatever they held
+            self.host = None
 
     def _next_phase(self) -> list[Ticket]:
         """Every waiting ticket of the class at the head of the queue (only the head, when it is exclusive)."""
-        if not self._waiting:
-            self._phase = None
-            return []
         head = self._waiting[0].run_class
         if head == "exclusive":
             starting = [self._waiting.popleft()]
@@ -213,7 +326,9 @@ GATE = RunGate()
 
 def _reset_after_fork() -> None:
     global GATE
-    GATE = RunGate(GATE.grid_s, GATE.enabled)
+    if GATE.host is not None:
+        GATE.host.forget()
+    GATE = RunGate(GATE.grid_s, GATE.enabled, GATE.host_folder)
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -133,7 +135,15 @@ def test_a_later_visible_run_starts_no_earlier_than_the_verdict_runs_release(san
     assert visible_start > verdict_end
 
 
-# The gate alone: phases, fairness, exclusive runs
+# The gate alone: phases, fairness, exclusive runs, and the phases of several processes
+
+
+def _until(predicate, what: str) -> None:
+    """Wait for the gate's threads to do what they must (a bound on a hang, not a timing assertion)."""
+    deadline = time.monotonic() + 20
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
 
 
 def _ticket(gate: RunGate, run_class: str, started: list[str], name: str) -> Ticket:
@@ -148,38 +158,88 @@ def _finish(gate: RunGate, ticket: Ticket) -> None:
     assert done.wait(10)
 
 
-def test_gate_phases_alternate_in_arrival_order():
-    gate, started = RunGate(grid_s=0.01), []
+def test_gate_phases_alternate_in_arrival_order(tmp_path):
+    gate, started = RunGate(grid_s=0.01, host_folder=str(tmp_path)), []
     v1 = _ticket(gate, "visible", started, "v1")
+    _until(lambda: started == ["v1"], started)
     v2 = _ticket(gate, "visible", started, "v2")  # joins the phase in progress: nothing waits
+    assert started == ["v1", "v2"]
     d1 = _ticket(gate, "verdict", started, "d1")
     v3 = _ticket(gate, "visible", started, "v3")  # a verdict waits: the visible phase takes no one new
     d2 = _ticket(gate, "verdict", started, "d2")
-    assert started == ["v1", "v2"]
     _finish(gate, v1)
+    time.sleep(0.05)
     assert started == ["v1", "v2"]
     _finish(gate, v2)
-    assert started == ["v1", "v2", "d1", "d2"]  # every waiting verdict starts together
+    _until(lambda: started == ["v1", "v2", "d1", "d2"], started)  # every waiting verdict starts together
     _finish(gate, d1)
     _finish(gate, d2)
-    time.sleep(0.05)  # the release thread has run (d2 was delivered before its release ended the phase)
-    assert started == ["v1", "v2", "d1", "d2", "v3"]
+    _until(lambda: started == ["v1", "v2", "d1", "d2", "v3"], started)
     _finish(gate, v3)
     assert [r["run_class"] for r in gate.history] == ["visible", "visible", "verdict", "verdict", "visible"]
+    assert gate.host is not None
 
 
-def test_gate_runs_exclusive_tickets_one_at_a_time():
-    gate, started = RunGate(grid_s=0.01), []
+def test_gate_runs_exclusive_tickets_one_at_a_time(tmp_path):
+    gate, started = RunGate(grid_s=0.01, host_folder=str(tmp_path)), []
     e1 = _ticket(gate, "exclusive", started, "e1")
     e2 = _ticket(gate, "exclusive", started, "e2")
     _ticket(gate, "visible", started, "v")
-    assert started == ["e1"]
+    _until(lambda: started == ["e1"], started)
     _finish(gate, e1)
-    time.sleep(0.05)
-    assert started == ["e1", "e2"]
+    _until(lambda: started == ["e1", "e2"], started)
     _finish(gate, e2)
+    _until(lambda: started == ["e1", "e2", "v"], started)
+
+
+def test_gates_sharing_a_host_folder_take_turns(tmp_path):
+    """Two gates on one folder are two processes' gates: flock locks of two open files conflict in one process too."""
+    first, second, started = RunGate(grid_s=0.01, host_folder=str(tmp_path)), RunGate(host_folder=str(tmp_path)), []
+    second.grid_s = 0.01
+    v1 = _ticket(first, "visible", started, "first/v1")
+    _until(lambda: started == ["first/v1"], started)
+    d1 = _ticket(second, "verdict", started, "second/d1")  # waits for the other gate's visible phase to end
+    _until(lambda: first.host.contended(), "the waiting gate holds the turnstile")
+    v2 = _ticket(first, "visible", started, "first/v2")  # another process waits: no new member
     time.sleep(0.05)
-    assert started == ["e1", "e2", "v"]
+    assert started == ["first/v1"]
+    _finish(first, v1)
+    _until(lambda: started == ["first/v1", "second/d1"], started)
+    time.sleep(0.05)
+    assert started == ["first/v1", "second/d1"]  # the verdict phase of the other gate is in progress
+    _finish(second, d1)
+    _until(lambda: started == ["first/v1", "second/d1", "first/v2"], started)
+    _finish(first, v2)
+
+
+_OTHER_PROCESS = """
+import json, sys
+from rllm_gym.sandbox import Sandbox
+program = sys.argv[1]
+with Sandbox(max_parallel=2) as box:
+    box.run("pass", run_class="verdict")
+    print("ready", flush=True)
+    futures = [box.submit(program, run_class="verdict") for _ in range(4)]
+    print(json.dumps([f.result().stdout for f in futures]), flush=True)
+"""
+
+
+def test_a_visible_run_never_runs_beside_another_process_verdict_run(sandbox):
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_PROCESS, _SPAN.format(work=_BUSY.format(s=0.3))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        visible = [_span(sandbox.run(_SPAN.format(work=_SLEEP.format(s=0.05)), run_class="visible")) for _ in range(8)]
+        verdict = [tuple(json.loads(out)) for out in json.loads(other.stdout.readline())]
+    finally:
+        other.kill()
+        other.wait()
+    for v_start, v_end in visible:
+        for d_start, d_end in verdict:
+            assert v_end <= d_start or d_end <= v_start, (visible, verdict)
 
 
 def test_run_class_is_checked_by_name():
