@@ -51,8 +51,9 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
 feedback, the ``python`` tool) never runs at the same time as one that holds hidden inputs (``"verdict"``: hidden
 tests, scorers), so neither can time the other's use of the CPU; a run without a class runs alone. A verdict run's
 result is released at a level of a doubling grid (0.1 s, 0.2 s, 0.4 s, ...), so a later run reading the clock learns
-that level, not its duration (``_gate.py``; every :class:`Sandbox` of the process shares one gate;
-``Sandbox.schedule`` holds the gate's records of a sandbox's runs).
+that level, not its duration (``_gate.py``: one gate per process, shared by its :class:`Sandbox` objects, and the
+gates of one user's processes on a host take turns through ``flock``; ``Sandbox.schedule`` holds the gate's records
+of a sandbox's runs).
 
 ``strict=True`` (the default) refuses to run code when a layer of :data:`REQUIRED_LAYERS` is missing
 (:class:`SandboxUnavailableError` names it); ``strict=False`` (or ``RLLM_GYM_SANDBOX_STRICT=0`` for the shared

@@ -200,6 +200,11 @@ class RunGate:
         self._timer_thread: threading.Thread | None = None
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=HISTORY)
 
+    @property
+    def phase(self) -> str | None:
+        """The class of the runs in the gate now, None when it is empty."""
+        return self._phase
+
     # Admission
 
     def enter(self, ticket: Ticket) -> None:

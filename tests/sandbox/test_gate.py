@@ -22,7 +22,7 @@ import pytest
 
 from rllm_gym.envs.code import CodeEnv
 from rllm_gym.rewards.code import CodeReward
-from rllm_gym.sandbox import ExecutionStatus, Sandbox, run_python
+from rllm_gym.sandbox import ExecutionStatus, Sandbox, _gate, run_python
 from rllm_gym.sandbox._gate import GRID_S, RunGate, Ticket, bits_per_run, release_level
 from rllm_gym.tools.builtins import PythonTool
 
@@ -84,6 +84,7 @@ def test_runs_without_a_class_run_alone(sandbox):
 
 def test_phases_are_fair_a_waiting_class_is_not_overtaken(sandbox):
     first = sandbox.submit(_SPAN.format(work=_SLEEP.format(s=0.4)), run_class="visible")
+    _until(lambda: _gate.GATE.phase == "visible", "the first run's phase began")
     verdict = sandbox.submit(_SPAN.format(work=""), run_class="verdict")
     later = sandbox.submit(_SPAN.format(work=""), run_class="visible")  # arrives while the verdict waits
     for future in (first, verdict, later):
