@@ -166,6 +166,8 @@ class HostLocks:
             fcntl.flock(self.fds["probe"], fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
+        except OSError:  # dropped by the phase thread after a failure: this process goes on by itself
+            return False
         fcntl.flock(self.fds["probe"], fcntl.LOCK_UN)
         return False
 
@@ -225,7 +227,8 @@ class RunGate:
             return True
         if self._members == 0 or run_class != self._phase or run_class == "exclusive" or self._waiting:
             return False
-        return self.host is None or not self.host.contended()
+        host = self.host  # the phase thread may drop it meanwhile
+        return host is None or not host.contended()
 
     def _admit(self, ticket: Ticket) -> None:
         self._phase = ticket.run_class
