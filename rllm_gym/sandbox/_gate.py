@@ -261,9 +261,7 @@ class RunGate:
     # Phases: started by a thread of the gate's own, as taking the host's lock can wait for other processes
 
     def _wake_phases(self) -> None:
-        if self._phase_thread is None:
-            self._phase_thread = threading.Thread(target=self._run_phases, name="sandbox-phases", daemon=True)
-            self._phase_thread.start()
+        self._phase_thread = _running(self._phase_thread, self._run_phases, "sandbox-phases")
         self._phase_wake.notify()
 
     def _run_phases(self) -> None:
@@ -314,9 +312,7 @@ class RunGate:
         """Call ``function`` on the gate's timer thread at ``time.monotonic() == when`` (at once if past)."""
         with self._lock:
             heapq.heappush(self._timers, (when, next(self._timer_ids), function))
-            if self._timer_thread is None:
-                self._timer_thread = threading.Thread(target=self._run_timers, name="sandbox-gate", daemon=True)
-                self._timer_thread.start()
+            self._timer_thread = _running(self._timer_thread, self._run_timers, "sandbox-gate")
             self._wake.notify()
 
     def _run_timers(self) -> None:
@@ -327,6 +323,14 @@ class RunGate:
                 _, _, function = heapq.heappop(self._timers)
             with contextlib.suppress(Exception):  # one timer's failure must not stop the others
                 function()
+
+
+def _running(thread: threading.Thread | None, target: Callable[[], None], name: str) -> threading.Thread:
+    """``thread``, or a daemon thread started now on ``target`` when there is none yet."""
+    if thread is None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+    return thread
 
 
 GATE = RunGate()
