@@ -79,6 +79,7 @@ def test_runs_without_a_class_run_alone(sandbox):
     assert all(earlier[1] <= later[0] for earlier, later in itertools.pairwise(spans)), spans
     records = sandbox.schedule[-4:]
     assert [r["run_class"] for r in records].count("exclusive") == 3
+    assert all(r["level_s"] is not None for r in records if r["run_class"] == "exclusive")  # it may be a verdict
     assert not any(_crossing(a, b) for i, a in enumerate(records) for b in records[i + 1 :])
 
 
