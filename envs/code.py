@@ -342,6 +342,7 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
             timeout=timeout,
             memory_mb=memory_mb,
             sandbox=sandbox,
+            hidden_run_class="visible" if feedback == "full" else "verdict",  # "full" quotes hidden tests
         )
         self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=200_000)

@@ -210,7 +210,10 @@ class CodeReward:
             test). memory_mb: memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its
             defaults and its rules). sandbox: a :class:`Sandbox`
             (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
-            value is a float (default 1e-6; a task's own ``float_tolerance`` wins).
+            value is a float (default 1e-6; a task's own ``float_tolerance`` wins). hidden_run_class: the sandbox's
+            ``run_class`` of the runs of hidden tests: ``"verdict"`` (default: only the reward comes out of them),
+            ``"visible"`` where their results are shown to the model (Code-v0's ``feedback="full"``). Public tests
+            run as ``"visible"``; the two classes never run at the same time (:mod:`rllm_gym.sandbox`).
     """
 
     def __init__(
@@ -221,6 +224,7 @@ class CodeReward:
         memory_mb: int = DEFAULT_LIMITS.memory_mb,
         sandbox: Sandbox | None = None,
         float_tolerance: float = DEFAULT_FLOAT_TOLERANCE,
+        hidden_run_class: str = "verdict",
     ):
         SandboxLimits(timeout=timeout, memory_mb=memory_mb, owner="CodeReward")
         if sandbox is not None and not isinstance(sandbox, Sandbox):
@@ -228,6 +232,9 @@ class CodeReward:
                 f"CodeReward sandbox must be a rllm_gym.sandbox.Sandbox or None (shared), got {sandbox!r}"
             )
         _check_tolerance("CodeReward float_tolerance", float_tolerance)
+        if hidden_run_class not in ("verdict", "visible"):
+            raise ValueError(f"CodeReward hidden_run_class must be 'verdict' or 'visible', got {hidden_run_class!r}")
+        self.hidden_run_class = hidden_run_class
         self.fraction = bool(fraction)
         self.stop = not self.fraction if stop_on_first_failure is None else bool(stop_on_first_failure)
         self.timeout, self.memory_mb, self.sandbox = float(timeout), memory_mb, sandbox
@@ -256,9 +263,11 @@ class CodeReward:
         # A lone surrogate cannot be written as UTF-8 source: it stands for the replacement character it shows as.
         return Plan(clean_text(code), tests, self.stop, float(tol), public=public, call_time_limit=self.timeout)
 
-    def _kwargs(self, plan: Plan, count: int) -> dict[str, Any]:
+    def _kwargs(self, plan: Plan, count: int, end: int) -> dict[str, Any]:
+        """A run's arguments; ``end``: one past the index of its last test (public tests are the first ones)."""
         timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout
-        return {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout}
+        run_class = "visible" if end <= plan.public else self.hidden_run_class
+        return {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout, "run_class": run_class}
 
     def _score(self, plan: Plan, runs: list[SandboxResult], records: list[dict[str, Any]]) -> RewardOutput:
         failures = [r for r in runs if r.status is ExecutionStatus.SANDBOX_ERROR]
@@ -311,20 +320,22 @@ class CodeReward:
             # One slice after the other: the public tests' run ends before the solution sees a hidden input.
             pairs: list[tuple[range, PairResult]] = []
             for indices in plan.segments():
-                job = _Job(plan.solution(), self._kwargs(plan, len(indices)), plan.harness(indices))
+                job = _Job(plan.solution(), self._kwargs(plan, len(indices), indices.stop), plan.harness(indices))
                 pairs += zip([indices], (yield [job]), strict=True)
                 if self._stopped(plan, *pairs[-1]):
                     break
             return self._score_pairs(plan, pairs)
-        kwargs = self._kwargs(plan, 1)
+        jobs = [
+            _Job(plan.code, {**self._kwargs(plan, 1, i + 1), "stdin": test.input}) for i, test in enumerate(plan.tests)
+        ]
         results: list[SandboxResult] = []
         if self.stop:
-            for test in plan.tests:
-                results += yield [_Job(plan.code, {**kwargs, "stdin": test.input})]
+            for job in jobs:
+                results += yield [job]
                 if not self._passed(plan, results):
                     break
         else:
-            results = yield [_Job(plan.code, {**kwargs, "stdin": test.input}) for test in plan.tests]
+            results = yield jobs
         return self._score(plan, results, plan.judge_stdio(results))
 
     def __call__(self, task_info: dict[str, Any], action: str, *, public_tests: int | None = None) -> RewardOutput:
@@ -370,10 +381,7 @@ def _drive(grading: Generator[list[_Job], list[Any], RewardOutput], sandbox: San
                 else sandbox.submit_pair(job.code, job.harness, **job.kwargs)
                 for job in jobs
             ]
-            results = [
-                sandbox.wait(future, job.kwargs["timeout"], pair=job.harness is not None)
-                for job, future in zip(jobs, futures, strict=True)
-            ]
+            results = [sandbox.wait(future) for future in futures]
             jobs = grading.send(results)
     except StopIteration as done:
         return done.value

@@ -244,7 +244,12 @@ def sandbox_score(dataset: str, config: Mapping[str, Any], answer: str | None, e
     except RuntimeError as failure:  # SandboxUnavailableError included: report it, never raise out of env.step
         return Verdict("sandbox_error", error=str(failure)[:300])
     result = box.run(
-        SCORING_HARNESS, stdin=payload, timeout=SCORE_TIMEOUT_S, memory_mb=SCORE_MEMORY_MB, max_output_bytes=1 << 16
+        SCORING_HARNESS,
+        stdin=payload,
+        timeout=SCORE_TIMEOUT_S,
+        memory_mb=SCORE_MEMORY_MB,
+        max_output_bytes=1 << 16,
+        run_class="verdict",  # only the score comes out
     )
     return verdict_of(result)
 

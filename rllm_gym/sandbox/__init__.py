@@ -47,16 +47,25 @@ layers, each listed in ``SandboxResult.isolation`` only when it is really in eff
   memfd, SysV shared memory; where no cgroup can be made, ``memory_rules`` says that seccomp refuses ``memfd_create``
   and ``shmget`` instead and ``/dev/shm`` is the capped tmpfs.
 
+**Run classes** (``run_class``): a run whose output may reach the model (``"visible"``: public tests, revision
+feedback, the ``python`` tool) never runs at the same time as one that holds hidden inputs (``"verdict"``: hidden
+tests, scorers), so neither can time the other's use of the CPU; a run without a class runs alone. A verdict run's
+result is released at a level of a doubling grid (0.1 s, 0.2 s, 0.4 s, ...), so a later run reading the clock learns
+that level, not its duration (``_gate.py``: one gate per process, shared by its :class:`Sandbox` objects, and the
+gates of one user's processes on a host take turns through ``flock``; ``Sandbox.schedule`` holds the gate's records
+of a sandbox's runs).
+
 ``strict=True`` (the default) refuses to run code when a layer of :data:`REQUIRED_LAYERS` is missing
 (:class:`SandboxUnavailableError` names it); ``strict=False`` (or ``RLLM_GYM_SANDBOX_STRICT=0`` for the shared
 sandbox) runs with what the OS allows (not root, not Linux) and ``isolation`` says so. A failure of the sandbox
 itself is ``sandbox_error``: graders must never score it as a wrong answer, and nothing the code does can cause it.
 
 Layout: :mod:`~rllm_gym.sandbox.limits` (a run's limits, checked by one rule), ``_result.py`` (statuses and results),
-``_wire.py`` (requests and frames), ``_host.py`` (:class:`Sandbox`), :mod:`~rllm_gym.sandbox.channel` (the pair's
-plain-data calls), and the zygote's side, standard library only and loaded by path: ``_zygote.py`` (the fork server),
-``_zygote_run.py`` (one run's supervisor and solution processes), ``_isolation.py`` (the layers), ``_cgroups.py`` (the
-memory cgroups), ``_landlock.py`` and ``_preload.py`` (what the zygote loads and pins for runs under Landlock).
+``_wire.py`` (requests and frames), ``_gate.py`` (the order of runs by class), ``_host.py`` (:class:`Sandbox`),
+:mod:`~rllm_gym.sandbox.channel` (the pair's plain-data calls), and the zygote's side, standard library only and loaded
+by path: ``_zygote.py`` (the fork server), ``_zygote_run.py`` (one run's supervisor and solution processes),
+``_isolation.py`` (the layers), ``_cgroups.py`` (the memory cgroups), ``_landlock.py`` and ``_preload.py`` (what the
+zygote loads and pins for runs under Landlock).
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ import os
 import threading
 from typing import Any
 
+from rllm_gym.sandbox._gate import RUN_CLASSES, check_run_class
 from rllm_gym.sandbox._host import REQUIRED_LAYERS, Sandbox
 from rllm_gym.sandbox._result import ExecutionStatus, PairResult, SandboxResult, SandboxUnavailableError
 from rllm_gym.sandbox._wire import build_request
@@ -74,6 +84,7 @@ from rllm_gym.sandbox.limits import DEFAULT_LIMITS, SandboxLimits
 __all__ = [
     "DEFAULT_LIMITS",
     "REQUIRED_LAYERS",
+    "RUN_CLASSES",
     "ExecutionStatus",
     "PairResult",
     "Sandbox",
@@ -114,6 +125,10 @@ def run_python(code: str, *, sandbox: Sandbox | None = None, **kwargs: Any) -> S
             512, ``cpu_time_s`` the timeout, ``max_output_bytes`` 1 MiB per stream: past it the run is killed with
             ``output_limit`` and ``truncated=True``).
 
+        run_class: ``"visible"`` when its output may reach the model, ``"verdict"`` when only a verdict comes out of
+            it (hidden tests, scorers), None (default) to run it alone: runs of the two classes never run at the same
+            time, and a verdict's result waits for its release level (:mod:`rllm_gym.sandbox._gate`).
+
     Bad arguments raise ``ValueError``/``TypeError``; everything that goes wrong at run time is in the result.
     """
     return (sandbox or default_sandbox()).run(code, **kwargs)
@@ -121,5 +136,6 @@ def run_python(code: str, *, sandbox: Sandbox | None = None, **kwargs: Any) -> S
 
 async def arun_python(code: str, *, sandbox: Sandbox | None = None, **kwargs: Any) -> SandboxResult:
     """:func:`run_python` for asyncio: awaits the run without blocking the loop. Takes the same keyword arguments."""
-    build_request(code, **kwargs)  # bad arguments raise here, in the caller's frame
+    check_run_class(kwargs.get("run_class"))  # bad arguments raise here, in the caller's frame
+    build_request(code, **{key: value for key, value in kwargs.items() if key != "run_class"})
     return await (sandbox or default_sandbox()).arun(code, **kwargs)

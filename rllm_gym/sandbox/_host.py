@@ -1,9 +1,13 @@
 """The :class:`Sandbox`: the host's handle on one warm zygote process (``_zygote.py``, started as a script) and the
-runs it serves; requests go out on a writer thread, replies come back on a reader thread that resolves futures."""
+runs it serves; requests go out on a writer thread, replies come back on a reader thread that resolves futures.
+
+A run goes to the zygote only once the process's :data:`~rllm_gym.sandbox._gate.GATE` admits its class, and at most
+``max_parallel`` at a time, so its timeout and the host's watchdog both count from when it really starts."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import itertools
@@ -16,16 +20,19 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from rllm_gym.sandbox import _gate
 from rllm_gym.sandbox._result import PairResult, SandboxResult, SandboxUnavailableError, failure, result_of
 from rllm_gym.sandbox._wire import BASE_ENV, FRAME, FrameReader, build_request, memfd, read_frame
 
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
 _STARTUP_TIMEOUT_S = 30.0
 _GUARD_S = 30.0  # how long past its own timeout we wait for the zygote before calling the run a sandbox error
+_sandbox_ids = itertools.count()
 REQUIRED_LAYERS = (
     "rlimits",
     "tmpdir",
@@ -111,14 +118,25 @@ class Sandbox:
         self._sock: socket.socket | None = None
         self._cgroup: str | None = None
         self._outbox: queue.Queue[tuple[bytes, list[int]] | None] = queue.Queue()
-        self._futures: dict[int, tuple[concurrent.futures.Future, dict[str, Any]]] = {}
+        self._futures: dict[int, _Pending] = {}  # submitted and not answered: queued, ready, sent
+        self._ready: collections.deque[_Pending] = collections.deque()  # admitted by the gate, not sent yet
+        self._running = 0  # sent to the zygote and not answered
+        self._name = f"{os.getpid()}-{next(_sandbox_ids)}"
         self._log: Any = None
 
     @property
     def in_flight(self) -> int:
-        """Runs submitted and not answered yet (queued in the zygote or running): what a caller's backpressure
-        keeps bounded."""
+        """Runs submitted and not answered yet (waiting for their class's turn or running): what a caller's
+        backpressure keeps bounded."""
         return len(self._futures)
+
+    @property
+    def schedule(self) -> list[dict[str, Any]]:
+        """The gate's records of this sandbox's recent runs, oldest first: ``id``, ``run_class``, ``admitted_seq`` and
+        ``released_seq`` (one count for every run of the process: two runs overlapped when their ranges cross),
+        ``admitted_at``, ``finished_at``, ``released_at`` (``time.monotonic()``) and ``level_s`` (the release level a
+        verdict or exclusive run waited for; None for a visible one). See :mod:`rllm_gym.sandbox._gate`."""
+        return [record for record in list(_gate.GATE.history) if record.get("sandbox") == self._name]
 
     # Zygote life cycle
 
@@ -268,30 +286,50 @@ class Sandbox:
             if reply is None:
                 break
             with self._lock:
-                entry = self._futures.pop(reply["id"], None)
+                entry = self._futures.get(reply["id"])
+                if entry is not None and entry.state == "sent":
+                    entry.state, self._running = "ending", self._running - 1
+                else:
+                    entry = None
             if entry is None or len(fds) != 2 * (1 + ("solution" in reply)):
                 for fd in fds:
                     os.close(fd)
+                if entry is not None:
+                    pair = bool(entry.request.get("pair"))
+                    self._complete(entry, failure("the zygote's reply came without its outputs", None, pair))
                 continue
-            future, request = entry
+            request = entry.request
             result = result_of(reply, request, self.isolation, fds[:2])
             if "solution" in reply:
                 result = PairResult(result, result_of(reply["solution"], request, self.isolation, fds[2:]))
-            future.set_result(result)
-        # The zygote is gone: every run still waiting is an infrastructure failure, and the next run restarts it.
+            self._complete(entry, result)
+        # The zygote is gone: every run bound to it is an infrastructure failure, and the next run restarts it. A run
+        # still waiting for its class's turn gets its failure when its turn comes (the gate's order holds for it too).
+        message = f"the sandbox zygote exited (code {proc.poll()}) during the run {self._log_tail()}".strip()
+        ending = []
         with self._lock:
             if self._sock is sock:
                 self._sock = None
-            waiting = [entry for key, entry in self._futures.items() if entry[1]["zygote"] is proc]
-            for key in [key for key, entry in self._futures.items() if entry[1]["zygote"] is proc]:
-                del self._futures[key]
-        message = f"the sandbox zygote exited (code {proc.poll()}) during the run {self._log_tail()}".strip()
-        for future, request in waiting:
-            future.set_result(failure(message, self.isolation, bool(request.get("pair"))))
+            for entry in list(self._futures.values()):
+                if entry.request["zygote"] is not proc or entry.state in ("ending", "doomed"):
+                    continue
+                if entry.state == "sent":
+                    self._running -= 1
+                elif entry.state == "ready":
+                    self._ready.remove(entry)
+                entry.result = failure(message, self.isolation, bool(entry.request.get("pair")))
+                if entry.state == "queued":
+                    entry.state = "doomed"
+                else:
+                    entry.state = "ending"
+                    ending.append(entry)
+        for entry in ending:
+            self._close_fds(entry)
+            self._complete(entry, entry.result)
 
     # Runs
 
-    def _submit(self, request: dict[str, Any], harness: str | None = None) -> concurrent.futures.Future:
+    def _submit(self, request: dict[str, Any], harness: str | None, run_class: str) -> concurrent.futures.Future:
         # The run's data travels as memfds the zygote passes on unread (see _zygote.py): the solution's payload,
         # then, for a pair, the harness's (the tests), so that no run's data sits in the memory runs are forked from.
         payload = {key: request.pop(key) for key in ("code", "stdin", "files")}
@@ -300,6 +338,7 @@ class Sandbox:
             fds.append(memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
             request["pair"] = True
         future: concurrent.futures.Future = concurrent.futures.Future()
+        gate = _gate.GATE
         try:
             self.start()
         except SandboxUnavailableError:
@@ -316,16 +355,82 @@ class Sandbox:
             request["nfds"] = len(fds)
             payload = json.dumps(request).encode()
             request["zygote"] = self._proc
-            self._futures[request["id"]] = (future, request)
-            self._outbox.put((FRAME.pack(len(payload)) + payload, fds))
+            entry = _Pending(future, request, FRAME.pack(len(payload)) + payload, fds, gate)
+            label = {"sandbox": self._name, "id": request["id"]}
+            entry.ticket = _gate.Ticket(run_class, lambda: self._admitted(entry), label)
+            self._futures[request["id"]] = entry
+        gate.enter(entry.ticket)
         return future
+
+    def _admitted(self, entry: _Pending) -> None:
+        """The gate's turn for this run: it goes to the zygote as soon as fewer than ``max_parallel`` are there."""
+        with self._lock:
+            doomed = entry.state == "doomed"
+            if doomed:
+                entry.state = "ending"
+            else:
+                entry.state = "ready"
+                self._ready.append(entry)
+        if doomed:
+            self._close_fds(entry)
+            self._complete(entry, entry.result)
+        self._pump()
+
+    def _pump(self) -> None:
+        stranded = []
+        with self._lock:
+            while self._ready and self._running < self.max_parallel:
+                entry = self._ready.popleft()
+                if self._sock is None:  # closed, or its zygote died since the run was admitted
+                    entry.state = "ending"
+                    stranded.append(entry)
+                    continue
+                entry.state, entry.request["zygote"] = "sent", self._proc
+                self._running += 1
+                self._outbox.put((entry.frame, entry.fds))  # the writer closes the fds once sent
+                entry.fds = []
+                watchdog_at = time.monotonic() + entry.request["timeout"] + _GUARD_S
+                entry.gate.call_at(watchdog_at, lambda entry=entry: self._expire(entry))
+        for entry in stranded:
+            self._close_fds(entry)
+            pair = bool(entry.request.get("pair"))
+            self._complete(entry, failure("the sandbox zygote is gone", self.isolation, pair))
+
+    def _expire(self, entry: _Pending) -> None:
+        """The host's watchdog: the zygote has not answered well past the run's timeout."""
+        with self._lock:
+            if entry.state != "sent":
+                return
+            entry.state, self._running = "ending", self._running - 1
+        pair = bool(entry.request.get("pair"))
+        self._complete(entry, failure("the sandbox zygote did not answer in time", self.isolation, pair))
+
+    def _complete(self, entry: _Pending, result: Any) -> None:
+        """Hand ``result`` over when the gate releases the run (at once for a visible run), then send the next."""
+
+        def deliver() -> None:
+            with self._lock:
+                self._futures.pop(entry.request["id"], None)
+                entry.state = "done"
+            entry.future.set_result(result)
+
+        entry.gate.finish(entry.ticket, deliver)
+        self._pump()
+
+    @staticmethod
+    def _close_fds(entry: _Pending) -> None:
+        for fd in entry.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        entry.fds = []
 
     def _queue(self, code: str, kwargs: dict[str, Any], harness: str | None = None, pair: bool = False) -> Any:
         """Check the arguments (in the caller's frame) and queue the run; returns its future and its timeout."""
         if pair and not isinstance(harness, str):
             raise TypeError(f"sandbox harness must be a str, got {type(harness).__name__}")
+        run_class = _gate.check_run_class(kwargs.pop("run_class", None))
         request = build_request(code, **kwargs)
-        return self._submit(request, harness), request["timeout"]
+        return self._submit(request, harness, run_class), request["timeout"]
 
     def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future:
         """Queue a run (same arguments as :func:`run_python`); the future's result is a :class:`SandboxResult`."""
@@ -350,13 +455,12 @@ class Sandbox:
         """
         return self.wait(*self._queue(solution, kwargs, harness, pair=True), pair=True)
 
-    def wait(self, future: concurrent.futures.Future, timeout: float, pair: bool = False) -> Any:
-        """The result of a :meth:`submit` (or, with ``pair``, :meth:`submit_pair`) future whose ``timeout`` was
-        this; a ``sandbox_error`` result when the zygote has not answered well past it."""
-        try:
-            return future.result(timeout=timeout + _GUARD_S)
-        except concurrent.futures.TimeoutError:
-            return failure("the sandbox zygote did not answer in time", self.isolation, pair)
+    def wait(self, future: concurrent.futures.Future, timeout: float | None = None, pair: bool = False) -> Any:
+        """The result of a :meth:`submit` (or, with ``pair``, :meth:`submit_pair`) future. It always comes: a run
+        the zygote has not answered 30 s past its ``timeout`` (counted from when it started, not while it waited for
+        its class's turn) ends as a ``sandbox_error``. ``timeout`` and ``pair`` are kept for callers of the
+        earlier signature and change nothing."""
+        return future.result()
 
     async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
         """Run one program without blocking the event loop; see :func:`run_python`."""
@@ -373,14 +477,24 @@ class Sandbox:
             await asyncio.to_thread(self._start_quietly)
 
     async def _await(self, future: concurrent.futures.Future, timeout: float, pair: bool) -> Any:
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout + _GUARD_S)
-        except TimeoutError:
-            return failure("the sandbox zygote did not answer in time", self.isolation, pair)
+        return await asyncio.wrap_future(future)  # the host's watchdog answers a run the zygote does not
 
     def _start_quietly(self) -> None:
         with contextlib.suppress(RuntimeError, OSError):  # submit() reports the failure (or raises, when strict)
             self.start()
+
+
+class _Pending:
+    """A run between its submission and its result: ``state`` is ``queued`` (waiting for the gate), ``doomed`` (its
+    zygote died while it waited: it fails when its turn comes), ``ready`` (admitted, waiting for a free place among
+    ``max_parallel``), ``sent``, ``ending`` (its result is known, the gate may still hold it) or ``done``."""
+
+    __slots__ = ("fds", "frame", "future", "gate", "request", "result", "state", "ticket")
+
+    def __init__(self, future: concurrent.futures.Future, request: dict, frame: bytes, fds: list[int], gate: Any):
+        self.future, self.request, self.frame, self.fds, self.gate = future, request, frame, fds, gate
+        self.ticket: Any = None
+        self.state, self.result = "queued", None
 
 
 def _project_folders() -> list[str]:

@@ -64,12 +64,16 @@ class PythonTool(Tool):
     def forward(self, code: str) -> ToolOutput:
         from rllm_gym.sandbox import run_python  # lazy: the sandbox starts helper processes on first use
 
-        return self._to_output(run_python(code, timeout=self.sandbox_timeout, memory_mb=self.memory_mb))
+        return self._to_output(
+            run_python(code, timeout=self.sandbox_timeout, memory_mb=self.memory_mb, run_class="visible")
+        )
 
     async def async_forward(self, code: str) -> ToolOutput:
         from rllm_gym.sandbox import arun_python
 
-        return self._to_output(await arun_python(code, timeout=self.sandbox_timeout, memory_mb=self.memory_mb))
+        return self._to_output(
+            await arun_python(code, timeout=self.sandbox_timeout, memory_mb=self.memory_mb, run_class="visible")
+        )
 
 
 class FinishTool(Tool):

@@ -702,9 +702,9 @@ def test_ipc_and_abstract_sockets_are_not_shared_between_concurrent_runs(view_sa
     sandbox = view_sandbox  # under landlock POSIX message queues are refused outright (their files are not the run's)
     _needs(sandbox, "ipcns", "netns")
     key, name = secrets.randbelow(1 << 30) + 1, f"rllm-attack-{secrets.token_hex(6)}"
-    creator = sandbox.submit(_IPC_CREATE.format(key=key, name=name, hold=2.5), timeout=5)
+    creator = sandbox.submit(_IPC_CREATE.format(key=key, name=name, hold=2.5), timeout=5, run_class="visible")
     time.sleep(0.5)
-    attacker = sandbox.submit(_IPC_ATTACH.format(key=key, name=name, look=1.0), timeout=5)
+    attacker = sandbox.submit(_IPC_ATTACH.format(key=key, name=name, look=1.0), timeout=5, run_class="visible")
     created, attacked = creator.result(timeout=30), attacker.result(timeout=30)
     made, looked = _last_json(created), _last_json(attacked)
     assert all(made[kind] >= 0 for kind in ("shm", "sem", "msg", "mq")), made  # the attack really had objects

@@ -322,7 +322,9 @@ async def test_many_concurrent_runs_do_not_block_the_loop():
 
     task = asyncio.create_task(ticker())
     start = time.monotonic()
-    results = await asyncio.gather(*(arun_python(f"import time\ntime.sleep(0.3)\nprint({i})") for i in range(24)))
+    results = await asyncio.gather(
+        *(arun_python(f"import time\ntime.sleep(0.3)\nprint({i})", run_class="visible") for i in range(24))
+    )
     elapsed = time.monotonic() - start
     task.cancel()
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(24)]
