@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import httpx
 import pytest
+from hypothesis import settings
 
 from rllm_gym.agents.frozenlake import FrozenLakeAgent
 from rllm_gym.engine import AgentExecutionEngine
@@ -25,6 +26,11 @@ from rllm_gym.sandbox import Sandbox, SandboxUnavailableError
 from rllm_gym.tiny_model import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
+# The property tests draw the same examples on every run (CI stays reproducible); HYPOTHESIS_PROFILE=explore draws new
+# ones each run, for hunting.
+settings.register_profile("reproducible", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "reproducible"))
 # One thread per process and no progress bars or GPUs: the command-line tests run on 2 shared cores and read stderr.
 QUIET_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", "CUDA_VISIBLE_DEVICES": ""}
 

@@ -158,7 +158,8 @@ def test_any_returned_value_ends_in_a_per_test_verdict(fuzz_grader, got, expecte
     result = fuzz_grader(task, f"```python\ndef f(x):\n    return {_source(got)}\n```")
     (record,) = result.metadata["tests"]
     assert result.metadata["graded"] is True and record["status"] in ("ok", "wrong_answer"), record
-    assert record["passed"] is values_match(got, expected), (record, got, expected)
+    wrapped = type(expected) is list and len(expected) == 1 and values_match(got, expected[0])  # TACO's [value]
+    assert record["passed"] is (values_match(got, expected) or wrapped), (record, got, expected)
     json.dumps(result.metadata, ensure_ascii=False).encode("utf-8")
 
 
