@@ -29,7 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, SamplingParams, build_model_output
+from rllm_gym.policies.base import (
+    BasePolicy,
+    PolicyError,
+    PolicyRequest,
+    SamplingParams,
+    build_model_output,
+    on_loop,
+)
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
@@ -201,8 +208,10 @@ class VLLMPolicy(BasePolicy):
             token_history=token_history,
         )
         self.return_logprobs = return_logprobs
+        self.streams_tokens = True
         self._vllm = vllm
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._cumulative = RequestOutputKind.CUMULATIVE
         self._token_input = token_input_builder(vllm)
         self.lora_request = None
         if lora_path is not None:
@@ -235,20 +244,31 @@ class VLLMPolicy(BasePolicy):
         prompt_ids = self.prompt_token_ids(request)
         if self._loop.is_closed():
             raise PolicyError("this VLLMPolicy was shut down: build a new one")
+        on_token = request.on_token
+        if on_token is not None:  # called on the engine's loop: hop to the caller's
+            on_token = on_loop(asyncio.get_running_loop(), on_token)
         # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
-        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params, on_token), self._loop)
         return await asyncio.wrap_future(future)
 
-    async def _on_engine(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
+    async def _on_engine(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: Callable[[list[int]], None] | None = None
+    ) -> ModelOutput:
+        # Streamed, each output holds the whole completion so far (CUMULATIVE), so the last one is read as usual.
+        kind = self._final_only if on_token is None else self._cumulative
         vllm_params = self._vllm.SamplingParams(
-            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
+            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=kind
         )
         prompt = self._token_input(prompt_ids)
         final = None
+        sent = 0
         async for output in self.engine.generate(
             prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
         ):
             final = output
+            if on_token is not None and output.outputs and len(output.outputs[0].token_ids) > sent:
+                on_token(list(output.outputs[0].token_ids[sent:]))
+                sent = len(output.outputs[0].token_ids)
         if final is None:
             raise PolicyError("vLLM finished the request without any output")
         return model_output_from_vllm(final)
