@@ -30,6 +30,7 @@ __all__ = [
     "RenderCache",
     "TokenHistory",
     "continuation_ids",
+    "encode_text",
     "prompt_ids_for",
     "render_prompt_ids",
 ]
@@ -42,6 +43,27 @@ TOKEN_HISTORY_MODES: tuple[str, ...] = ("sampled", "template")
 _MARK = "rllmgymPreviousReply7f3a9c"
 # apply_chat_template's own arguments for tokenizing its text (not template variables): tokenize=True honours them.
 _TOKENIZATION_ARGUMENTS = frozenset({"sanitize_control_tokens", "tokenizer_kwargs"})
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)``, straight from the Rust tokenizer of a fast tokenizer.
+
+    transformers' ``encode`` wraps the backend's ``encode_batch`` of one text in argument checks and a BatchEncoding
+    (a third of its cost per call on the prompt path, which runs twice per LLM call). Its result is the backend's
+    own ``encode`` when nothing transformers would change is set: no truncation or padding left on the backend (a
+    call with ``truncation=...`` sets them, the next plain call clears them) and its special-token splitting as the
+    tokenizer's ``split_special_tokens``. Otherwise, and for a slow tokenizer, transformers' ``encode`` runs.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    split = getattr(backend, "encode_special_tokens", None)
+    if (
+        split is not None
+        and split == bool(getattr(tokenizer, "split_special_tokens", False))
+        and backend.truncation is None
+        and backend.padding is None
+    ):
+        return backend.encode(text, add_special_tokens=False).ids
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def render_prompt_ids(
@@ -62,7 +84,7 @@ def render_prompt_ids(
         text = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
         )
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(tokenizer, text)
     ids = tokenizer.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
     )
@@ -114,7 +136,7 @@ def continuation_ids(
         sampled_end = tokenizer.decode(completion[-1:], skip_special_tokens=False)
         if sampled_end and after.startswith(sampled_end):
             after = after[len(sampled_end) :]
-    suffix = tokenizer.encode(after, add_special_tokens=False) if after else []
+    suffix = encode_text(tokenizer, after) if after else []
     return [*previous.prompt_ids, *completion, *suffix]
 
 

@@ -162,7 +162,8 @@ class VLLMPolicy(BasePolicy):
             :mod:`rllm_gym.policies.tokens`) or ``"template"`` (the whole chat re-rendered each call).
         **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=4096``, ``tensor_parallel_size=2``. On vLLM's CPU build the defaults of
-            :func:`cpu_engine_defaults` fill in what is not given.
+            :func:`cpu_engine_defaults` fill in what is not given; ``disable_log_stats`` defaults to True, as in
+            ``vllm.LLM`` (``False`` brings back the engine's periodic stats lines and metrics).
 
     The engine is shut down by :meth:`shutdown` or, for a policy still running then, at interpreter exit (before
     the interpreter tears its modules down, which is when vLLM's own ``__del__`` used to print a ``TypeError``).
@@ -219,6 +220,8 @@ class VLLMPolicy(BasePolicy):
             self.lora_request = LoRARequest("rllm_gym_adapter", 1, str(lora_path))
         if _on_cpu():
             engine_kwargs = cpu_engine_defaults(engine_kwargs, checkpoint_dtype=_checkpoint_dtype(model))
+        # As vllm.LLM does: per-step Prometheus and logging stats cost the engine's loop a twentieth of its time.
+        engine_kwargs.setdefault("disable_log_stats", True)
         args = vllm.AsyncEngineArgs(model=model, tokenizer=str(tokenizer or model), **engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(

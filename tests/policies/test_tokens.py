@@ -341,3 +341,23 @@ async def test_a_policy_renders_a_groups_first_prompt_once(tiny_model_dir, monke
     assert len(rendered) == 1
     assert all(o.prompt_ids == render(policy.tokenizer, chat, None, {}) for o in outputs)
     await policy.aclose()
+
+
+def test_encode_text_gives_the_ids_of_transformers_encode_and_its_settings_win(tokenizers):
+    from rllm_gym.policies.tokens import encode_text
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizers["embedded"].name_or_path)  # its own: settings change below
+    texts = ["", "left le ft", "<|im_end|>\n<|im_start|>user\nnaïve 東京 <think>x</think><|im_end|>", " " * 5 + "\n\t"]
+    for text in texts:
+        assert encode_text(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False)
+    # Settings transformers applies before encoding are honoured: special-token text split as text ...
+    tokenizer.split_special_tokens = True
+    assert encode_text(tokenizer, texts[2]) == tokenizer.encode(texts[2], add_special_tokens=False)
+    assert len(encode_text(tokenizer, "<|im_end|>")) > 1
+    tokenizer.split_special_tokens = False
+    # ... and truncation left on the Rust tokenizer (by some other call) does not cut the prompt.
+    tokenizer.backend_tokenizer.enable_truncation(max_length=2)
+    assert encode_text(tokenizer, "one two three four") == tokenizer.encode(
+        "one two three four", add_special_tokens=False
+    )
+    assert len(encode_text(tokenizer, "one two three four")) > 2
