@@ -26,7 +26,6 @@ an unknown session 404, a prompt that does not fit the context 400 ``context_len
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -47,7 +46,7 @@ from rllm_gym.gateway.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
-from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, stream_chat
+from rllm_gym.gateway.streaming import ContentStream, EventStream, opens_reasoning, stream_chat
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
@@ -492,11 +491,8 @@ def _record(trajectory: Trajectory, output: ModelOutput, chat: list[dict[str, An
 
 
 async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionResetError):  # a client that hung up mid-stream: its loss, not the server's
-        for chunk in chunks:
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    return response
+    """A finished reply's chunks as Server-Sent Events (a client that hangs up mid-stream: its loss)."""
+    events = EventStream(request)
+    for chunk in chunks:
+        await events.send(chunk)
+    return await events.end()

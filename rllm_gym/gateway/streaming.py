@@ -32,7 +32,7 @@ from rllm_gym.gateway.protocol import chat_chunks, error_body
 from rllm_gym.policies.base import PolicyError
 from rllm_gym.types import ModelOutput
 
-__all__ = ["ContentStream", "opens_reasoning", "stream_chat"]
+__all__ = ["ContentStream", "EventStream", "opens_reasoning", "stream_chat"]
 
 _MARKERS = ("<think>", "</think>", "<tool_call>")
 
@@ -95,7 +95,7 @@ def opens_reasoning(tokenizer: Any, prompt_ids: list[int]) -> bool:
     return tail.endswith("<think>")
 
 
-class _Events:
+class EventStream:
     """A Server-Sent Events response started on its first event; writes to a client that hung up are dropped."""
 
     def __init__(self, request: web.Request) -> None:
@@ -153,7 +153,7 @@ async def stream_chat(
     task = asyncio.ensure_future(produce())
     base = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk", "created": int(time.time())}
     base["model"] = model
-    events = _Events(request)
+    events = EventStream(request)
     try:
         while (item := await queue.get()) is not None:
             index, ids = item

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 
+import aiohttp
 import openai
 import pytest
 
@@ -193,3 +195,25 @@ async def test_a_policy_failure_mid_stream_ends_the_stream_with_an_error_the_cli
                 pass
         # Nothing was recorded, and the gateway still serves the session.
         assert gateway.close_session(session.id).steps == []
+
+
+async def test_a_client_that_hangs_up_mid_stream_leaves_the_call_recorded_and_the_gateway_serving(tokenizer):
+    reply = "word " * 100
+    async with Gateway(ScriptedPolicy([reply], cycle=True, tokenizer=tokenizer)) as gateway:
+        session = gateway.open_session()
+        body = {"model": "p", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 400}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{session.base_url}/chat/completions", json=body) as response:
+                first = await response.content.readline()
+                response.close()  # gone after the first event
+            assert first.startswith(b"data: ")
+            for _ in range(200):  # the call runs to its end on the gateway's side
+                if gateway._sessions[session.id].trajectory.steps:
+                    break
+                await asyncio.sleep(0.01)
+            again = await client_of(session).chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+        steps = gateway.close_session(session.id).steps
+    assert len(steps) == 2 and steps[0].model_output.content == reply.strip()
+    assert again.choices[0].message.content == steps[1].model_output.content
