@@ -104,14 +104,14 @@ class EventStream:
         self.gone = False
 
     async def send(self, event: dict[str, Any] | str) -> None:
-        if self.response is None:
-            headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-            self.response = web.StreamResponse(headers=headers)
-            await self.response.prepare(self.request)
         if self.gone:
             return
         data = event if isinstance(event, str) else json.dumps(event)
         try:
+            if self.response is None:
+                headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                self.response = web.StreamResponse(headers=headers)
+                await self.response.prepare(self.request)
             await self.response.write(f"data: {data}\n\n".encode())
         except ConnectionResetError:  # the client went away: its loss; the call still ends and is recorded
             self.gone = True
