@@ -14,9 +14,9 @@ messages plus the reply the client got) continues that call's prompt and sampled
 
 ``stream: true`` is answered with Server-Sent Events in OpenAI's ``chat.completion.chunk`` shape (per choice: role and
 content, tool calls with their index, finish reason; usage last when ``stream_options.include_usage``). With a policy
-that streams tokens (HFPolicy, VLLMPolicy) a chat reply's content goes out token by token as it is generated
-(:mod:`rllm_gym.gateway.streaming`); with any other policy, and for ``/completions``, the chunks are sent once the
-reply is complete.
+that streams tokens (HFPolicy, VLLMPolicy) a chat reply's content, or a completion's text, goes out token by token as
+it is generated (:mod:`rllm_gym.gateway.streaming`); with any other policy the chunks are sent once the reply is
+complete.
 
 Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
 an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
@@ -46,7 +46,7 @@ from rllm_gym.gateway.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
-from rllm_gym.gateway.streaming import ContentStream, EventStream, opens_reasoning, stream_chat
+from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
@@ -356,12 +356,12 @@ class Gateway:
                 ContentStream(self.tokenizer, params.stop, live=live, in_reasoning=reasoning)
                 for _ in range(chat.sampling.n - 1)
             ]
-            return await stream_chat(
+            return await stream_reply(
                 request, generate, finish, streams, model=chat.model, include_usage=chat.include_usage
             )
         response = finish(await generate())
         if chat.stream:  # a policy with whole replies only: the reply's chunks at once
-            return await _stream(request, chat_chunks(response, chat.include_usage))
+            return await send_chunks(request, chat_chunks(response, chat.include_usage))
         return web.json_response(response)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -378,13 +378,23 @@ class Gateway:
             prompt_ids = completion.prompt
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
         self._count_call(session)
-        outputs = await self._generate(completion.sampling.n, params, None, None, None, prompt_ids)
-        for output in outputs:
-            _record(session.trajectory, output, [], None)
-        response = completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
+
+        def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
+            for output in outputs:
+                _record(session.trajectory, output, [], None)
+            return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
+
+        def generate(on_tokens: list[Any] | None = None) -> Any:
+            return self._generate(completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
+
+        if completion.stream and self.tokenizer is not None and getattr(self.policy, "streams_tokens", False):
+            streams = [ContentStream(self.tokenizer, params.stop, raw=True) for _ in range(completion.sampling.n)]
+            model = completion.model
+            return await stream_reply(request, generate, finish, streams, model=model, include_usage=False, text=True)
+        response = finish(await generate())
         if completion.stream:
             base = {key: response[key] for key in ("id", "object", "created", "model")}
-            return await _stream(request, [{**base, "choices": [choice]} for choice in response["choices"]])
+            return await send_chunks(request, [{**base, "choices": [choice]} for choice in response["choices"]])
         return web.json_response(response)
 
     # Generation
@@ -488,11 +498,3 @@ def _record(trajectory: Trajectory, output: ModelOutput, chat: list[dict[str, An
         info={"tools": tools} if tools else {},
     )
     trajectory.steps.append(step)
-
-
-async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
-    """A finished reply's chunks as Server-Sent Events (a client that hangs up mid-stream: its loss)."""
-    events = EventStream(request)
-    for chunk in chunks:
-        await events.send(chunk)
-    return await events.end()

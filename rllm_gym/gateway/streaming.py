@@ -11,7 +11,7 @@ the deltas of a choice add up to the content the gateway recorded. One case cann
 closes a ``</think>`` it never opened after content was sent makes everything before it reasoning; the deltas then
 stop short of the recorded content (the Step itself is exact either way).
 
-:func:`stream_chat` runs one streamed call: the SSE response starts at the first delta (a policy that fails before
+:func:`stream_reply` runs one streamed call: the SSE response starts at the first delta (a policy that fails before
 then gets the usual 502), a failure after it ends the stream with an ``error`` event (which OpenAI clients raise),
 and a client that hangs up stops the writes but not the call, which is recorded like any other.
 """
@@ -32,7 +32,7 @@ from rllm_gym.gateway.protocol import chat_chunks, error_body
 from rllm_gym.policies.base import PolicyError
 from rllm_gym.types import ModelOutput
 
-__all__ = ["ContentStream", "EventStream", "opens_reasoning", "stream_chat"]
+__all__ = ["ContentStream", "EventStream", "opens_reasoning", "send_chunks", "stream_reply"]
 
 _MARKERS = ("<think>", "</think>", "<tool_call>")
 
@@ -42,18 +42,27 @@ class ContentStream:
     content newly known for certain (maybe ``""``); :attr:`sent` is all it returned.
 
     ``live=False`` sends nothing until the end (a reply that continues a forced tool-call opening);
-    ``in_reasoning=True``: the prompt opened a ``<think>`` block, so the content starts after ``</think>``.
+    ``in_reasoning=True``: the prompt opened a ``<think>`` block, so the content starts after ``</think>``;
+    ``raw=True``: the deltas of the raw completion text (``/completions``: markup kept, nothing stripped), where only
+    stop strings are held back.
     """
 
     def __init__(
-        self, tokenizer: Any, stop: tuple[str, ...] = (), *, live: bool = True, in_reasoning: bool = False
+        self,
+        tokenizer: Any,
+        stop: tuple[str, ...] = (),
+        *,
+        live: bool = True,
+        in_reasoning: bool = False,
+        raw: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.live = live
-        self.in_reasoning = in_reasoning
+        self.in_reasoning = in_reasoning and not raw
+        self.raw = raw
         self.sent = ""
         self.ids: list[int] = []
-        self._holds = (*_MARKERS, *(s for s in stop if s))
+        self._holds = (*(() if raw else _MARKERS), *(s for s in stop if s))
 
     def feed(self, ids: list[int]) -> str:
         self.ids.extend(ids)
@@ -72,7 +81,7 @@ class ContentStream:
         else:
             # A character whose bytes are not all sampled yet decodes as U+FFFD: wait for the rest.
             text = _without_partial_hold(text, self._holds).rstrip("\ufffd")
-        certain = text.strip()
+        certain = text if self.raw else text.strip()
         if not certain.startswith(self.sent):  # the decoded text changed under what was sent: send no more
             self.live = False
             return ""
@@ -125,7 +134,15 @@ class EventStream:
         return self.response
 
 
-async def stream_chat(
+async def send_chunks(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+    """A finished reply's chunks as Server-Sent Events, at once (a policy without token streaming)."""
+    events = EventStream(request)
+    for chunk in chunks:
+        await events.send(chunk)
+    return await events.end()
+
+
+async def stream_reply(
     request: web.Request,
     generate: Callable[[list[Callable[[list[int]], None]]], Awaitable[list[ModelOutput]]],
     finish: Callable[[list[ModelOutput]], dict[str, Any]],
@@ -133,11 +150,13 @@ async def stream_chat(
     *,
     model: str,
     include_usage: bool,
+    text: bool = False,
 ) -> web.StreamResponse:
-    """Answer a chat call with ``stream: true`` token by token.
+    """Answer a call with ``stream: true`` token by token.
 
     ``generate(on_tokens)`` runs the call (one callback per choice); ``finish(outputs)`` records it and returns its
-    ``chat.completion`` response, whose rest follows the deltas (:func:`~rllm_gym.gateway.protocol.chat_chunks`).
+    ``chat.completion`` response, whose rest follows the deltas (:func:`~rllm_gym.gateway.protocol.chat_chunks`), or
+    with ``text=True`` its ``text_completion`` response (``/completions``: ``text`` deltas, no roles).
     """
     queue: asyncio.Queue[tuple[int, list[int]] | None] = asyncio.Queue()
 
@@ -151,14 +170,18 @@ async def stream_chat(
             queue.put_nowait(None)
 
     task = asyncio.ensure_future(produce())
-    base = {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion.chunk", "created": int(time.time())}
-    base["model"] = model
+    kind = ("cmpl", "text_completion") if text else ("chatcmpl", "chat.completion.chunk")
+    base = {"id": f"{kind[0]}-{secrets.token_hex(12)}", "object": kind[1], "created": int(time.time()), "model": model}
     events = EventStream(request)
     try:
         while (item := await queue.get()) is not None:
             index, ids = item
             delta = streams[index].feed(ids)
             if not delta:
+                continue
+            if text:
+                choice = {"index": index, "text": delta, "finish_reason": None, "logprobs": None}
+                await events.send({**base, "choices": [choice]})
                 continue
             if events.response is None:  # each choice's role first, as OpenAI's streams open
                 for i in range(len(streams)):
@@ -173,8 +196,14 @@ async def stream_chat(
             await events.send(error_body(str(error), type="server_error", code="policy_error"))
             return await events.end()
         response = finish(outputs)
-        sent = None if events.response is None else [stream.sent for stream in streams]
-        for chunk in chat_chunks(response, include_usage, sent=sent):
+        sent = [stream.sent for stream in streams]
+        if text:
+            for choice in response["choices"]:
+                done, whole = sent[choice["index"]], choice["text"]
+                rest = whole[len(done) :] if whole.startswith(done) else ""
+                await events.send({**base, "choices": [{**choice, "text": rest}]})
+            return await events.end()
+        for chunk in chat_chunks(response, include_usage, sent=None if events.response is None else sent):
             await events.send({**chunk, "id": base["id"], "created": base["created"]})
         return await events.end()
     finally:

@@ -217,3 +217,27 @@ async def test_a_client_that_hangs_up_mid_stream_leaves_the_call_recorded_and_th
         steps = gateway.close_session(session.id).steps
     assert len(steps) == 2 and steps[0].model_output.content == reply.strip()
     assert again.choices[0].message.content == steps[1].model_output.content
+
+
+async def test_completions_stream_their_raw_text_token_by_token(tiny_model_dir, tokenizer):
+    async with Gateway(HFPolicy(tiny_model_dir)) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        stream = await client.completions.create(
+            model="p", prompt="The agent moves", max_tokens=20, temperature=1.0, seed=1, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        stop = await client.completions.create(model="p", prompt=[5, 6], max_tokens=30, stop=["e"], stream=True)
+        stopped = [chunk async for chunk in stop]
+        first, second = gateway.close_session(session.id).steps
+    texts = [c.choices[0].text for c in chunks]
+    assert "".join(texts) == first.model_output.text and sum(1 for t in texts if t) > 2
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert (
+        "".join(c.choices[0].text for c in stopped) == second.model_output.text and "e" not in second.model_output.text
+    )
+    # Raw text: reasoning and tool-call markup stay in it, as they come.
+    deltas, _ = fed_one_by_one(tokenizer, "a <think>b</think> c")
+    raw = ContentStream(tokenizer, raw=True)
+    assert "".join(raw.feed([t]) for t in tokenizer.encode("a <think>b</think> c ")) == "a <think>b</think> c "
+    assert "".join(deltas) == "a"
