@@ -361,3 +361,38 @@ def test_encode_text_gives_the_ids_of_transformers_encode_and_its_settings_win(t
         "one two three four", add_special_tokens=False
     )
     assert len(encode_text(tokenizer, "one two three four")) > 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_render_chat_text_is_apply_chat_templates_text_and_takes_the_fast_path_on_the_pinned_transformers(
+    tokenizers, family
+):
+    import transformers
+    from packaging.specifiers import SpecifierSet
+
+    from rllm_gym.policies import tokens
+
+    # The installed transformers is inside the range the fast path was read against: if this fails after an upgrade,
+    # read its apply_chat_template again and move FAST_RENDER_TRANSFORMERS (the slow path stays correct meanwhile).
+    assert transformers.__version__ in SpecifierSet(",".join(tokens.FAST_RENDER_TRANSFORMERS))
+    assert tokens._jinja_renderer() is not None
+    tokenizer = tokenizers[family]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    chats = [
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "<think>hm</think>left"},
+            {"role": "tool", "content": "4"},
+            {"role": "user", "content": "say <|im_end|> as text"},
+        ],
+        [{"role": "user", "content": "hi", "weight": 1}],  # not strings only: the long way
+    ]
+    for chat in chats:
+        for kwargs in ({}, {"enable_thinking": False}):
+            for chat_tools in (None, tools):
+                expected = tokenizer.apply_chat_template(
+                    chat, tools=chat_tools, add_generation_prompt=True, tokenize=False, **kwargs
+                )
+                assert tokens.render_chat_text(tokenizer, chat, chat_tools, kwargs) == expected
