@@ -140,8 +140,20 @@ def gateway_rows(r: dict[str, Any], command: str) -> list[Row]:
             f"{gateway:.2f} s (aiohttp {raw:.2f} s)",
             f"the same HFPolicy called directly, {direct:.2f} s",
             f"{r['ratio']:.2f}x the time (aiohttp {r['ratio_raw_http']:.2f}x; goal 1.1x)",
-        )
+        ),
+        *([] if "long_ratio" not in r else [long_gateway_row(r, command)]),
     ]
+
+
+def long_gateway_row(r: dict[str, Any], command: str) -> Row:
+    direct, gateway = (statistics.median(r[key]) for key in ("long_direct_s", "long_gateway_s"))
+    return (
+        f"the same with replies of up to {r['long_max_tokens']} tokens ({r['long_mean_reply_tokens']} on average), "
+        f"the `openai` client (`{command}`)",
+        f"{gateway:.2f} s",
+        f"the same HFPolicy called directly, {direct:.2f} s",
+        f"{r['long_ratio']:.2f}x the time (goal 1.1x)",
+    )
 
 
 def policies_rows(r: dict[str, Any], command: str) -> list[Row]:

@@ -12,7 +12,10 @@ rllm_gym.tiny_model``) and the project's CPU engine defaults (float32, eager, 1 
 - VLLMPolicy vs HFPolicy generation throughput (completion tokens per second) on the same chats, all in flight at
   once (HFPolicy batches what is in flight, vLLM batches continuously).
 
-Each figure is the median of 3 timed runs after a warm-up.
+Each figure is the median of 3 timed runs after a warm-up. Beside the times, this process's CPU per LLM call on each
+path (``cpu_ms_per_call``; vLLM's engine core runs in a process of its own, not counted): what our engine, envs, agents
+and prompt building add over raw vLLM's own front end, a figure that holds on a loaded machine, where the wall-clock
+ratio swings with whatever else runs.
 
 Needs vLLM: run it in the vLLM venv (README, "vLLM on a CPU"); ``run_all.py`` runs it there when ``.venv-vllm`` exists.
 
@@ -62,11 +65,12 @@ def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> 
             )
 
         asyncio.run(engine().run(list(range(4))))  # warm-up: first-call costs stay out of the timing
-        times = []
+        times, cpu = [], []
         for _ in range(REPEATS):  # seeded: every repeat runs the same episodes
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             done = asyncio.run(engine().run(list(range(100, 100 + episodes))))
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
         wall_s = statistics.median(times)
     finally:
         policy.shutdown()
@@ -77,7 +81,9 @@ def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> 
                 turns.append([])
             turns[index].append((list(step.prompt_ids), len(step.response_ids)))
     tokens = sum(length for turn in turns for _, length in turn)
-    return {"wall_s": wall_s, "episodes": len(done), "calls": sum(map(len, turns)), "tokens": tokens}, turns
+    calls = sum(map(len, turns))
+    result = {"wall_s": wall_s, "episodes": len(done), "calls": calls, "tokens": tokens}
+    return {**result, "cpu_ms_per_call": 1e3 * statistics.median(cpu) / calls}, turns
 
 
 def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
@@ -90,9 +96,9 @@ def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
     try:
         warm = vllm.SamplingParams(max_tokens=4, min_tokens=4, temperature=1.0)
         llm.generate([{"prompt_token_ids": turns[0][0][0]}], warm, use_tqdm=False)
-        times = []
+        times, cpu = [], []
         for _ in range(REPEATS):
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             tokens = 0
             for turn in turns:
                 prompts = [{"prompt_token_ids": ids} for ids, _ in turn]
@@ -103,10 +109,12 @@ def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 tokens += sum(len(out.outputs[0].token_ids) for out in outputs)
             times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
         wall_s = statistics.median(times)
     finally:
         llm.llm_engine.engine_core.shutdown(timeout=30)  # the grace VLLMPolicy gives (no leaked shared memory)
-    return {"wall_s": wall_s, "tokens": tokens}
+    calls = sum(map(len, turns))
+    return {"wall_s": wall_s, "tokens": tokens, "cpu_ms_per_call": 1e3 * statistics.median(cpu) / calls}
 
 
 def throughput(make_policy: Any, chats: list, max_tokens: int) -> dict[str, Any]:
@@ -184,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"episodes through the engine: {e['episodes']} episodes, {e['calls']} calls, {e['tokens']} tokens in "
         f"{e['wall_s']:.2f} s; raw vllm.LLM.generate on the same prompts and lengths {r['wall_s']:.2f} s: "
-        f"{results['ours_vs_raw']:.2f} of raw"
+        f"{results['ours_vs_raw']:.2f} of raw (load average {results['settings']['load_average']}); this process's "
+        f"CPU per call: {e['cpu_ms_per_call']:.2f} ms through the engine, {r['cpu_ms_per_call']:.2f} ms raw"
     )
     print(
         f"tokens/s, {args.chats} chats in flight: VLLMPolicy {results['vllm_policy']['tokens_per_s']:,.0f}, "

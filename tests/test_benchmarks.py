@@ -483,3 +483,22 @@ def test_render_adds_the_multi_turn_grpo_row_when_it_was_run():
         "(median of 8), 1.00 rows per trajectory | the chat re-rendered each call (before), 3.000 s, 3.50 rows per "
         "trajectory | 0.50x the time |"
     )
+
+
+def test_the_gateway_rows_keep_the_short_reply_figure_and_add_the_long_one_beside_it():
+    gateway_rows = table.gateway_rows
+    results = {
+        "sessions": 64,
+        "turns": 2,
+        "max_tokens": 16,
+        **{"direct_s": [1.0], "gateway_s": [1.5], "gateway_raw_http_s": [1.2], "ratio": 1.5, "ratio_raw_http": 1.2},
+    }
+    assert len(gateway_rows(results, "bench_gateway.py --quick")) == 1  # results from before the long workload
+    long = {"long_max_tokens": 128, "long_mean_reply_tokens": 97.5, "long_direct_s": [4.0], "long_gateway_s": [4.2]}
+    short, long_row = gateway_rows({**results, **long, "long_ratio": 1.05}, "bench_gateway.py --quick")
+    assert "1.50x the time" in short[3]
+    assert "up to 128 tokens (97.5 on average)" in long_row[0] and long_row[1:] == (
+        "4.20 s",
+        "the same HFPolicy called directly, 4.00 s",
+        "1.05x the time (goal 1.1x)",
+    )

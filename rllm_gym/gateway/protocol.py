@@ -425,14 +425,19 @@ def chat_response(
     }
 
 
-def chat_chunks(response: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+def chat_chunks(response: dict[str, Any], include_usage: bool, sent: list[str] | None = None) -> list[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a finished response, as a stream sends them: per choice its role
-    and content, its tool calls, then its finish reason; the usage last when asked for."""
+    and content, its tool calls, then its finish reason; the usage last when asked for. ``sent``: the content each
+    choice's stream already sent (role included, :mod:`rllm_gym.gateway.streaming`); only the rest follows."""
     base = {key: response[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
     chunks = []
     for choice in response["choices"]:
         message, index = choice["message"], choice["index"]
-        delta: dict[str, Any] = {"role": "assistant", "content": message["content"] or ""}
+        content = message["content"] or ""
+        delta: dict[str, Any] = {"role": "assistant", "content": content}
+        if sent is not None:
+            done = sent[index]
+            delta = {"content": content[len(done) :] if content.startswith(done) else ""}
         if "reasoning_content" in message:
             delta["reasoning_content"] = message["reasoning_content"]
         chunks.append({**base, "choices": [{"index": index, "delta": delta, "logprobs": choice["logprobs"]}]})

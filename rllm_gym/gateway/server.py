@@ -13,9 +13,10 @@ messages plus the reply the client got) continues that call's prompt and sampled
 ``max_turns_exceeded`` (not retried by OpenAI clients), which the SDK turns into the episode's ``MAX_TURNS_EXCEEDED``.
 
 ``stream: true`` is answered with Server-Sent Events in OpenAI's ``chat.completion.chunk`` shape (per choice: role and
-content, tool calls with their index, finish reason; usage last when ``stream_options.include_usage``), sent once the
-reply is complete: a :class:`~rllm_gym.policies.Policy` hands back whole replies (HFPolicy generates a batch at a
-time, and its ``generate`` returns every row at once), so there are no earlier tokens to send.
+content, tool calls with their index, finish reason; usage last when ``stream_options.include_usage``). With a policy
+that streams tokens (HFPolicy, VLLMPolicy) a chat reply's content, or a completion's text, goes out token by token as
+it is generated (:mod:`rllm_gym.gateway.streaming`); with any other policy the chunks are sent once the reply is
+complete.
 
 Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
 an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
@@ -25,7 +26,6 @@ an unknown session 404, a prompt that does not fit the context 400 ``context_len
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -46,6 +46,7 @@ from rllm_gym.gateway.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
+from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
@@ -336,14 +337,31 @@ class Gateway:
             prompt_ids = [*prompt_ids, *self.tokenizer.encode(opening, add_special_tokens=False)]
         params = self._fit(prompt_ids, params, chat.sampling.max_tokens is None)
         self._count_call(session)  # a request refused above made no LLM call
-        outputs = await self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids)
-        outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
-        replies = [assistant_message(output) for output in outputs]
-        for output, reply in zip(outputs, replies, strict=True):
-            _record(session.trajectory, output, [*chat.messages, reply], chat.tools)
-        response = chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
-        if chat.stream:
-            return await _stream(request, chat_chunks(response, chat.include_usage))
+
+        def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
+            outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
+            replies = [assistant_message(output) for output in outputs]
+            for output, reply in zip(outputs, replies, strict=True):
+                _record(session.trajectory, output, [*chat.messages, reply], chat.tools)
+            return chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
+
+        def generate(on_tokens: list[Any] | None = None) -> Any:
+            return self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids, on_tokens)
+
+        if chat.stream and prompt_ids is not None and getattr(self.policy, "streams_tokens", False):
+            # A reply that continues a forced tool-call opening has no content to send as it comes.
+            live, reasoning = opening is None, opens_reasoning(self.tokenizer, prompt_ids)
+            streams = [ContentStream(self.tokenizer, params.stop, live=live, in_reasoning=reasoning)]
+            streams += [
+                ContentStream(self.tokenizer, params.stop, live=live, in_reasoning=reasoning)
+                for _ in range(chat.sampling.n - 1)
+            ]
+            return await stream_reply(
+                request, generate, finish, streams, model=chat.model, include_usage=chat.include_usage
+            )
+        response = finish(await generate())
+        if chat.stream:  # a policy with whole replies only: the reply's chunks at once
+            return await send_chunks(request, chat_chunks(response, chat.include_usage))
         return web.json_response(response)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -360,13 +378,23 @@ class Gateway:
             prompt_ids = completion.prompt
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
         self._count_call(session)
-        outputs = await self._generate(completion.sampling.n, params, None, None, None, prompt_ids)
-        for output in outputs:
-            _record(session.trajectory, output, [], None)
-        response = completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
+
+        def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
+            for output in outputs:
+                _record(session.trajectory, output, [], None)
+            return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
+
+        def generate(on_tokens: list[Any] | None = None) -> Any:
+            return self._generate(completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
+
+        if completion.stream and self.tokenizer is not None and getattr(self.policy, "streams_tokens", False):
+            streams = [ContentStream(self.tokenizer, params.stop, raw=True) for _ in range(completion.sampling.n)]
+            model = completion.model
+            return await stream_reply(request, generate, finish, streams, model=model, include_usage=False, text=True)
+        response = finish(await generate())
         if completion.stream:
             base = {key: response[key] for key in ("id", "object", "created", "model")}
-            return await _stream(request, [{**base, "choices": [choice]} for choice in response["choices"]])
+            return await send_chunks(request, [{**base, "choices": [choice]} for choice in response["choices"]])
         return web.json_response(response)
 
     # Generation
@@ -420,17 +448,22 @@ class Gateway:
         tools: list[dict[str, Any]] | None,
         previous: Step | None,
         prompt_ids: list[int] | None,
+        on_tokens: list[Any] | None = None,
     ) -> list[ModelOutput]:
-        async def one(seed: int | None) -> ModelOutput:
+        """``n`` choices; with ``on_tokens`` (one callback per choice, for a policy that streams tokens) each choice's
+        ids as they come."""
+
+        async def one(seed: int | None, on_token: Any) -> ModelOutput:
             choice = params if seed is None else dataclasses.replace(params, seed=seed)
+            streamed = {} if on_token is None else {"on_token": on_token}
             if prompt_ids is not None:
-                return await self.policy.generate(None, choice, prompt_ids=prompt_ids)
-            return await self.policy.generate(messages, choice, tools=tools, previous=previous)
+                return await self.policy.generate(None, choice, prompt_ids=prompt_ids, **streamed)
+            return await self.policy.generate(messages, choice, tools=tools, previous=previous, **streamed)
 
         # n choices with one seed would be n copies: each choice gets its own seed.
         seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
         try:
-            return list(await asyncio.gather(*(one(seed) for seed in seeds)))
+            return list(await asyncio.gather(*map(one, seeds, on_tokens or [None] * n)))
         except PolicyError:
             raise
         except Exception as error:
@@ -465,14 +498,3 @@ def _record(trajectory: Trajectory, output: ModelOutput, chat: list[dict[str, An
         info={"tools": tools} if tools else {},
     )
     trajectory.steps.append(step)
-
-
-async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    with contextlib.suppress(ConnectionResetError):  # a client that hung up mid-stream: its loss, not the server's
-        for chunk in chunks:
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-    return response

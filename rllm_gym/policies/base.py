@@ -10,11 +10,13 @@ Hermes parser of the package (``rllm_gym.tools`` imports nothing from the polici
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import numbers
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -279,16 +281,29 @@ def merge_template_kwargs(enable_thinking: bool | None, extra: dict[str, Any] | 
     return kwargs
 
 
+def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[list[int]], None]) -> Callable[[list[int]], None]:
+    """``callback`` run on ``loop`` whichever thread calls it (dropped once the loop is closed): how a backend that
+    generates on another thread hands ``on_token`` calls back to the requester's loop."""
+
+    def relay(ids: list[int]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening any more
+            loop.call_soon_threadsafe(callback, ids)
+
+    return relay
+
+
 @dataclass(frozen=True)
 class PolicyRequest:
     """One checked ``generate`` call: exactly one of ``messages`` and ``prompt_ids`` is set; ``params`` is filled;
-    ``previous`` is the agent's last Step in this episode, if any."""
+    ``previous`` is the agent's last Step in this episode, if any; ``on_token`` receives the completion's ids as they
+    come, where the backend streams (:attr:`BasePolicy.streams_tokens`)."""
 
     messages: Messages | None
     prompt_ids: list[int] | None
     params: SamplingParams
     tools: list[dict[str, Any]] | None
     previous: Step | None = None
+    on_token: Callable[[list[int]], None] | None = None
 
 
 class BasePolicy(ABC):
@@ -301,6 +316,10 @@ class BasePolicy(ABC):
     backend builds its reply with :func:`build_model_output`. A backend keeps only what is its own: how a request
     reaches the model and how the model's answer is read.
     """
+
+    # Whether ``generate(on_token=...)`` hands over the completion's token ids while it is generated (HFPolicy,
+    # VLLMPolicy); a backend that only ever has whole replies leaves it False.
+    streams_tokens: bool = False
 
     def __init__(
         self,
@@ -323,11 +342,18 @@ class BasePolicy(ABC):
         prompt_ids: Sequence[int] | None = None,
         tools: list[dict[str, Any]] | None = None,
         previous: Step | None = None,
+        on_token: Callable[[list[int]], None] | None = None,
     ) -> ModelOutput:
+        """:class:`Policy`'s ``generate``; ``on_token``, with a backend whose :attr:`streams_tokens` is true, is called
+        on the caller's event loop with each new piece of the completion's token ids as they are generated (the
+        returned ModelOutput stays the authority: ids after the end it cuts, such as padding after a stop string,
+        may reach ``on_token`` too). Other backends never call it."""
         check_request(messages, prompt_ids, previous)
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"on_token must be a callable taking a list of token ids, or None, got {on_token!r}")
         ids = None if prompt_ids is None else list(prompt_ids)
         params = sampling_params or SamplingParams()
-        return await self._generate(PolicyRequest(messages, ids, params, tools, previous))
+        return await self._generate(PolicyRequest(messages, ids, params, tools, previous, on_token))
 
     @abstractmethod
     async def _generate(self, request: PolicyRequest) -> ModelOutput:

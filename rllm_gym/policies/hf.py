@@ -5,12 +5,15 @@ trainer. Concurrent ``generate`` calls go into a queue; a worker task gathers th
 milliseconds of each other, groups them by sampling parameters, pads them on the left and runs one ``generate`` per
 group in a worker thread, so the event loop keeps serving envs meanwhile. Log-probabilities are those of the raw
 model distribution (before temperature and top-k/top-p), as vLLM returns them by default, gathered step by step
-(:class:`SampledLogprobs`): a batch's full logits are never kept.
+(:class:`SampledLogprobs`): a batch's full logits are never kept. ``generate(on_token=...)`` streams a request's
+tokens as its row generates them (:class:`RowStreamer`, transformers' streamer hook), for the gateway's ``stream``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from transformers import (
     LogitsProcessorList,
     PreTrainedModel,
 )
+from transformers.generation.streamers import BaseStreamer
 
 from rllm_gym.policies.base import (
     BasePolicy,
@@ -33,11 +37,15 @@ from rllm_gym.policies.base import (
     SamplingParams,
     build_model_output,
     merge_template_kwargs,
+    on_loop,
 )
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
-__all__ = ["BatchingPolicy", "HFPolicy", "SampledLogprobs"]
+__all__ = ["BatchingPolicy", "HFPolicy", "RowStreamer", "SampledLogprobs"]
+
+
+OnToken = Callable[[list[int]], None]
 
 
 @dataclass
@@ -45,6 +53,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future[ModelOutput]
+    on_token: OnToken | None = None
 
 
 class BatchingPolicy(BasePolicy):
@@ -64,6 +73,10 @@ class BatchingPolicy(BasePolicy):
     stalls while the model generates (env calls already in the env pool go on). The trainer's rollout does so, where
     every episode waits on the same batch anyway: in ``benchmarks/bench_grpo.py`` the loss and backward that follow
     a step's generation ran ~0.2 s slower per step when that generation had run in another thread.
+
+    Token streaming (``generate(on_token=...)``): a subclass whose ``_generate_batch`` takes ``on_tokens`` (one
+    callback or ``None`` per prompt, called from the generating thread with each row's new ids) streams; the queue
+    relays each call to the requester's event loop. Batches without a streamed request are called without it.
     """
 
     def __init__(
@@ -86,6 +99,7 @@ class BatchingPolicy(BasePolicy):
         if not isinstance(generate_on_loop, bool):
             raise ValueError(f"{name}(generate_on_loop=...) must be True or False, got {generate_on_loop!r}")
         self.generate_on_loop = generate_on_loop
+        self.streams_tokens = "on_tokens" in inspect.signature(self._generate_batch).parameters
         self._queue: asyncio.Queue[_Request | None] | None = None  # None: a wake-up (requests_changed)
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -98,7 +112,10 @@ class BatchingPolicy(BasePolicy):
         loop = asyncio.get_running_loop()
         queue = self._ensure_worker(loop)
         future: asyncio.Future[ModelOutput] = loop.create_future()
-        queue.put_nowait(_Request(prompt_ids, request.params, future))
+        on_token = request.on_token
+        if on_token is not None and not self.generate_on_loop:  # called from the generating thread: hop to the loop
+            on_token = on_loop(loop, on_token)
+        queue.put_nowait(_Request(prompt_ids, request.params, future, on_token if self.streams_tokens else None))
         return await future
 
     def requests_changed(self) -> None:
@@ -160,10 +177,14 @@ class BatchingPolicy(BasePolicy):
                     continue
                 try:
                     prompts = [r.prompt_ids for r in live]
+                    streams = [r.on_token for r in live]
+                    generate = self._generate_batch
+                    if any(streams):
+                        generate = functools.partial(generate, on_tokens=streams)
                     if self.generate_on_loop:
-                        outputs = self._generate_batch(prompts, params)
+                        outputs = generate(prompts, params)
                     else:
-                        outputs = await asyncio.to_thread(self._generate_batch, prompts, params)
+                        outputs = await asyncio.to_thread(generate, prompts, params)
                 except Exception as error:  # the whole batch failed: every caller gets the error
                     for request in live:
                         if not request.future.done():
@@ -252,7 +273,9 @@ class HFPolicy(BatchingPolicy):
         self.pad_token_id = pad if pad is not None else self.eos_token_ids[0]
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, on_tokens: list[OnToken | None] | None = None
+    ) -> list[ModelOutput]:
         self.batch_sizes.append(len(prompts))
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=self.device)
@@ -268,6 +291,7 @@ class HFPolicy(BatchingPolicy):
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampled]),
                 tokenizer=self.tokenizer if params.stop else None,
+                streamer=None if on_tokens is None else RowStreamer(on_tokens, self.eos_token_ids),
             )
         tokens = sequences[:, width:]  # (B, T)
         token_logprobs = sampled.finish(tokens)  # (B, T)
@@ -352,6 +376,28 @@ class SampledLogprobs(LogitsProcessor):
         if not self.steps:
             return tokens.new_zeros(tokens.shape, dtype=torch.float32)
         return torch.stack(self.steps, dim=1)
+
+
+class RowStreamer(BaseStreamer):
+    """Hands each row's newly generated token to that row's callback (``None``: the row is not streamed), during
+    ``generate``. transformers calls :meth:`put` with the prompt ids ``(B, T)`` first, then with each step's sampled
+    ids ``(B,)``; a row's tokens after its EOS (padding while other rows go on) are not handed over."""
+
+    def __init__(self, callbacks: list[OnToken | None], eos_token_ids: list[int]) -> None:
+        self.callbacks = callbacks
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.ended = [callback is None for callback in callbacks]
+
+    def put(self, value: torch.Tensor) -> None:
+        if value.dim() != 1:  # the prompt
+            return
+        for row, token in enumerate(value.tolist()):
+            if not self.ended[row]:
+                self.ended[row] = token in self.eos_token_ids
+                self.callbacks[row]([token])
+
+    def end(self) -> None:
+        pass
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> list[int]:

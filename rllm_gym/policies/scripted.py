@@ -74,7 +74,17 @@ class ScriptedPolicy(BasePolicy):
             return reply
         if not isinstance(reply, str):
             raise PolicyError(f"ScriptedPolicy replies must be str or ModelOutput, got {type(reply).__name__}")
-        return self._to_output(reply, messages, request.prompt_ids, request.params, request.previous)
+        output = self._to_output(reply, messages, request.prompt_ids, request.params, request.previous)
+        if request.on_token is not None and self.streams_tokens:
+            for token in output.completion_ids:  # one at a time, as a model samples them
+                request.on_token([token])
+                await asyncio.sleep(0)
+        return output
+
+    @property
+    def streams_tokens(self) -> bool:
+        """With a tokenizer, ``generate(on_token=...)`` hands over a text reply's ids one by one before returning."""
+        return self.tokenizer is not None
 
     async def _next_reply(self, messages: Messages) -> Reply:
         if callable(self._replies):

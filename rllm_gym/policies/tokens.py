@@ -19,8 +19,9 @@ Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix s
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from rllm_gym.types import Step
@@ -30,7 +31,9 @@ __all__ = [
     "RenderCache",
     "TokenHistory",
     "continuation_ids",
+    "encode_text",
     "prompt_ids_for",
+    "render_chat_text",
     "render_prompt_ids",
 ]
 
@@ -42,6 +45,77 @@ TOKEN_HISTORY_MODES: tuple[str, ...] = ("sampled", "template")
 _MARK = "rllmgymPreviousReply7f3a9c"
 # apply_chat_template's own arguments for tokenizing its text (not template variables): tokenize=True honours them.
 _TOKENIZATION_ARGUMENTS = frozenset({"sanitize_control_tokens", "tokenizer_kwargs"})
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=False)``, straight from the Rust tokenizer of a fast tokenizer.
+
+    transformers' ``encode`` wraps the backend's ``encode_batch`` of one text in argument checks and a BatchEncoding
+    (a third of its cost per call on the prompt path, which runs twice per LLM call). Its result is the backend's
+    own ``encode`` when nothing transformers would change is set: no truncation or padding left on the backend (a
+    call with ``truncation=...`` sets them, the next plain call clears them) and its special-token splitting as the
+    tokenizer's ``split_special_tokens``. Otherwise, and for a slow tokenizer, transformers' ``encode`` runs.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    split = getattr(backend, "encode_special_tokens", None)
+    if (
+        split is not None
+        and split == bool(getattr(tokenizer, "split_special_tokens", False))
+        and backend.truncation is None
+        and backend.padding is None
+    ):
+        return backend.encode(text, add_special_tokens=False).ids
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+# transformers releases whose apply_chat_template(tokenize=False) on a chat of plain strings is exactly
+# render_jinja_template over the tokenizer's template, special tokens and template arguments (read in 5.17 and 5.24:
+# its other steps, turning message objects into dicts and dropping None values, change nothing in such a chat).
+FAST_RENDER_TRANSFORMERS = (">=5.17", "<6")
+
+
+@functools.cache
+def _jinja_renderer() -> Callable[..., Any] | None:
+    """transformers' ``render_jinja_template`` where :data:`FAST_RENDER_TRANSFORMERS` holds, else None."""
+    import transformers
+    from packaging.specifiers import SpecifierSet
+
+    if transformers.__version__ not in SpecifierSet(",".join(FAST_RENDER_TRANSFORMERS)):
+        return None
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        return None
+    return render_jinja_template
+
+
+def render_chat_text(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, template_kwargs: dict
+) -> str:
+    """``apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs)``.
+
+    A chat whose messages hold nothing but strings (the common case: an env's observations and the model's replies)
+    skips what transformers does before rendering (a recursive copy of every message, a quarter of its cost per
+    call) and is rendered by the same Jinja function with the same arguments; anything else, and transformers
+    releases outside :data:`FAST_RENDER_TRANSFORMERS`, goes through ``apply_chat_template``.
+    """
+    render = _jinja_renderer()
+    plain = bool(messages) and all(
+        type(key) is str and type(value) is str for message in messages for key, value in message.items()
+    )
+    if render is None or not plain or not _TOKENIZATION_ARGUMENTS.isdisjoint(template_kwargs):
+        return tokenizer.apply_chat_template(
+            list(messages), tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
+        )
+    rendered, _ = render(
+        conversations=[[dict(message) for message in messages]],
+        tools=tools,
+        documents=None,
+        chat_template=tokenizer.get_chat_template(None, tools),
+        add_generation_prompt=True,
+        **{**tokenizer.special_tokens_map, **template_kwargs},
+    )
+    return rendered[0]
 
 
 def render_prompt_ids(
@@ -59,10 +133,7 @@ def render_prompt_ids(
     without ``encode``, go the long way.
     """
     if _TOKENIZATION_ARGUMENTS.isdisjoint(template_kwargs) and hasattr(tokenizer, "encode"):
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
-        )
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode_text(tokenizer, render_chat_text(tokenizer, messages, tools, template_kwargs))
     ids = tokenizer.apply_chat_template(
         messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **template_kwargs
     )
@@ -103,9 +174,7 @@ def continuation_ids(
     # The reply's content is the marker; the template's own spelling of it (tool-call markup, reasoning fields) is
     # dropped with it, as the sampled ids already hold what the model wrote.
     marked = [*messages[: len(chat) - 1], {"role": "assistant", "content": _MARK}, *messages[len(chat) :]]
-    text = tokenizer.apply_chat_template(
-        marked, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
-    )
+    text = render_chat_text(tokenizer, marked, tools, template_kwargs)
     if text.count(_MARK) != 1:
         return None  # a template that drops or repeats the reply: nothing to continue from
     after = text[text.index(_MARK) + len(_MARK) :]
@@ -114,7 +183,7 @@ def continuation_ids(
         sampled_end = tokenizer.decode(completion[-1:], skip_special_tokens=False)
         if sampled_end and after.startswith(sampled_end):
             after = after[len(sampled_end) :]
-    suffix = tokenizer.encode(after, add_special_tokens=False) if after else []
+    suffix = encode_text(tokenizer, after) if after else []
     return [*previous.prompt_ids, *completion, *suffix]
 
 

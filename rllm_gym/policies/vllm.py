@@ -29,7 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rllm_gym.policies.base import BasePolicy, PolicyError, PolicyRequest, SamplingParams, build_model_output
+from rllm_gym.policies.base import (
+    BasePolicy,
+    PolicyError,
+    PolicyRequest,
+    SamplingParams,
+    build_model_output,
+    on_loop,
+)
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
@@ -155,7 +162,8 @@ class VLLMPolicy(BasePolicy):
             :mod:`rllm_gym.policies.tokens`) or ``"template"`` (the whole chat re-rendered each call).
         **engine_kwargs: more ``vllm.AsyncEngineArgs`` fields, e.g. ``gpu_memory_utilization=0.5``,
             ``max_model_len=4096``, ``tensor_parallel_size=2``. On vLLM's CPU build the defaults of
-            :func:`cpu_engine_defaults` fill in what is not given.
+            :func:`cpu_engine_defaults` fill in what is not given; ``disable_log_stats`` defaults to True, as in
+            ``vllm.LLM`` (``False`` brings back the engine's periodic stats lines and metrics).
 
     The engine is shut down by :meth:`shutdown` or, for a policy still running then, at interpreter exit (before
     the interpreter tears its modules down, which is when vLLM's own ``__del__`` used to print a ``TypeError``).
@@ -201,8 +209,10 @@ class VLLMPolicy(BasePolicy):
             token_history=token_history,
         )
         self.return_logprobs = return_logprobs
+        self.streams_tokens = True
         self._vllm = vllm
         self._final_only = RequestOutputKind.FINAL_ONLY
+        self._cumulative = RequestOutputKind.CUMULATIVE
         self._token_input = token_input_builder(vllm)
         self.lora_request = None
         if lora_path is not None:
@@ -210,6 +220,8 @@ class VLLMPolicy(BasePolicy):
             self.lora_request = LoRARequest("rllm_gym_adapter", 1, str(lora_path))
         if _on_cpu():
             engine_kwargs = cpu_engine_defaults(engine_kwargs, checkpoint_dtype=_checkpoint_dtype(model))
+        # As vllm.LLM does: per-step Prometheus and logging stats cost the engine's loop a twentieth of its time.
+        engine_kwargs.setdefault("disable_log_stats", True)
         args = vllm.AsyncEngineArgs(model=model, tokenizer=str(tokenizer or model), **engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -235,20 +247,31 @@ class VLLMPolicy(BasePolicy):
         prompt_ids = self.prompt_token_ids(request)
         if self._loop.is_closed():
             raise PolicyError("this VLLMPolicy was shut down: build a new one")
+        on_token = request.on_token
+        if on_token is not None:  # called on the engine's loop: hop to the caller's
+            on_token = on_loop(asyncio.get_running_loop(), on_token)
         # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
-        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params, on_token), self._loop)
         return await asyncio.wrap_future(future)
 
-    async def _on_engine(self, prompt_ids: list[int], params: SamplingParams) -> ModelOutput:
+    async def _on_engine(
+        self, prompt_ids: list[int], params: SamplingParams, on_token: Callable[[list[int]], None] | None = None
+    ) -> ModelOutput:
+        # Streamed, each output holds the whole completion so far (CUMULATIVE), so the last one is read as usual.
+        kind = self._final_only if on_token is None else self._cumulative
         vllm_params = self._vllm.SamplingParams(
-            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=self._final_only
+            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=kind
         )
         prompt = self._token_input(prompt_ids)
         final = None
+        sent = 0
         async for output in self.engine.generate(
             prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
         ):
             final = output
+            if on_token is not None and output.outputs and len(output.outputs[0].token_ids) > sent:
+                on_token(list(output.outputs[0].token_ids[sent:]))
+                sent = len(output.outputs[0].token_ids)
         if final is None:
             raise PolicyError("vLLM finished the request without any output")
         return model_output_from_vllm(final)

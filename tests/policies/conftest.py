@@ -53,6 +53,9 @@ class _StandInAsyncLLM:
         except asyncio.CancelledError:
             self.cancelled.append(request_id)
             raise
+        if getattr(params, "output_kind", None) == "cumulative":  # streamed: the completion so far, then the rest
+            partial = SimpleNamespace(text="echo", token_ids=(ids[0],), logprobs=None, finish_reason=None)
+            yield SimpleNamespace(request_id=request_id, prompt_token_ids=ids, outputs=[partial])
         completion = SimpleNamespace(text=f"echo {ids[0]}", token_ids=(ids[0], 2), logprobs=None, finish_reason="stop")
         yield SimpleNamespace(request_id=request_id, prompt_token_ids=ids, outputs=[completion])
 
@@ -68,7 +71,9 @@ def standin_vllm(monkeypatch):
     modules["vllm"].SamplingParams = lambda **kwargs: SimpleNamespace(**kwargs)
     modules["vllm"].TokensPrompt = lambda prompt_token_ids: SimpleNamespace(prompt_token_ids=prompt_token_ids)
     modules["vllm.lora.request"].LoRARequest = lambda *args: args
-    modules["vllm.sampling_params"].RequestOutputKind = SimpleNamespace(FINAL_ONLY="final_only")
+    modules["vllm.sampling_params"].RequestOutputKind = SimpleNamespace(
+        FINAL_ONLY="final_only", CUMULATIVE="cumulative"
+    )
     modules["vllm.v1.engine.async_llm"].AsyncLLM = _StandInAsyncLLM
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)

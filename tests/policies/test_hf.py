@@ -241,3 +241,40 @@ async def test_generate_on_loop_runs_the_batch_on_the_loops_thread_with_the_same
     assert [o.completion_ids for o in outputs[True]] == [o.completion_ids for o in outputs[False]]
     with pytest.raises(ValueError, match=r"HFPolicy\(generate_on_loop=...\) must be True or False, got 'yes'"):
         HFPolicy(tiny_model_dir, generate_on_loop="yes")
+
+
+async def test_on_token_streams_each_rows_ids_and_changes_no_output(tiny_model_dir):
+    import threading
+
+    for on_loop in (False, True):
+        policy = HFPolicy(tiny_model_dir, generate_on_loop=on_loop)
+        chats = [[{"role": "user", "content": text}] for text in ("move left", "go up now")]
+        params = SamplingParams(temperature=1.0, max_tokens=10, seed=7)
+        pieces: list[list[int]] = [[], []]
+        threads = set()
+
+        def collect(row, pieces=pieces, threads=threads):
+            return lambda ids: (pieces[row].extend(ids), threads.add(threading.get_ident()))
+
+        streamed = await asyncio.gather(
+            *(policy.generate(c, params, on_token=collect(i)) for i, c in enumerate(chats))
+        )
+        plain = await asyncio.gather(*(policy.generate(c, params) for c in chats))
+        assert policy.streams_tokens and policy.batch_sizes == [2, 2]  # streamed rows batch like any others
+        assert pieces == [out.completion_ids for out in streamed]  # up to each row's end, nothing after
+        assert [o.completion_ids for o in streamed] == [o.completion_ids for o in plain]
+        assert threads == {threading.get_ident()}  # on the caller's loop, whichever thread generated
+
+
+async def test_a_batching_backend_whose_batches_take_no_callbacks_ignores_on_token(tiny_model_dir):
+    from rllm_gym.policies.base import build_model_output
+    from rllm_gym.policies.hf import BatchingPolicy
+
+    class Whole(BatchingPolicy):  # as the trainer's colocated vLLM: whole replies only
+        def _generate_batch(self, prompts, params):
+            return [build_model_output("ok", prompt_ids=p, completion_ids=[1, 2]) for p in prompts]
+
+    policy = Whole(HFPolicy(tiny_model_dir).tokenizer, {}, max_batch_size=4, batch_wait_s=0.001)
+    seen = []
+    out = await policy.generate(prompt_ids=[3, 4], on_token=seen.append)
+    assert not policy.streams_tokens and out.completion_ids == [1, 2] and seen == []

@@ -341,3 +341,58 @@ async def test_a_policy_renders_a_groups_first_prompt_once(tiny_model_dir, monke
     assert len(rendered) == 1
     assert all(o.prompt_ids == render(policy.tokenizer, chat, None, {}) for o in outputs)
     await policy.aclose()
+
+
+def test_encode_text_gives_the_ids_of_transformers_encode_and_its_settings_win(tokenizers):
+    from rllm_gym.policies.tokens import encode_text
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizers["embedded"].name_or_path)  # its own: settings change below
+    texts = ["", "left le ft", "<|im_end|>\n<|im_start|>user\nnaïve 東京 <think>x</think><|im_end|>", " " * 5 + "\n\t"]
+    for text in texts:
+        assert encode_text(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False)
+    # Settings transformers applies before encoding are honoured: special-token text split as text ...
+    tokenizer.split_special_tokens = True
+    assert encode_text(tokenizer, texts[2]) == tokenizer.encode(texts[2], add_special_tokens=False)
+    assert len(encode_text(tokenizer, "<|im_end|>")) > 1
+    tokenizer.split_special_tokens = False
+    # ... and truncation left on the Rust tokenizer (by some other call) does not cut the prompt.
+    tokenizer.backend_tokenizer.enable_truncation(max_length=2)
+    assert encode_text(tokenizer, "one two three four") == tokenizer.encode(
+        "one two three four", add_special_tokens=False
+    )
+    assert len(encode_text(tokenizer, "one two three four")) > 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_render_chat_text_is_apply_chat_templates_text_and_takes_the_fast_path_on_the_pinned_transformers(
+    tokenizers, family
+):
+    import transformers
+    from packaging.specifiers import SpecifierSet
+
+    from rllm_gym.policies import tokens
+
+    # The installed transformers is inside the range the fast path was read against: if this fails after an upgrade,
+    # read its apply_chat_template again and move FAST_RENDER_TRANSFORMERS (the slow path stays correct meanwhile).
+    assert transformers.__version__ in SpecifierSet(",".join(tokens.FAST_RENDER_TRANSFORMERS))
+    assert tokens._jinja_renderer() is not None
+    tokenizer = tokenizers[family]
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    chats = [
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "<think>hm</think>left"},
+            {"role": "tool", "content": "4"},
+            {"role": "user", "content": "say <|im_end|> as text"},
+        ],
+        [{"role": "user", "content": "hi", "weight": 1}],  # not strings only: the long way
+    ]
+    for chat in chats:
+        for kwargs in ({}, {"enable_thinking": False}):
+            for chat_tools in (None, tools):
+                expected = tokenizer.apply_chat_template(
+                    chat, tools=chat_tools, add_generation_prompt=True, tokenize=False, **kwargs
+                )
+                assert tokens.render_chat_text(tokenizer, chat, chat_tools, kwargs) == expected

@@ -107,6 +107,30 @@ def test_one_policy_serves_many_event_loops_and_threads(standin_vllm, tiny_model
         asyncio.run(_ask(policy, [1]))
 
 
+def test_on_token_gets_the_completion_in_pieces_on_the_callers_loop(standin_vllm, tiny_model_dir):
+    policy = VLLMPolicy(str(tiny_model_dir))
+
+    async def streamed() -> tuple:
+        loop, pieces = asyncio.get_running_loop(), []
+
+        def on_token(ids):
+            assert asyncio.get_running_loop() is loop  # relayed from the engine's loop to the caller's
+            pieces.append(ids)
+
+        out = await policy.generate(prompt_ids=[7, 1], on_token=on_token)
+        plain = await policy.generate(prompt_ids=[7, 1])
+        return pieces, out, plain
+
+    try:
+        assert policy.streams_tokens
+        pieces, out, plain = asyncio.run(streamed())
+    finally:
+        policy.shutdown()
+    assert pieces == [[7], [2]] and [t for piece in pieces for t in piece] == out.completion_ids
+    assert out == plain  # streamed or not, the same ModelOutput
+    assert policy.engine.args.disable_log_stats is True  # vllm.LLM's default, not AsyncEngineArgs'
+
+
 def test_cancelling_a_request_aborts_it_on_the_engine(standin_vllm, tiny_model_dir):
     policy = VLLMPolicy(str(tiny_model_dir))
 

@@ -108,6 +108,42 @@ def test_stop_strings_cut_the_reply(policy):
     assert len(cut.completion_ids) < len(full.completion_ids) and len(cut.logprobs) == len(cut.completion_ids)
 
 
+def test_a_streamed_request_hands_over_its_tokens_as_they_come_and_samples_the_same(policy):
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=4)
+    pieces = []
+
+    async def run():
+        streamed = await policy.generate(CHATS[1], params, on_token=pieces.append)
+        return streamed, await policy.generate(CHATS[1], params)
+
+    streamed, plain = asyncio.run(run())
+    assert policy.streams_tokens and len(pieces) > 1  # one engine step at a time, not the whole reply at the end
+    assert [t for piece in pieces for t in piece] == streamed.completion_ids == plain.completion_ids
+    assert streamed.logprobs == plain.logprobs and streamed.text == plain.text
+    assert policy.engine.log_stats is False  # vllm.LLM's default: no per-step stats on the engine's loop
+
+
+def test_the_gateway_streams_a_vllm_reply_token_by_token(policy):
+    import openai
+
+    from rllm_gym.gateway import Gateway
+
+    async def run():
+        async with Gateway(policy) as gateway:
+            session = gateway.open_session()
+            client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.id, max_retries=0)
+            stream = await client.chat.completions.create(
+                model="p", messages=CHATS[1], max_tokens=24, temperature=1.0, seed=2, stream=True
+            )
+            chunks = [chunk async for chunk in stream]
+            return chunks, gateway.close_session(session.id).steps
+
+    chunks, (step,) = asyncio.run(run())
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(deltas) == step.model_output.content and len(step.response_ids) >= 1
+    assert len(deltas) > 1 or len(step.model_output.content.split()) <= 1
+
+
 def test_several_event_loops_and_threads_share_the_engine(policy):
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     first = [o.completion_ids for o in _generate_all(policy, CHATS, greedy)]
