@@ -245,6 +245,37 @@ def vllm_rows(r: dict[str, Any], command: str) -> list[Row]:
     ]
 
 
+def _reward(figure: dict[str, Any]) -> str:
+    """A run's mean training reward, where its workload records one."""
+    return f", reward {figure['mean_reward']:.3f}" if "mean_reward" in figure else ""
+
+
+def async_rows(r: dict[str, Any], command: str) -> list[Row]:
+    alone = r.get("separate_run")  # merged in from a run of bench_async.py alone, until run_all runs it
+    if alone:
+        command += f"; measured outside run_all on {alone['date']}, load average up to {alone['load_average']:.1f}"
+    main = f"the main job (`demo_cpu.yaml`) bounded to {r['main_steps']} steps"
+    code = f"Code-v0, every reply run by the sandbox, {r['latency_steps']} steps, tiny model"
+    # workload -> (what it is, what its reward figure is, the issue's goal for K >= 1 against K = 0)
+    what = {"main_job": (main, "mean reward over the steps", 1.3), "latency_bound": (code, None, 1.5)}
+    rows: list[Row] = []
+    for name, figures in r["workloads"].items():
+        workload, reward_label, goal = what[name]
+        base = figures["k0"]
+        others = {key: figure for key, figure in figures.items() if key != "k0"}
+        rows.append(
+            (
+                f"asynchronous GRPO, {workload}: max_staleness K vs the synchronous trainer (K=0), same seed, one "
+                f"after the other, first {r['skip']} steps untimed{f'; {reward_label}' if reward_label else ''} "
+                f"(`{command}`)",
+                "; ".join(f"K={key[1:]} {f['steps_per_s']:.3f} steps/s{_reward(f)}" for key, f in others.items()),
+                f"K=0, {base['steps_per_s']:.3f} steps/s{_reward(base)}",
+                ", ".join(f"K={key[1:]} {f['vs_k0']:.2f}x" for key, f in others.items()) + f" (goal {goal}x)",
+            )
+        )
+    return rows
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_envs": envs_rows,
     "bench_math_reward": math_rows,
@@ -254,6 +285,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_interop": interop_rows,
     "bench_policies": policies_rows,
     "bench_gateway": gateway_rows,
+    "bench_async": async_rows,
     "bench_grpo": grpo_rows,
     "bench_vllm": vllm_rows,
 }

@@ -225,6 +225,27 @@ def fabricated() -> dict:
                     "ratio": 1.2,
                 },
             },
+            "bench_async": {
+                "command": "bench_async.py --quick",
+                "wall_s": 300.0,
+                "results": {
+                    "main_steps": 10,
+                    "latency_steps": 8,
+                    "skip": 2,
+                    "workloads": {
+                        "main_job": {
+                            "k0": {"steps_per_s": 1.0, "vs_k0": 1.0, "mean_reward": 0.25},
+                            "k1": {"steps_per_s": 1.5, "vs_k0": 1.5, "mean_reward": 0.2},
+                            "k2": {"steps_per_s": 2.0, "vs_k0": 2.0, "mean_reward": 0.125},
+                        },
+                        "latency_bound": {
+                            "k0": {"steps_per_s": 0.5, "vs_k0": 1.0},
+                            "k1": {"steps_per_s": 0.75, "vs_k0": 1.5},
+                            "k2": {"steps_per_s": 1.0, "vs_k0": 2.0},
+                        },
+                    },
+                },
+            },
         },
     }
 
@@ -292,6 +313,13 @@ def test_render_names_script_ours_baseline_and_ratio_in_each_row():
         "| agent programs through the gateway, 64 sessions in flight x 2 turns, 16 tokens a reply, tiny model, CPU: "
         "the `openai` client (TLS context built once), and plain aiohttp (`bench_gateway.py --quick`) | 1.50 s "
         "(aiohttp 1.20 s) | the same HFPolicy called directly, 1.00 s | 1.50x the time (aiohttp 1.20x; goal 1.1x) |",
+        "| asynchronous GRPO, the main job (`demo_cpu.yaml`) bounded to 10 steps: max_staleness K vs the synchronous "
+        "trainer (K=0), same seed, one after the other, first 2 steps untimed; mean reward over the steps "
+        "(`bench_async.py --quick`) | K=1 1.500 steps/s, reward 0.200; K=2 2.000 steps/s, reward 0.125 | K=0, 1.000 "
+        "steps/s, reward 0.250 | K=1 1.50x, K=2 2.00x (goal 1.3x) |",
+        "| asynchronous GRPO, Code-v0, every reply run by the sandbox, 8 steps, tiny model: max_staleness K vs the "
+        "synchronous trainer (K=0), same seed, one after the other, first 2 steps untimed (`bench_async.py --quick`) "
+        "| K=1 0.750 steps/s; K=2 1.000 steps/s | K=0, 0.500 steps/s | K=1 1.50x, K=2 2.00x (goal 1.5x) |",
         "| GRPO step, single-turn Math-v0, 4 prompts x 4 generations, 16 tokens, tiny model, CPU "
         "(`bench_grpo.py --quick --rounds 2`) | 0.300 s (median of 24) | TRL's plain GRPOTrainer, 0.250 s "
         "| 1.20x the time |",
@@ -307,7 +335,7 @@ def test_render_flags_differing_verdicts_and_skips_absent_code_run():
     del results["benchmarks"]["bench_engine"]["results"]["code"]
     table = run_all.render(results)
     assert "8.0x the throughput, verdicts DIFFER (3+) |" in table
-    assert "Code-v0" not in table and "Tool-v0 episodes in flight" in table
+    assert "Code-v0 episodes in flight" not in table and "Tool-v0 episodes in flight" in table
 
 
 def test_render_names_missing_benchmarks():
@@ -502,3 +530,27 @@ def test_the_gateway_rows_keep_the_short_reply_figure_and_add_the_long_one_besid
         "the same HFPolicy called directly, 4.00 s",
         "1.05x the time (goal 1.1x)",
     )
+
+
+def test_a_benchmark_that_needs_longer_gets_its_own_limit(monkeypatch):
+    limits = []
+
+    def run(script, args, timeout_s, python):
+        limits.append(timeout_s)
+        return {}, ""
+
+    monkeypatch.setattr(run_all, "run_benchmark", run)
+    benchmarks = (run_all.Benchmark("fast", ()), run_all.Benchmark("slow", (), min_timeout_s=1200.0))
+    run_all.run_all(benchmarks, timeout_s=600.0)
+    assert limits == [600.0, 1200.0]
+    assert [bench.min_timeout_s for bench in run_all.BENCHMARKS if bench.min_timeout_s] == [1200.0]  # bench_async
+
+
+def test_async_rows_say_when_they_were_measured_outside_run_all():
+    results = fabricated()
+    async_results = results["benchmarks"]["bench_async"]["results"]
+    async_results["separate_run"] = {"date": "2030-01-03", "load_average": 7.25}
+    rows = [row for row in run_all.render(results).splitlines() if "asynchronous GRPO" in row]
+    assert len(rows) == 2
+    assert all("(`bench_async.py --quick; measured outside run_all on 2030-01-03, load average up to 7.2`)" in row
+               for row in rows)  # fmt: skip

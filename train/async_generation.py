@@ -199,6 +199,11 @@ class AsyncGenerator:
             daemon=True,
         )  # fmt: skip
         self.process.start()
+        # The worker's threads come out of this process's: torch's CPU threads spin while they wait for work, and a
+        # trainer that kept all of them beside a busy worker ran each step 5-10x slower on 2 cores
+        # (benchmarks/bench_async.py). Restored by close().
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
 
     @property
     def version(self) -> int:
@@ -270,6 +275,7 @@ class AsyncGenerator:
             channel.close()
             channel.cancel_join_thread()
         self._pending.clear()
+        torch.set_num_threads(self._threads)
 
 
 class LookAhead:

@@ -51,8 +51,11 @@ def test_the_worker_stamps_each_step_with_the_published_version_ignores_ctrl_c_a
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     prompts = [encode_prompt(LAKE, seed) for seed in (0, 0, 1, 1)]
+    threads = torch.get_num_threads()
     generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), version=3, timeout_s=300)
     try:
+        # The worker's thread comes out of the trainer's (spinning torch threads on shared cores), until close().
+        assert torch.get_num_threads() == max(1, min(threads, (os.cpu_count() or 1) - 1))
         generator.submit(prompts)
         first = generator.result(prompts)
         steps = [step for episode in first.episodes for step in episode.trajectories[0].steps]
@@ -78,6 +81,7 @@ def test_the_worker_stamps_each_step_with_the_published_version_ignores_ctrl_c_a
             generator.result(prompts)
     finally:
         generator.close()
+    assert torch.get_num_threads() == threads
     assert not generator.process.is_alive() and generator.process.exitcode == 0
 
 

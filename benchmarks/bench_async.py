@@ -1,19 +1,21 @@
 """Steps per second of the trainer with ``max_staleness`` K = 0, 1 and 2, side by side in one run (issue 46).
 
-Two workloads, each trained for ``--steps`` optimizer steps per K from the same weights and seed, one K after the
-other in this process (the figures share the machine's load of the moment: on a shared machine, say so with them):
+Two workloads, each trained for a bounded number of optimizer steps per K from the same weights and seed, one K after
+the other in this process (the figures share the machine's load of the moment: on a shared machine, say so with them):
 
-- ``main_job``: the README's main job (``train/configs/demo_cpu.yaml``) with its warm start, bounded to ``--steps``
-  steps, without evaluations (``python -m rllm_gym.train.grpo`` in-process through ``grpo.main``), timed from its
-  ``metrics.jsonl`` (``elapsed_s`` at each logged step);
-- ``latency_bound``: the same lakes with the embedded model, each env step taking ``--env-latency`` seconds more
-  (``bench/SlowLake-v0``, registered here: a stand-in for a sandboxed test run or a tool call, whose latency the
-  untrained model would not trigger in Code-v0 or Tool-v0, as it writes no code block and calls no tool).
+- ``main_job``: the README's main job (``train/configs/demo_cpu.yaml``) with its warm start, bounded to
+  ``--main-steps`` steps, without evaluations (``grpo.main`` in-process), timed from its ``metrics.jsonl``
+  (``elapsed_s`` at each logged step); its mean training reward over those steps is the learning per sample (every K
+  trains the same number of episodes);
+- ``latency_bound``: ``rllm/Code-v0`` with the embedded model for ``--latency-steps`` steps, every reply graded by the
+  sandbox (:class:`FencedCodeAgent` sends the reply as a fenced Python block: the untrained model writes none, and
+  Code-v0 would grade it without running anything), so each episode waits on a sandboxed test run.
 
 The first ``--skip`` steps of each run are left out (the worker process starts then). Prints a table of steps per
 second and the ratio to K = 0, and writes ``benchmarks/results/async.json`` (with the machine and CPU count).
 
-    python benchmarks/async_grpo.py --steps 12              # about 20 minutes on 2 idle cores
+    python benchmarks/bench_async.py --quick        # what run_all.py runs: 10 + 8 steps per K
+    python benchmarks/bench_async.py                # 24 + 16 steps per K
 """
 
 from __future__ import annotations
@@ -25,36 +27,27 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experi
 import argparse
 import json
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
-
-from rllm_gym.envs.frozenlake import FrozenLakeEnv
+from rllm_gym.agents.code import CodeAgent
+from rllm_gym.types import ModelOutput
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "async.json"
-SLOW_ENV = "bench/SlowLake-v0"
-ENV_LATENCY_S = 0.05
+CODE_ENV = "rllm/Code-v0"
 
 
-class SlowLake(FrozenLakeEnv):
-    """FrozenLake whose every step takes ``latency_s`` more, as an env that runs tests or tools would."""
+class FencedCodeAgent(CodeAgent):
+    """Code-v0's agent that sends every reply as a fenced Python block, so that the sandbox runs each one (the
+    untrained model writes no fence: Code-v0 would grade its replies 0 without running anything)."""
 
-    def __init__(self, latency_s: float = ENV_LATENCY_S, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.latency_s = latency_s
-
-    def step(self, action: str):
-        time.sleep(self.latency_s)
-        return super().step(action)
-
-
-# At import, not under __main__: the generation worker (spawned) imports this script again and must know the id.
-gym.register(id=SLOW_ENV, entry_point=SlowLake)
+    def parse_action(self, output: ModelOutput) -> str:
+        return f"```python\n{super().parse_action(output)}\n```"
 
 
 def steps_per_second(elapsed: list[float], skip: int) -> float:
@@ -65,8 +58,9 @@ def steps_per_second(elapsed: list[float], skip: int) -> float:
     return (len(timed) - 1) / (timed[-1] - timed[0])
 
 
-def main_job(k: int, steps: int, seed: int, folder: Path) -> list[float]:
-    """The main job bounded to ``steps`` steps with ``max_staleness`` ``k``: the elapsed seconds at each step."""
+def main_job(k: int, steps: int, seed: int, folder: Path) -> dict[str, list[float]]:
+    """The main job bounded to ``steps`` steps with ``max_staleness`` ``k``: the elapsed seconds and the mean reward
+    at each step."""
     from rllm_gym.train.grpo import main
 
     output = folder / f"main_job_k{k}"
@@ -76,11 +70,13 @@ def main_job(k: int, steps: int, seed: int, folder: Path) -> list[float]:
         "--seed", str(seed), "--max_staleness", str(k), "--progress", "false",
     ])  # fmt: skip
     lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line["elapsed_s"] for line in lines if line.get("step", 0) >= 1 and "loss" in line]
+    logged = [line for line in lines if line.get("step", 0) >= 1 and "loss" in line]
+    return {"elapsed_s": [line["elapsed_s"] for line in logged], "reward": [line["reward"] for line in logged]}
 
 
-def latency_bound(k: int, steps: int, seed: int, folder: Path, latency_s: float) -> list[float]:
-    """``steps`` steps on :class:`SlowLake` with the embedded model: the seconds at the end of each step."""
+def latency_bound(k: int, steps: int, seed: int, folder: Path) -> dict[str, list[float]]:
+    """``steps`` steps on Code-v0 with the embedded model, each reply run by the sandbox: the seconds at the end of
+    each step."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -100,14 +96,15 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path, latency_s: float)
     model_dir = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = [{"prompt": encode_prompt(SLOW_ENV, seed * 1000 + index)} for index in range(8 * steps)]
+    rows = [{"prompt": encode_prompt(CODE_ENV, seed * 1000 + index)} for index in range(8 * steps)]
     args = GRPOConfig(
-        output_dir=str(folder / f"latency_k{k}"), max_completion_length=4, learning_rate=1e-3, beta=0.0,
+        output_dir=str(folder / f"latency_k{k}"), max_completion_length=16, learning_rate=1e-3, beta=0.0,
         report_to=[], use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, logging_steps=1,
         per_device_train_batch_size=32, num_generations=4, max_steps=steps, seed=seed,
     )  # fmt: skip
-    setup = EnvSetup(SLOW_ENV, agent="rllm_gym.agents.frozenlake:FrozenLakeAgent", env_args={"latency_s": latency_s})
-    rollout = EpisodeRollout([setup], max_turns=4, stop_on_truncation=False)
+    # The worker (spawned) imports this module by its name to build the agent: benchmarks/ is on its sys.path.
+    setup = EnvSetup(CODE_ENV, agent=f"{Path(__file__).stem}:FencedCodeAgent", agent_args={"system_prompt": ""})
+    rollout = EpisodeRollout([setup], max_turns=1, stop_on_truncation=False)
     clock = Clock()
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=rollout,
@@ -115,55 +112,65 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path, latency_s: float)
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
-    trainer.train()
-    rollout.close()
-    return [end - start for end in clock.ends]
+    try:
+        trainer.train()
+    finally:
+        rollout.close()
+    return {"elapsed_s": [end - start for end in clock.ends]}
 
 
 def run(arguments: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
-        "steps": arguments.steps, "skip": arguments.skip, "seed": arguments.seed,
-        "env_latency_s": arguments.env_latency, "machine": platform.platform(), "cpus": os.cpu_count(),
-        "workloads": {},
+        "main_steps": arguments.main_steps, "latency_steps": arguments.latency_steps, "skip": arguments.skip,
+        "seed": arguments.seed, "machine": platform.platform(), "cpus": os.cpu_count(),
+        "load_average_start": round(os.getloadavg()[0], 2), "workloads": {},
     }  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench_async_") as folder:
         workloads = {
-            "main_job": lambda k: main_job(k, arguments.steps, arguments.seed, Path(folder)),
-            "latency_bound": lambda k: latency_bound(
-                k, arguments.steps, arguments.seed, Path(folder), arguments.env_latency
-            ),
+            "main_job": lambda k: main_job(k, arguments.main_steps, arguments.seed, Path(folder)),
+            "latency_bound": lambda k: latency_bound(k, arguments.latency_steps, arguments.seed, Path(folder)),
         }
         for name in arguments.workloads:
             figures = {}
             for k in arguments.k:
-                elapsed = workloads[name](k)
-                figures[f"k{k}"] = {"steps_per_s": steps_per_second(elapsed, arguments.skip), "elapsed_s": elapsed}
+                measured = workloads[name](k)
+                figure = {"steps_per_s": steps_per_second(measured["elapsed_s"], arguments.skip), **measured}
+                if "reward" in measured:  # every K trains as many episodes: the reward at equal samples
+                    figure["mean_reward"] = statistics.fmean(measured["reward"])
+                figures[f"k{k}"] = figure
             base = figures.get("k0", {}).get("steps_per_s")
             for figure in figures.values():
                 figure["vs_k0"] = figure["steps_per_s"] / base if base else None
             results["workloads"][name] = figures
+    results["load_average_end"] = round(os.getloadavg()[0], 2)
     return results
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = [f"{'workload':<15} {'K':>2} {'steps/s':>9} {'vs K=0':>7}"]
+    lines = [f"{'workload':<15} {'K':>2} {'steps/s':>9} {'vs K=0':>7} {'reward':>7}"]
     for name, figures in results["workloads"].items():
         for key, figure in figures.items():
             ratio = f"{figure['vs_k0']:.2f}x" if figure["vs_k0"] else "-"
-            lines.append(f"{name:<15} {key[1:]:>2} {figure['steps_per_s']:>9.3f} {ratio:>7}")
+            reward = f"{figure['mean_reward']:.3f}" if "mean_reward" in figure else "-"
+            lines.append(f"{name:<15} {key[1:]:>2} {figure['steps_per_s']:>9.3f} {ratio:>7} {reward:>7}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run")
+    parser.add_argument("--quick", action="store_true", help="10 main-job and 8 latency-bound steps per K")
+    parser.add_argument("--main-steps", type=int, help="optimizer steps of each main-job run (default 24, quick 10)")
+    parser.add_argument("--latency-steps", type=int, help="optimizer steps of each Code-v0 run (default 16, quick 8)")
     parser.add_argument("--skip", type=int, default=2, help="first steps left out of the timing")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values (0 first)")
-    parser.add_argument("--env-latency", type=float, default=ENV_LATENCY_S, help="seconds added to each env step")
     parser.add_argument("--workloads", nargs="+", default=["main_job", "latency_bound"])
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     arguments = parser.parse_args(argv)
+    if arguments.main_steps is None:
+        arguments.main_steps = 10 if arguments.quick else 24
+    if arguments.latency_steps is None:
+        arguments.latency_steps = 8 if arguments.quick else 16
     results = run(arguments)
     print(table(results))
     arguments.json.parent.mkdir(parents=True, exist_ok=True)
