@@ -18,6 +18,7 @@ train/off_policy.py's importance weights.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 from typing import Any
@@ -199,7 +200,6 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
         refused = {
             "use_vllm": self.use_vllm,
-            "several processes": self.accelerator.num_processes > 1,
             "DeepSpeed": self.is_deepspeed_enabled,
             "a policy_factory": rollout.policy_factory is not None,
             "an agent_program": rollout.agent_program is not None,
@@ -223,10 +223,12 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """Start the generation worker with the weights of now, as version ``global_step``, and the look-ahead that
         feeds it the coming steps' prompts."""
         self.close_generator()
-        threads = max(1, (os.cpu_count() or 2) // 2)
+        # Each training process starts its own worker (train/async_generation.py): half the cores are theirs.
+        threads = max(1, (os.cpu_count() or 2) // (2 * self.accelerator.num_processes))
         settings = WorkerSettings(
             self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
+            self.accelerator.process_index,
         )  # fmt: skip
         model = self.accelerator.unwrap_model(self.model)
         self.generator = AsyncGenerator(
@@ -270,6 +272,8 @@ class RLLMGRPOTrainer(GRPOAdapter):
             batch = self.generator.result(prompts)
             rollout = batch.padded(self._row_count(len(batch.sequences)))
             staleness = Staleness(self.state.global_step, self.max_staleness)
+            restarts = {"async/restarts": float(self.generator.restarts)}  # workers started again after a crash
+            rollout = dataclasses.replace(rollout, metrics={**rollout.metrics, **restarts})
         else:
             rollout = self.collect(prompts)
         local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
