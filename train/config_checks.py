@@ -217,10 +217,14 @@ def async_problems(config: Any) -> list[str]:
     refusal = f"max_staleness: {config.max_staleness} (asynchronous generation) is not supported"
     if config.use_vllm:
         problems.append(f"{refusal} with use_vllm yet (its generator is a CPU worker process): set max_staleness: 0")
-    if config.agent_program is not None:
-        problems.append(f"{refusal} with agent_program yet (programs run through the trainer's gateway)")
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or config.trl_args.get("deepspeed"):
-        problems.append(f"{refusal} under DeepSpeed yet (ZeRO-2/3 shard the weights the worker copies)")
+    zero3 = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and (
+        os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    if zero3 or config.trl_args.get("deepspeed"):
+        problems.append(
+            f"{refusal} under DeepSpeed ZeRO-3 or a trl_args deepspeed config yet (the worker copies whole weights, "
+            "which ZeRO-3 shards): use accelerate's zero2 config, or max_staleness: 0"
+        )
     trl_args = config.trl_args
     if trl_args.get("num_iterations", 1) != 1:
         problems.append(f"{refusal} with num_iterations > 1 (each batch would train at several versions)")

@@ -200,9 +200,8 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
         refused = {
             "use_vllm": self.use_vllm,
-            "DeepSpeed": self.is_deepspeed_enabled,
+            "DeepSpeed ZeRO-3": self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
             "a policy_factory": rollout.policy_factory is not None,
-            "an agent_program": rollout.agent_program is not None,
             "num_iterations > 1": self.num_iterations != 1,
             "steps_per_generation != gradient_accumulation_steps": (
                 self.args.steps_per_generation != self.args.gradient_accumulation_steps

@@ -309,6 +309,7 @@ def test_after_a_publish_the_worker_samples_from_the_trainers_policy(tiny_model_
         generator.close()
 
 
+@pytest.mark.slow  # ~30 s on 2 cores
 def test_a_multi_agent_run_trains_every_role_from_the_workers_shared_episodes(tmp_path):
     from rllm_gym.train.grpo import main
     from tests.conftest import REPO
@@ -329,3 +330,24 @@ def test_a_multi_agent_run_trains_every_role_from_the_workers_shared_episodes(tm
     # A task's 3 slots (2 solvers, the judge) x 2 generations: 6 rows a step, trained from the same 2 episodes.
     assert all(record["trajectories/total"] == 6 for record in records)
     assert summary["termination_reasons"] == {"env_done": 4}
+
+
+@pytest.mark.slow  # ~60 s on 2 cores
+def test_an_agent_program_runs_through_a_gateway_in_the_worker(tmp_path):
+    from rllm_gym.train.grpo import main
+    from tests.conftest import REPO
+
+    output_dir = tmp_path / "run"
+    program = "rllm_gym.agents.openai_calculator"
+    summary = main(
+        [
+            "--config", str(REPO / "train/configs/test_tiny.yaml"), "--output_dir", str(output_dir),
+            "--tasks", "seeds:8", "--agent_program", f"{program}:solve", "--reward_fn", f"{program}:reward",
+            "--max_steps", "2", "--max_staleness", "1",
+        ]
+    )  # fmt: skip
+    assert summary["termination_reasons"] == {"env_done": 2 * 2 * 2} and not summary["errors"]
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    # The program's calls through the worker's gateway carry the version that answered them.
+    assert [record["async/staleness_max"] for record in records] == [0, 1]
+    assert all(record["rollout/turns"] >= 1 and record["async/restarts"] == 0 for record in records)

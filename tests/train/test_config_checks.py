@@ -20,7 +20,6 @@ REFUSED = "max_staleness: 1 (asynchronous generation) is not supported"
         ({"async_is_level": "row"}, "async_is_level must be 'token' or 'sequence', got 'row'"),
         ({"async_is_mode": "clip"}, "async_is_mode must be 'truncate', 'mask' or 'off', got 'clip'"),
         ({"max_staleness": 1, "use_vllm": True}, f"{REFUSED} with use_vllm yet"),
-        ({"max_staleness": 1, "agent_program": "json:dumps"}, f"{REFUSED} with agent_program yet"),
         ({"max_staleness": 1, "trl_args": {"num_iterations": 2}}, f"{REFUSED} with num_iterations > 1"),
         ({"max_staleness": 1, "trl_args": {"steps_per_generation": 2}}, f"{REFUSED} with steps_per_generation"),
         ({"max_staleness": 1, "loss_type": "vespo"}, f"{REFUSED} with loss_type vespo"),
@@ -31,11 +30,14 @@ def test_bad_async_settings_and_refused_combinations_are_named(kwargs, message):
         TrainConfig(**kwargs)
 
 
-def test_deepspeed_is_refused_from_the_launchers_environment_and_several_processes_are_not(monkeypatch):
+def test_zero3_is_refused_from_the_launchers_environment_and_several_processes_and_zero2_are_not(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert TrainConfig(max_staleness=2, env=["rllm/SolverJudge-v0"]).max_staleness == 2  # a worker per process
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ValueError, match=re.escape(f"{REFUSED.replace('1', '2')} under DeepSpeed yet")):
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")
+    assert TrainConfig(max_staleness=2).max_staleness == 2
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(ValueError, match=re.escape(f"{REFUSED.replace('1', '2')} under DeepSpeed ZeRO-3")):
         TrainConfig(max_staleness=2)
     assert TrainConfig(max_staleness=0).max_staleness == 0  # the synchronous trainer runs everywhere
 

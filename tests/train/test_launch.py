@@ -210,9 +210,12 @@ def test_deepspeeds_accelerator_notice_is_dropped_before_it_loads(run_python):
 
 
 @pytest.mark.slow
-def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(tmp_path):
+@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml"])
+def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(config_file, tmp_path):
+    if config_file.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
     output_dir = tmp_path / "run"
-    launch("cpu_2.yaml", output_dir, 600, "--max_staleness", "1", "--max_steps", "2", "--save_steps", "2")
+    launch(config_file, output_dir, 600, "--max_staleness", "1", "--max_steps", "2", "--save_steps", "2")
     history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in history] == [1, 2]
     # Step 2 was sampled by each process's worker while step 1 trained, with the weights before its update.
@@ -222,3 +225,4 @@ def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(tmp_p
     assert all(record["trajectories/total"] == per_step for record in history)  # both processes' shares gathered
     checkpoint = output_dir / "checkpoint-2"
     assert sorted(path.name for path in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert (checkpoint / "global_step2").is_dir() == config_file.startswith("zero")  # DeepSpeed's own checkpoint
