@@ -17,9 +17,10 @@ once the trainer starts it, so its first steps are generated then (their stalene
 regenerates what was in flight: nothing of it is in a checkpoint, and the look-ahead draws the resumed epoch's
 batches again.
 
-Several training processes (``accelerate launch``) each start a worker of their own, for their own share
-of the step's prompts (as each generates its own share synchronously), holding their own copy of the weights: every
-rank holds the same weights after a step, and nothing of the episodes crosses processes but what the trainer gathers.
+Several training processes (``accelerate launch``, DeepSpeed) each start a worker of their own, for their own share
+of the step's prompts (as each generates its own share synchronously), holding their own whole copy of the weights
+(under ZeRO-3 the trainer gathers the shards for each publish: ``RLLMGRPOTrainer.whole_weights``): every rank holds
+the same weights after a step, and nothing of the episodes crosses processes but what the trainer gathers.
 
 Every wait has a bound: the trainer polls the worker's results and its liveness each second. A worker that crashed
 (killed, out of memory: no traceback) is restarted once with the same shared weights, a fresh lock and queues, and the

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from typing import Any
 
 from rllm_gym.engine.arguments import check_arguments
@@ -217,14 +216,6 @@ def async_problems(config: Any) -> list[str]:
     refusal = f"max_staleness: {config.max_staleness} (asynchronous generation) is not supported"
     if config.use_vllm:
         problems.append(f"{refusal} with use_vllm yet (its generator is a CPU worker process): set max_staleness: 0")
-    zero3 = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and (
-        os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
-    )
-    if zero3 or config.trl_args.get("deepspeed"):
-        problems.append(
-            f"{refusal} under DeepSpeed ZeRO-3 or a trl_args deepspeed config yet (the worker copies whole weights, "
-            "which ZeRO-3 shards): use accelerate's zero2 config, or max_staleness: 0"
-        )
     trl_args = config.trl_args
     if trl_args.get("num_iterations", 1) != 1:
         problems.append(f"{refusal} with num_iterations > 1 (each batch would train at several versions)")

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from transformers import TrainerCallback
@@ -200,7 +202,6 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """What asynchronous generation needs (train/config_checks.py refuses the same in a run's config)."""
         refused = {
             "use_vllm": self.use_vllm,
-            "DeepSpeed ZeRO-3": self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3,
             "a policy_factory": rollout.policy_factory is not None,
             "num_iterations > 1": self.num_iterations != 1,
             "steps_per_generation != gradient_accumulation_steps": (
@@ -229,11 +230,25 @@ class RLLMGRPOTrainer(GRPOAdapter):
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
             self.accelerator.process_index,
         )  # fmt: skip
-        model = self.accelerator.unwrap_model(self.model)
-        self.generator = AsyncGenerator(
-            self.rollout, model, self.processing_class, settings, version=self.state.global_step
-        )
+        with self.whole_weights() as model:
+            self.generator = AsyncGenerator(
+                self.rollout, model, self.processing_class, settings, version=self.state.global_step
+            )
         self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
+
+    @contextmanager
+    def whole_weights(self) -> Iterator[Any]:
+        """The trained model with whole parameters, for the generation worker: under DeepSpeed ZeRO-3 its shards
+        gathered for the time of the block (every process must enter it: a collective), as the synchronous
+        generation gathers them."""
+        if not (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
+            yield self.accelerator.unwrap_model(self.model)
+            return
+        model = self.model_wrapped
+        was_training = model.training
+        with unwrap_model_for_generation(model, self.accelerator, gather_deepspeed3_params=True) as unwrapped:
+            yield unwrapped
+        model.train(was_training)
 
     def close_generator(self) -> None:
         """Stop the generation worker, if there is one."""
@@ -305,4 +320,5 @@ class _PublishWeights(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         trainer = self.trainer
         if trainer.generator is not None:
-            trainer.generator.publish(trainer.accelerator.unwrap_model(trainer.model), state.global_step)
+            with trainer.whole_weights() as model:
+                trainer.generator.publish(model, state.global_step)

@@ -210,7 +210,7 @@ def test_deepspeeds_accelerator_notice_is_dropped_before_it_loads(run_python):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml"])
+@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"])
 def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(config_file, tmp_path):
     if config_file.startswith("zero"):
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
@@ -221,6 +221,8 @@ def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(confi
     # Step 2 was sampled by each process's worker while step 1 trained, with the weights before its update.
     assert [record["async/staleness_max"] for record in history] == [0, 1]
     assert all(record["async/dropped_rows"] == 0 and record["async/restarts"] == 0 for record in history)
+    # Step 1 was sampled by the weights it trains: the worker's copy (ZeRO-3's shards gathered) is the trainer's.
+    assert history[0]["async/mismatch"] < 1e-3
     per_step = tiny_config()["prompts_per_step"] * tiny_config()["num_generations"]
     assert all(record["trajectories/total"] == per_step for record in history)  # both processes' shares gathered
     checkpoint = output_dir / "checkpoint-2"
