@@ -20,7 +20,9 @@ batches again.
 Several training processes (``accelerate launch``, DeepSpeed) each start a worker of their own, for their own share
 of the step's prompts (as each generates its own share synchronously), holding their own whole copy of the weights
 (under ZeRO-3 the trainer gathers the shards for each publish: ``RLLMGRPOTrainer.whole_weights``): every rank holds
-the same weights after a step, and nothing of the episodes crosses processes but what the trainer gathers.
+the same weights after a step, and nothing of the episodes crosses processes but what the trainer gathers. A worker
+per rank rather than one for all: generation scales with the ranks (as synchronous generation does), no rank waits
+on another's generator, and no episodes or prompts travel between processes outside TRL's own gathers.
 
 Every wait has a bound: the trainer polls the worker's results and its liveness each second. A worker that crashed
 (killed, out of memory: no traceback) is restarted once with the same shared weights, a fresh lock and queues, and the
