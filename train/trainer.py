@@ -286,7 +286,8 @@ class RLLMGRPOTrainer(GRPOAdapter):
             batch = self.generator.result(prompts)
             rollout = batch.padded(self._row_count(len(batch.sequences)))
             staleness = Staleness(self.state.global_step, self.max_staleness)
-            restarts = {"async/restarts": float(self.generator.restarts)}  # workers started again after a crash
+            # Workers started again after a crash (a generator that never restarts its worker counts none).
+            restarts = {"async/restarts": float(getattr(self.generator, "restarts", 0))}
             rollout = dataclasses.replace(rollout, metrics={**rollout.metrics, **restarts})
         else:
             rollout = self.collect(prompts)
