@@ -17,10 +17,20 @@ once the trainer starts it, so its first steps are generated then (their stalene
 regenerates what was in flight: nothing of it is in a checkpoint, and the look-ahead draws the resumed epoch's
 batches again.
 
-Every wait has a bound: the trainer polls the worker's results and its liveness each second, so a worker that died
-stops the run with its reason (its traceback, or its exit code), and one that sends nothing for ``timeout_s`` stops it
-too. The worker ignores Ctrl-C (the trainer's own handler finishes the step and saves a checkpoint);
-:meth:`AsyncGenerator.close` asks it to stop, joins it, and terminates it if it does not.
+Several training processes (``accelerate launch``, DeepSpeed) each start a worker of their own, for their own share
+of the step's prompts (as each generates its own share synchronously), holding their own whole copy of the weights
+(under ZeRO-3 the trainer gathers the shards for each publish: ``RLLMGRPOTrainer.whole_weights``): every rank holds
+the same weights after a step, and nothing of the episodes crosses processes but what the trainer gathers. A worker
+per rank rather than one for all: generation scales with the ranks (as synchronous generation does), no rank waits
+on another's generator, and no episodes or prompts travel between processes outside TRL's own gathers.
+
+Every wait has a bound: the trainer polls the worker's results and its liveness each second. A worker that crashed
+(killed, out of memory: no traceback) is restarted once with the same shared weights, a fresh lock and queues, and the
+steps it had in flight are generated again (numbered as before, so their episode ids and reset seeds are the same),
+counted in ``restarts``; one that crashes again before the next step's episodes arrive stops the run with its exit
+code. A worker whose rollout raised stops the run with the traceback (it would fail again), and one that sends nothing
+for ``timeout_s`` stops it too. The worker ignores Ctrl-C (the trainer's own handler finishes the step and saves a
+checkpoint); :meth:`AsyncGenerator.close` asks it to stop, joins it, and terminates it if it does not.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import threading
 import time
 import traceback
 from collections import deque
@@ -56,7 +67,8 @@ class GeneratorDied(RuntimeError):
 @dataclass(frozen=True)
 class WorkerSettings:
     """What the worker's generation needs of the trainer: the sampling settings, the run's seed (reset seeds derive
-    from it), the filler token of padding rows, the policies' chat settings, and the torch threads it may use."""
+    from it), the filler token of padding rows, the policies' chat settings, the torch threads it may use, and the
+    training process it generates for (episode ids and reset seeds name it)."""
 
     sampling: SamplingParams
     run_seed: int
@@ -64,6 +76,7 @@ class WorkerSettings:
     chat_template_kwargs: dict[str, Any]
     token_history: TokenHistory
     threads: int = 1
+    process_index: int = 0
 
 
 class VersionedHFPolicy(HFPolicy):
@@ -94,7 +107,7 @@ class _WorkerGeneration(Generation):
 
     @property
     def process_index(self) -> int:
-        return 0  # one training process (several are refused at config time)
+        return self.settings.process_index
 
     @property
     def run_seed(self) -> int:
@@ -133,15 +146,29 @@ def _work(
     """The worker process: :func:`_serve` the requests, then stop at once (see below)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
     torch.set_num_threads(settings.threads)
+    # The answers go out from a thread of their own (a large batch fills the pipe until the trainer reads it), so
+    # that the next step's generation starts at once.
+    outbox: queue.Queue[Any] = queue.Queue()
+    sender = threading.Thread(target=_send, args=(outbox, results), name="rllm-gym-generator-send", daemon=True)
+    sender.start()
     try:
-        _serve(rollout, _WorkerGeneration(settings, model, tokenizer, lock, version), requests, results, parent)
+        _serve(rollout, _WorkerGeneration(settings, model, tokenizer, lock, version), requests, outbox, parent)
     finally:
         rollout.close()
-    # A clean stop ends here once the answers are flushed: the interpreter's own teardown (native, after torch and
+    # A clean stop ends here once the answers are sent: the interpreter's own teardown (native, after torch and
     # the tokenizers) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
-    results.close()
-    results.join_thread()
+    outbox.put(None)
+    sender.join()
     os._exit(0)
+
+
+def _send(outbox: queue.Queue[Any], results: Any) -> None:
+    """Send each answer of ``outbox`` through the ``results`` pipe until ``None`` (or a trainer that is gone)."""
+    while (answer := outbox.get()) is not None:
+        try:
+            results.send(answer)
+        except OSError:
+            return
 
 
 def _serve(rollout: EpisodeRollout, generation: Generation, requests: Any, results: Any, parent: int) -> None:
@@ -170,7 +197,8 @@ class AsyncGenerator:
 
     :meth:`submit` hands it a step's prompts, :meth:`result` waits (bounded) for that step's
     :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` copies new weights into its copy, :meth:`close`
-    stops it. Results come in the order the prompts were submitted."""
+    stops it. Results come in the order the prompts were submitted. ``restarts`` counts the workers started again
+    after a crash."""
 
     def __init__(
         self,
@@ -182,28 +210,60 @@ class AsyncGenerator:
         version: int = 0,
         timeout_s: float = 1800.0,
     ):
-        context = torch.multiprocessing.get_context("spawn")
+        self._context = torch.multiprocessing.get_context("spawn")
         self.model = copy_without_hooks(model).requires_grad_(False).eval()
         self.model.share_memory()
         self.timeout_s = timeout_s
-        self._lock = context.Lock()
-        self._version = context.Value("q", version, lock=False)
-        self._requests, self._results = context.Queue(), context.Queue()
+        self.restarts = 0
+        self._rollout, self._tokenizer, self._settings = rollout, tokenizer, settings
+        self._first_call = rollout.calls  # the worker numbers its calls from here, one per ticket
+        self._version = self._context.Value("q", version, lock=False)
         self._pending: deque[tuple[int, list[Any]]] = deque()
         self._tickets = 0
-        self.process = context.Process(
-            target=_work,
-            args=(rollout, self.model, tokenizer, settings, self._lock, self._version, self._requests, self._results,
-                  os.getpid()),
-            name="rllm-gym-generator",
-            daemon=True,
-        )  # fmt: skip
-        self.process.start()
+        self._taken = 0  # results taken: a second crash before the next one stops the run
+        self._restarted_after: int | None = None
+        self._start()
         # The worker's threads come out of this process's: torch's CPU threads spin while they wait for work, and a
         # trainer that kept all of them beside a busy worker ran each step 5-10x slower on 2 cores
         # (benchmarks/bench_async.py). Restored by close().
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
+
+    def _start(self) -> None:
+        """A new worker process with a new lock and queues (a crashed worker may have died holding the lock or
+        halfway through a message), on the same shared weights."""
+        context = self._context
+        self._lock = context.Lock()
+        # Results come through a pipe whose writing end only the worker holds: a worker that dies halfway through an
+        # answer leaves the trainer an end of file, where a queue's reader would wait for the rest for ever.
+        self._requests = context.Queue()
+        self._results, writer = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_work,
+            args=(self._rollout, self.model, self._tokenizer, self._settings, self._lock, self._version,
+                  self._requests, writer, os.getpid()),
+            name="rllm-gym-generator",
+            daemon=True,
+        )  # fmt: skip
+        self.process.start()
+        writer.close()  # the worker has its own copy of it now
+
+    def _restart(self) -> None:
+        """Replace a crashed worker (once between two results, else :class:`GeneratorDied`) and submit the steps in
+        flight to the new one again, numbered as they were."""
+        code = self.process.exitcode
+        if self._restarted_after == self._taken:
+            raise GeneratorDied(
+                f"the generation worker exited with code {code}, again after a restart within the same step"
+            )
+        self.restarts += 1
+        self._restarted_after = self._taken
+        self._close_channels()
+        if self._pending:
+            self._rollout.calls = self._first_call + self._pending[0][0]
+        self._start()
+        for ticket, prompts in self._pending:
+            self._requests.put((ticket, prompts))
 
     @property
     def version(self) -> int:
@@ -218,62 +278,76 @@ class AsyncGenerator:
     @torch.no_grad()
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """Copy ``model``'s parameters into the worker's copy in place, between two of its LLM batches, as
-        ``version``."""
+        ``version`` (a worker that crashed holding the lock is restarted first)."""
         source = dict(model.named_parameters())
-        with self._lock:
+        while not self._lock.acquire(timeout=1.0):
+            if not self.process.is_alive():
+                self._restart()
+        try:
             for name, parameter in self.model.named_parameters():
                 parameter.copy_(source[name])
             self._version.value = version
+        finally:
+            self._lock.release()
 
     def submit(self, prompts: list[Any]) -> None:
         """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
-        self._check_alive()
         self._requests.put((self._tickets, list(prompts)))
         self._pending.append((self._tickets, list(prompts)))
         self._tickets += 1
 
     def result(self, prompts: list[Any]) -> RolloutBatch:
         """The :class:`RolloutBatch` of the oldest submitted step, which must be ``prompts``; waits for it at most
-        ``timeout_s``, checking each second that the worker is alive (:class:`GeneratorDied` if not)."""
+        ``timeout_s``, checking each second that the worker is alive (restarted once if not, see the module's
+        docstring; :class:`GeneratorDied` if that fails too)."""
         if not self._pending or self._pending[0][1] != list(prompts):
             raise RuntimeError(
                 f"the trainer asked for the episodes of prompts the generator was not given next "
                 f"({self.pending} steps pending): the look-ahead lost track of TRL's batches"
             )
-        ticket, _ = self._pending.popleft()
+        ticket = self._pending[0][0]
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                answered, batch, error = self._results.get(timeout=1.0)
-            except queue.Empty:
-                self._check_alive()
-                if time.monotonic() > deadline:
+                answer = self._results.recv() if self._results.poll(1.0) else None
+            except (EOFError, OSError):  # the worker is gone (perhaps halfway through this answer)
+                self.process.join(5.0)
+                answer = None
+            if answer is None:
+                if not self.process.is_alive():
+                    self._restart()
+                    deadline = time.monotonic() + self.timeout_s
+                elif time.monotonic() > deadline:
                     raise GeneratorDied(
                         f"the generation worker sent no episodes for {self.timeout_s:.0f} s (hung env or model?)"
                     ) from None
                 continue
+            answered, batch, error = answer
             if error is not None:
                 raise GeneratorDied(f"the generation worker failed:\n{error}")
             if answered != ticket:
                 raise GeneratorDied(f"the generation worker answered step {answered} where {ticket} was due")
+            self._pending.popleft()
+            self._taken += 1
             return batch
 
-    def _check_alive(self) -> None:
-        if not self.process.is_alive():
-            raise GeneratorDied(f"the generation worker exited with code {self.process.exitcode}")
+    def _close_channels(self) -> None:
+        self._requests.close()
+        self._requests.cancel_join_thread()
+        self._results.close()
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the worker: asked first, terminated if it has not stopped within ``timeout_s``; the queues closed."""
+        """Stop the worker: asked first (answers not taken yet are dropped), terminated if it has not stopped within
+        ``timeout_s``; the channels closed."""
         if self.process.is_alive():
             with suppress(OSError, ValueError):
                 self._requests.put(None)
+            self._results.close()  # a worker sending an answer nobody will read stops sending
             self.process.join(timeout_s)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout_s)
-        for channel in (self._requests, self._results):
-            channel.close()
-            channel.cancel_join_thread()
+        self._close_channels()
         self._pending.clear()
         torch.set_num_threads(self._threads)
 

@@ -191,7 +191,7 @@ class _EngineGeneration(Generation):
 
     @property
     def process_index(self) -> int:
-        return 0  # one training process (several are refused at config time)
+        return self.settings.process_index
 
     @property
     def run_seed(self) -> int:

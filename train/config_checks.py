@@ -12,7 +12,7 @@ from typing import Any
 from rllm_gym.engine.arguments import check_arguments
 from rllm_gym.log import LOG_LEVELS
 from rllm_gym.policies.base import check_model_source
-from rllm_gym.registry import UnknownEnvError, env_ids, env_spec
+from rllm_gym.registry import UnknownEnvError, env_spec
 from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
 from rllm_gym.types import TerminationReason
@@ -222,18 +222,15 @@ def async_problems(config: Any) -> list[str]:
         )
     if config.use_vllm and config.lora:
         problems.append(f"{refusal} with use_vllm and lora yet (its engine loads whole weights): set lora: false")
-    if config.agent_program is not None:
-        problems.append(f"{refusal} with agent_program yet (programs run through the trainer's gateway)")
-    multi_agent = sorted(set(config.env) & set(env_ids(multi_agent=True)))
-    if multi_agent:
+    if config.use_vllm and (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1
+        or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        or config.trl_args.get("deepspeed")
+    ):
         problems.append(
-            f"{refusal} with multi-agent envs yet ({', '.join(multi_agent)}: a task's role slots share episodes "
-            "within one step): set max_staleness: 0"
+            f"{refusal} with use_vllm and several processes or DeepSpeed yet (its engine worker is tested in one "
+            "process): launch one process, or set use_vllm: false"
         )
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        problems.append(f"{refusal} with several processes yet (WORLD_SIZE > 1): launch one process")
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or config.trl_args.get("deepspeed"):
-        problems.append(f"{refusal} under DeepSpeed yet (ZeRO-2/3 shard the weights the worker copies)")
     trl_args = config.trl_args
     if trl_args.get("num_iterations", 1) != 1:
         problems.append(f"{refusal} with num_iterations > 1 (each batch would train at several versions)")

@@ -19,8 +19,11 @@ rows older than that are dropped from the loss and the rest weighted by train/of
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from transformers import TrainerCallback
@@ -215,10 +218,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
             "TRL's own vLLM engine (pass args=... by keyword: the generator then runs an engine of its own)": (
                 self.use_vllm
             ),
-            "several processes": self.accelerator.num_processes > 1,
-            "DeepSpeed": self.is_deepspeed_enabled,
+            "use_vllm with several processes or DeepSpeed": self.vllm_engine is not None
+            and (self.accelerator.num_processes > 1 or self.is_deepspeed_enabled),
             "a policy_factory": rollout.policy_factory is not None,
-            "an agent_program": rollout.agent_program is not None,
             "num_iterations > 1": self.num_iterations != 1,
             "steps_per_generation != gradient_accumulation_steps": (
                 self.args.steps_per_generation != self.args.gradient_accumulation_steps
@@ -239,21 +241,38 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """Start the generation worker with the weights of now, as version ``global_step``, and the look-ahead that
         feeds it the coming steps' prompts."""
         self.close_generator()
-        threads = max(1, (os.cpu_count() or 2) // 2)
+        # Each training process starts its own worker (train/async_generation.py): half the cores are theirs.
+        threads = max(1, (os.cpu_count() or 2) // (2 * self.accelerator.num_processes))
         settings = WorkerSettings(
             self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
+            self.accelerator.process_index,
         )  # fmt: skip
-        model = self.accelerator.unwrap_model(self.model)
-        if self.vllm_engine is not None:
-            self.generator = VLLMGenerator(
-                self.rollout, model, self.processing_class, settings, self.vllm_engine, version=self.state.global_step
-            )
-        else:
-            self.generator = AsyncGenerator(
-                self.rollout, model, self.processing_class, settings, version=self.state.global_step
-            )
+        with self.whole_weights() as model:
+            if self.vllm_engine is not None:
+                self.generator = VLLMGenerator(
+                    self.rollout, model, self.processing_class, settings, self.vllm_engine,
+                    version=self.state.global_step,
+                )  # fmt: skip
+            else:
+                self.generator = AsyncGenerator(
+                    self.rollout, model, self.processing_class, settings, version=self.state.global_step
+                )
         self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
+
+    @contextmanager
+    def whole_weights(self) -> Iterator[Any]:
+        """The trained model with whole parameters, for the generation worker: under DeepSpeed ZeRO-3 its shards
+        gathered for the time of the block (every process must enter it: a collective), as the synchronous
+        generation gathers them."""
+        if not (self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3):
+            yield self.accelerator.unwrap_model(self.model)
+            return
+        model = self.model_wrapped
+        was_training = model.training
+        with unwrap_model_for_generation(model, self.accelerator, gather_deepspeed3_params=True) as unwrapped:
+            yield unwrapped
+        model.train(was_training)
 
     def close_generator(self) -> None:
         """Stop the generation worker, if there is one."""
@@ -291,6 +310,9 @@ class RLLMGRPOTrainer(GRPOAdapter):
             batch = self.generator.result(prompts)
             rollout = batch.padded(self._row_count(len(batch.sequences)))
             staleness = Staleness(self.state.global_step, self.max_staleness)
+            # Workers started again after a crash (a generator that never restarts its worker counts none).
+            restarts = {"async/restarts": float(getattr(self.generator, "restarts", 0))}
+            rollout = dataclasses.replace(rollout, metrics={**rollout.metrics, **restarts})
         else:
             rollout = self.collect(prompts)
         local = [training_view(e, s) for e, s in zip(rollout.episodes, rollout.slots, strict=True)]
@@ -323,4 +345,5 @@ class _PublishWeights(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         trainer = self.trainer
         if trainer.generator is not None:
-            trainer.generator.publish(trainer.accelerator.unwrap_model(trainer.model), state.global_step)
+            with trainer.whole_weights() as model:
+                trainer.generator.publish(model, state.global_step)

@@ -106,6 +106,18 @@ def _vllm_has_driver_worker() -> bool:
 
 # The forward-hook tables of a torch module (private, no public way to empty them).
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+# What DeepSpeed ZeRO-3 (0.19) adds to each module of the model it trains: its parameter table (a dict class that
+# gathers on access, the original kept in _original_parameters), backward functions defined locally and methods
+# bound to the module (neither pickles), and ``ds_*`` bookkeeping. Only names present are touched.
+_DEEPSPEED_MODULE_STATE = (
+    "_original_parameters",
+    "_external_params",
+    "all_parameters",
+    "pre_bwd_fn",
+    "post_bwd_fn",
+    "applied_pre_backward_ref_cnt",
+    "to_empty",
+)
 
 
 @dataclass(frozen=True)
@@ -292,12 +304,20 @@ def _driver_worker_usable() -> bool:
 def copy_without_hooks(model: torch.nn.Module) -> torch.nn.Module:
     """A deep copy of ``model`` without forward hooks, for the generation worker: TRL and PEFT hook the input
     embeddings to make them require gradients (a training matter), with local functions that cannot be sent to
-    another process."""
-    copied = copy.deepcopy(model)
+    another process. Each parameter is copied as a plain one, its data only: a DeepSpeed ZeRO-3 parameter (gathered)
+    carries its partitioning state, which does not belong in the copy."""
+    plain = {id(p): torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad) for p in model.parameters()}
+    copied = copy.deepcopy(model, plain)
     if available("_forward_hooks"):
         for module in copied.modules():
             for name in _HOOK_DICTS:
                 getattr(module, name).clear()
+    for module in copied.modules():
+        state = vars(module)
+        if "_original_parameters" in state:
+            module._parameters = {name: state["_parameters"][name] for name in list(state["_parameters"].keys())}
+        for name in [name for name in state if name.startswith("ds_") or name in _DEEPSPEED_MODULE_STATE]:
+            del state[name]
     return copied
 
 

@@ -1,6 +1,9 @@
+import copy
+import json
 import os
 import re
 import signal
+import threading
 import time
 from unittest.mock import patch
 
@@ -85,16 +88,56 @@ def test_the_worker_stamps_each_step_with_the_published_version_ignores_ctrl_c_a
     assert not generator.process.is_alive() and generator.process.exitcode == 0
 
 
-def test_a_worker_that_dies_stops_the_wait_with_its_exit_code(tiny_model_dir):
+def test_a_killed_worker_is_restarted_once_and_its_steps_in_flight_are_generated_again(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    steps = [[encode_prompt(LAKE, seed)] * 2 for seed in (0, 1)]
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    try:
+        first = generator.process
+        for prompts in steps:
+            generator.submit(prompts)
+        os.kill(first.pid, signal.SIGKILL)  # whatever it was doing: loading, generating under the lock, answering
+        first.join(30)
+        generator.publish(model, 1)  # a dead worker may hold the weights' lock: this must not hang
+        batches = [generator.result(prompts) for prompts in steps]
+        assert generator.restarts == 1 and generator.process is not first and generator.process.is_alive()
+        # Both steps generated again by the new worker, numbered as the first worker numbered them.
+        assert [[e.id for e in batch.episodes] for batch in batches] == [
+            ["seed-0:p0s0e0", "seed-0:p0s0e1"],
+            ["seed-1:p0s1e0", "seed-1:p0s1e1"],
+        ]
+    finally:
+        generator.close()
+
+
+def test_a_worker_that_dies_again_within_the_step_stops_the_wait_with_its_exit_code(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    stop = threading.Event()
+
+    def kill_every_worker():  # each worker killed as soon as it is started: none lives to answer
+        killed = set()
+        while not stop.is_set():
+            pid = generator.process.pid  # None while it is being started
+            if pid is not None and pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_every_worker)
+    killer.start()
     try:
-        os.kill(generator.process.pid, signal.SIGKILL)
-        generator.process.join(30)
-        with pytest.raises(GeneratorDied, match=re.escape("the generation worker exited with code -9")):
-            generator.submit([encode_prompt(LAKE, 0)])
+        prompts = [encode_prompt(LAKE, 0)]
+        generator.submit(prompts)
+        message = "the generation worker exited with code -9, again after a restart within the same step"
+        with pytest.raises(GeneratorDied, match=re.escape(message)):
+            generator.result(prompts)
+        assert generator.restarts == 1
     finally:
+        stop.set()
+        killer.join()
         generator.close()
 
 
@@ -154,16 +197,18 @@ def test_k2_trains_on_multi_turn_rows_at_most_two_versions_old_and_logs_the_corr
     assert all(entry["rollout/turns"] > 1 for entry in logged)
 
 
-def test_a_worker_killed_mid_run_stops_training_with_its_reason_and_no_hang(tiny_model_dir, tmp_path):
+def test_a_worker_killed_mid_run_is_restarted_and_the_run_goes_on(tiny_model_dir, tmp_path):
     class KillWorker(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            os.kill(trainer.generator.process.pid, signal.SIGKILL)
-            time.sleep(0.5)
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # step 2's episodes in flight or sent, step 3's to come
+                os.kill(trainer.generator.process.pid, signal.SIGKILL)
 
-    trainer = trainer_for(tiny_model_dir, tmp_path, max_steps=2, max_staleness=1)
-    trainer.add_callback(KillWorker())  # after the trainer's own, which starts the worker
-    with pytest.raises(GeneratorDied, match=re.escape("the generation worker exited with code -9")):
-        trainer.train()
+    trainer = trainer_for(tiny_model_dir, tmp_path, max_steps=3, max_staleness=1)
+    trainer.add_callback(KillWorker())  # after the trainer's own, which publishes the weights
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "async/restarts" in entry]
+    restarts = [entry["async/restarts"] for entry in logged]
+    assert len(restarts) == 3 and restarts[0] == 0 and restarts[-1] == 1  # found at step 2, or 3 if 2 was sent
     assert trainer.generator is None
 
 
@@ -226,3 +271,87 @@ def test_ctrl_c_stops_the_run_and_its_worker_and_a_resume_goes_on_asynchronously
     assert resumed.returncode == 0, resumed.stderr
     logged = [line for line in metrics.read_text().splitlines() if "async/staleness_max" in line]
     assert len(logged) >= stopped_at + 2  # every step of both parts logged its staleness
+
+
+def logprobs_under(model, steps) -> list[float]:
+    """The log-probabilities ``model`` gives each step's sampled reply tokens after its prompt."""
+    found = []
+    with torch.no_grad():
+        for step in steps:
+            ids = torch.tensor([step.model_output.prompt_ids + step.model_output.completion_ids])
+            logits = model(input_ids=ids).logits[0, len(step.model_output.prompt_ids) - 1 : -1]
+            chosen = torch.tensor(step.model_output.completion_ids)
+            found += torch.log_softmax(logits.float(), -1)[torch.arange(len(chosen)), chosen].tolist()
+    return found
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_after_a_publish_the_worker_samples_from_the_trainers_policy(tiny_model_dir, lora):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    if lora:  # the trainer's model as TRL wraps it for a LoRA run; only the adapter's weights change in training
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    trained = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    try:
+        before = copy.deepcopy(model)
+        with torch.no_grad():  # an "optimizer step" that changes the policy a lot
+            for parameter in trained:
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+        generator.publish(model, 1)
+        prompts = [encode_prompt(LAKE, seed) for seed in (0, 1)]
+        generator.submit(prompts)
+        steps = [step for episode in generator.result(prompts).episodes for step in episode.trajectories[0].steps]
+        behaviour = [logprob for step in steps for logprob in step.model_output.logprobs]
+        assert {step.model_output.policy_version for step in steps} == {1}
+        assert behaviour == pytest.approx(logprobs_under(model.eval(), steps), abs=2e-3)
+        assert behaviour != pytest.approx(logprobs_under(before.eval(), steps), abs=2e-3)  # the published ones
+    finally:
+        generator.close()
+
+
+@pytest.mark.slow  # ~30 s on 2 cores
+def test_a_multi_agent_run_trains_every_role_from_the_workers_shared_episodes(tmp_path):
+    from rllm_gym.train.grpo import main
+    from tests.conftest import REPO
+
+    output_dir = tmp_path / "run"
+    summary = main(
+        [
+            "--config", str(REPO / "train/configs/test_tiny.yaml"), "--output_dir", str(output_dir),
+            "--env", "rllm/SolverJudge-v0", "--tasks", "seeds:4", "--agent_args", "{}", "--env_args",
+            '{"n_solvers": 2}', "--prompts_per_step", "3", "--max_turns", "3", "--max_steps", "2",
+            "--max_staleness", "1",
+        ]
+    )  # fmt: skip
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records] == [1, 2]
+    assert [record["async/staleness_max"] for record in records] == [0, 1]  # step 2 sampled while step 1 trained
+    assert all({"train/reward/role/solver", "train/reward/role/judge"} <= set(record) for record in records)
+    # A task's 3 slots (2 solvers, the judge) x 2 generations: 6 rows a step, trained from the same 2 episodes.
+    assert all(record["trajectories/total"] == 6 for record in records)
+    assert summary["termination_reasons"] == {"env_done": 4}
+
+
+@pytest.mark.slow  # ~60 s on 2 cores
+def test_an_agent_program_runs_through_a_gateway_in_the_worker(tmp_path):
+    from rllm_gym.train.grpo import main
+    from tests.conftest import REPO
+
+    output_dir = tmp_path / "run"
+    program = "rllm_gym.agents.openai_calculator"
+    summary = main(
+        [
+            "--config", str(REPO / "train/configs/test_tiny.yaml"), "--output_dir", str(output_dir),
+            "--tasks", "seeds:8", "--agent_program", f"{program}:solve", "--reward_fn", f"{program}:reward",
+            "--max_steps", "2", "--max_staleness", "1",
+        ]
+    )  # fmt: skip
+    assert summary["termination_reasons"] == {"env_done": 2 * 2 * 2} and not summary["errors"]
+    records = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    # The program's calls through the worker's gateway carry the version that answered them.
+    assert [record["async/staleness_max"] for record in records] == [0, 1]
+    assert all(record["rollout/turns"] >= 1 and record["async/restarts"] == 0 for record in records)

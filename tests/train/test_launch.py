@@ -207,3 +207,24 @@ def test_deepspeeds_accelerator_notice_is_dropped_before_it_loads(run_python):
     assert "Setting accelerator to CPU" not in quiet.stdout + quiet.stderr
     plain = run_python("-c", load, env=env)
     assert "Setting accelerator to CPU" in plain.stdout + plain.stderr  # what the filter drops is really printed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"])
+def test_accelerate_launch_two_cpu_processes_each_with_a_generation_worker(config_file, tmp_path):
+    if config_file.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'rllm-gym[deepspeed]')")
+    output_dir = tmp_path / "run"
+    launch(config_file, output_dir, 600, "--max_staleness", "1", "--max_steps", "2", "--save_steps", "2")
+    history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in history] == [1, 2]
+    # Step 2 was sampled by each process's worker while step 1 trained, with the weights before its update.
+    assert [record["async/staleness_max"] for record in history] == [0, 1]
+    assert all(record["async/dropped_rows"] == 0 and record["async/restarts"] == 0 for record in history)
+    # Step 1 was sampled by the weights it trains: the worker's copy (ZeRO-3's shards gathered) is the trainer's.
+    assert history[0]["async/mismatch"] < 1e-3
+    per_step = tiny_config()["prompts_per_step"] * tiny_config()["num_generations"]
+    assert all(record["trajectories/total"] == per_step for record in history)  # both processes' shares gathered
+    checkpoint = output_dir / "checkpoint-2"
+    assert sorted(path.name for path in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    assert (checkpoint / "global_step2").is_dir() == config_file.startswith("zero")  # DeepSpeed's own checkpoint
