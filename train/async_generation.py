@@ -146,6 +146,9 @@ def _work(
     """The worker process: :func:`_serve` the requests, then stop at once (see below)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
     torch.set_num_threads(settings.threads)
+    # A spawned process starts from torch's fixed default seed: the run's seed and the rank make each run's samples
+    # its own (seeds 0, 1, 2 sampled the same stream before) and each rank's different.
+    torch.manual_seed(settings.run_seed * 1_000_003 + settings.process_index)
     # The answers go out from a thread of their own (a large batch fills the pipe until the trainer reads it), so
     # that the next step's generation starts at once.
     outbox: queue.Queue[Any] = queue.Queue()

@@ -1,4 +1,5 @@
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -355,3 +356,23 @@ def test_an_agent_program_runs_through_a_gateway_in_the_worker(tmp_path):
     # The program's calls through the worker's gateway carry the version that answered them.
     assert [record["async/staleness_max"] for record in records] == [0, 1]
     assert all(record["rollout/turns"] >= 1 and record["async/restarts"] == 0 for record in records)
+
+
+def test_the_worker_samples_by_the_runs_seed(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [encode_prompt(LAKE, 0)]  # one episode of one turn: one LLM call, whatever the machine's timing
+
+    def first_reply(run_seed: int) -> list[int]:
+        worker_settings = dataclasses.replace(settings(tokenizer), run_seed=run_seed)
+        rollout = EpisodeRollout([EnvSetup(LAKE)], max_turns=1)
+        generator = AsyncGenerator(rollout, model, tokenizer, worker_settings, timeout_s=300)
+        try:
+            generator.submit(prompts)
+            return generator.result(prompts).episodes[0].trajectories[0].steps[0].response_ids
+        finally:
+            generator.close()
+
+    seed_0 = first_reply(0)
+    assert first_reply(0) == seed_0  # a run is reproduced by its seed
+    assert first_reply(1) != seed_0  # and another seed samples its own (a spawned worker began at torch's default)
