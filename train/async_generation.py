@@ -57,7 +57,7 @@ from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
 from rllm_gym.train.trl_adapter import copy_without_hooks
 from rllm_gym.types import ModelOutput
 
-__all__ = ["AsyncGenerator", "GeneratorDied", "LookAhead", "WorkerSettings"]
+__all__ = ["AsyncGenerator", "GeneratorDied", "LookAhead", "WorkerGeneration", "WorkerSettings"]
 
 
 class GeneratorDied(RuntimeError):
@@ -94,16 +94,16 @@ class VersionedHFPolicy(HFPolicy):
         return [output.model_copy(update={"policy_version": version}) for output in outputs]
 
 
-class _WorkerGeneration(Generation):
-    """The worker's generation backend: the trainer's settings as values, its policy on the shared weights (kept
-    from call to call while the episode count stays the same, as the trainer's own backend keeps it)."""
+class WorkerGeneration(Generation):
+    """A worker process's generation backend: the trainer's settings as values (:class:`WorkerSettings`); subclasses
+    give the policy (``_policy``), kept from call to call while the episode count stays the same, as the trainer's
+    own backend keeps it."""
 
-    def __init__(self, settings: WorkerSettings, model: Any, tokenizer: Any, lock: Any, version: Any):
+    def __init__(self, settings: WorkerSettings):
         super().__init__(
             None, chat_template_kwargs=settings.chat_template_kwargs, token_history=settings.token_history
         )
-        self.settings, self.model, self.tokenizer, self.lock, self.version = settings, model, tokenizer, lock, version
-        self._kept: tuple[int, VersionedHFPolicy] | None = None
+        self.settings = settings
 
     @property
     def process_index(self) -> int:
@@ -119,6 +119,15 @@ class _WorkerGeneration(Generation):
 
     def sampling_params(self) -> SamplingParams:
         return self.settings.sampling
+
+
+class _WorkerGeneration(WorkerGeneration):
+    """The CPU worker's backend: its policy on the shared weights."""
+
+    def __init__(self, settings: WorkerSettings, model: Any, tokenizer: Any, lock: Any, version: Any):
+        super().__init__(settings)
+        self.model, self.tokenizer, self.lock, self.version = model, tokenizer, lock, version
+        self._kept: tuple[int, VersionedHFPolicy] | None = None
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:

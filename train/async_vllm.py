@@ -42,7 +42,7 @@ import torch
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy
 from rllm_gym.policies.vllm import cpu_engine_defaults, model_output_from_vllm, vllm_sampling_kwargs
-from rllm_gym.train.async_generation import GeneratorDied, WorkerSettings
+from rllm_gym.train.async_generation import GeneratorDied, WorkerGeneration, WorkerSettings
 from rllm_gym.train.generation import Generation
 from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
 from rllm_gym.train.vllm_server import prompt_too_long
@@ -178,31 +178,13 @@ class _EnginePolicy(BatchingPolicy):
         return self.engine.generate(prompts, params)
 
 
-class _EngineGeneration(Generation):
-    """The worker's generation backend: the trainer's settings as values, its engine behind a batching policy (kept
-    while the episode count stays the same)."""
+class _EngineGeneration(WorkerGeneration):
+    """The vLLM worker's backend: its engine behind a batching policy."""
 
     def __init__(self, settings: WorkerSettings, engine: _Engine, tokenizer: Any):
-        super().__init__(
-            None, chat_template_kwargs=settings.chat_template_kwargs, token_history=settings.token_history
-        )
-        self.settings, self.engine, self.tokenizer = settings, engine, tokenizer
+        super().__init__(settings)
+        self.engine, self.tokenizer = engine, tokenizer
         self._kept: tuple[int, _EnginePolicy] | None = None
-
-    @property
-    def process_index(self) -> int:
-        return self.settings.process_index
-
-    @property
-    def run_seed(self) -> int:
-        return self.settings.run_seed
-
-    @property
-    def filler_id(self) -> int:
-        return self.settings.filler_id
-
-    def sampling_params(self) -> SamplingParams:
-        return self.settings.sampling
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:

@@ -14,15 +14,7 @@ from rllm_gym.gateway import Gateway
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning
 from rllm_gym.policies import HFPolicy, ScriptedPolicy
 from rllm_gym.policies.base import build_model_output
-
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
-    },
-}
+from tests.gateway.test_server import ADD_TOOL
 
 
 @pytest.fixture(scope="module")
