@@ -52,7 +52,8 @@ def test_column_mapping_for_each_public_format() -> None:
     assert [t["ground_truth"] for t in deep] == ["2", "55"]
     assert deep[1]["question"].startswith("AIME") and deep[0]["data_source"] == "aime"
     # The mapped tasks grade with the math reward.
-    assert math_reward_fn(math[0], "\\boxed{\\sqrt{28}}").is_correct is True
+    assert math_reward_fn(math[0], "\\boxed{2\\sqrt{7}}").is_correct is True
+    assert math_reward_fn(math[0], "\\boxed{\\sqrt{28}}").is_correct is False  # "Simplify $\\sqrt{28}$" restated
     assert math_reward_fn(gsm[1], "#### 2400").is_correct is True
 
 
