@@ -1,6 +1,6 @@
 """The solver-judge setup's agents and runner: solvers answer a problem, a judge picks the answer it trusts.
 
-The judge's observation, built by the env (:func:`rllm_gym.envs.solver_judge.judge_observation`), lists the problem
+The judge's observation, built by the env (:func:`rllm_gym.envs.verdict.judge_observation`), lists the problem
 and the numbered solutions, each quoted line by line so that solver text reaches the judge as data; its reply ends
 with a verdict ``<verdict>k</verdict>`` naming solution ``k`` (1-based), which the env parses to grade the judge by the
 solution it picked. The judge's system prompt (:data:`JUDGE_SYSTEM_PROMPT`) is the agent's, as every agent's system
@@ -33,7 +33,7 @@ JUDGE_SYSTEM_PROMPT = (
 def __getattr__(name: str) -> Any:
     # judge_observation was re-exported here before the agents stopped importing the env; still found, lazily.
     if name == "judge_observation":
-        from rllm_gym.envs.solver_judge import judge_observation
+        from rllm_gym.envs.verdict import judge_observation
 
         return judge_observation
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,15 +6,13 @@ import warnings
 
 import gymnasium as gym
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, seed_test
 from pettingzoo.utils.wrappers import OrderEnforcingWrapper
 
 import rllm_gym
 from rllm_gym.agents.solver_judge import JudgeAgent, SolverAgent, judge_observation
 from rllm_gym.envs import solver_judge
-from rllm_gym.envs.solver_judge import SolverJudgeEnv, SolverJudgeParallelEnv, parse_verdict, read_verdict
+from rllm_gym.envs.solver_judge import SolverJudgeEnv, SolverJudgeParallelEnv, read_verdict
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.registry import env_ids
 from rllm_gym.spaces import TextSpace
@@ -270,50 +268,6 @@ def test_parallel_step_needs_every_acting_agent_and_ends():
     env.step({"judge_0": "<verdict>1</verdict>"})
     with pytest.raises(RuntimeError, match=re.escape("step called after the episode ended: call reset() first")):
         env.step({"judge_0": "<verdict>1</verdict>"})
-
-
-# The verdict parser
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("<verdict>2</verdict>", 2),
-        ("Both check out, but 1 is cleaner. <VERDICT> 1 </Verdict>", 1),
-        ("<verdict>1</verdict> ... as I said, <verdict>01</verdict>", 1),
-        ("<think>maybe <verdict>2</verdict></think> Final: <verdict>1</verdict>", 1),
-        ("<think>maybe <verdict>2</verdict></think> no verdict after thinking", None),
-        ("<think>unclosed <verdict>1</verdict>", None),
-        ("<verdict>٢</verdict>", None),  # only ASCII digits name a solution
-        ("<verdict>99999999999999999999</verdict>", None),
-        ("<verdict>-1</verdict>", None),
-    ],
-)
-def test_parse_verdict(text, expected):
-    assert parse_verdict(text, 3) == expected
-
-
-def test_read_verdict_rejects_non_text():
-    assert read_verdict(None, 2) == (None, "the reply must be text, got NoneType")
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=st.text(), n=st.integers(min_value=1, max_value=64))
-def test_verdict_parser_fuzz_gives_a_number_in_range_or_none(text, n):
-    verdict, error = read_verdict(text, n)
-    assert (verdict is None) != (error is None)
-    assert verdict is None or (isinstance(verdict, int) and 1 <= verdict <= n)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    noise=st.text(alphabet=st.characters(blacklist_characters="<>")),
-    k=st.integers(min_value=1, max_value=8),
-    n=st.integers(min_value=1, max_value=8),
-)
-def test_verdict_parser_fuzz_finds_one_verdict_in_noise(noise, k, n):
-    text = f"{noise}<verdict>{k}</verdict>{noise}"
-    assert parse_verdict(text, n) == (k if k <= n else None)
 
 
 FORGERY = (
