@@ -28,6 +28,7 @@ from typing import Any
 from rllm_gym.sandbox import _gate
 from rllm_gym.sandbox._result import PairResult, SandboxResult, SandboxUnavailableError, failure, result_of
 from rllm_gym.sandbox._wire import BASE_ENV, FRAME, FrameReader, build_request, memfd, read_frame
+from rllm_gym.slots import slot_lent
 
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
 _STARTUP_TIMEOUT_S = 30.0
@@ -121,14 +122,15 @@ class Sandbox:
         self._futures: dict[int, _Pending] = {}  # submitted and not answered: queued, ready, sent
         self._ready: collections.deque[_Pending] = collections.deque()  # admitted by the gate, not sent yet
         self._running = 0  # sent to the zygote and not answered
+        self._ended = 0  # over, with a result the gate has not released yet
         self._name = f"{os.getpid()}-{next(_sandbox_ids)}"
         self._log: Any = None
 
     @property
     def in_flight(self) -> int:
-        """Runs submitted and not answered yet (waiting for their class's turn or running): what a caller's
-        backpressure keeps bounded."""
-        return len(self._futures)
+        """Runs submitted and not over yet (waiting for their class's turn, or running): what a caller's backpressure
+        keeps bounded. A verdict run whose result only waits for its release level is over (see :meth:`wait`)."""
+        return len(self._futures) - self._ended
 
     @property
     def schedule(self) -> list[dict[str, Any]]:
@@ -337,7 +339,7 @@ class Sandbox:
         if harness is not None:
             fds.append(memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
             request["pair"] = True
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future = RunFuture()
         gate = _gate.GATE
         try:
             self.start()
@@ -407,14 +409,18 @@ class Sandbox:
 
     def _complete(self, entry: _Pending, result: Any) -> None:
         """Hand ``result`` over when the gate releases the run (at once for a visible run), then send the next."""
+        with self._lock:
+            self._ended += 1
 
         def deliver() -> None:
             with self._lock:
                 self._futures.pop(entry.request["id"], None)
+                self._ended -= 1
                 entry.state = "done"
             entry.future.set_result(result)
 
         entry.gate.finish(entry.ticket, deliver)
+        entry.future.ended.set()  # after the gate's record of its end: a waiter may now lend its slot
         self._pump()
 
     @staticmethod
@@ -459,7 +465,16 @@ class Sandbox:
         """The result of a :meth:`submit` (or, with ``pair``, :meth:`submit_pair`) future. It always comes: a run
         the zygote has not answered 30 s past its ``timeout`` (counted from when it started, not while it waited for
         its class's turn) ends as a ``sandbox_error``. ``timeout`` and ``pair`` are kept for callers of the
-        earlier signature and change nothing."""
+        earlier signature and change nothing.
+
+        Once the run itself is over and its result only waits for its release level (a verdict run), the calling
+        thread lends its place (:func:`rllm_gym.slots.slot_lent`): the engine's env thread pool starts another env
+        call meanwhile. This one still gets its result at its level, then waits for a place again."""
+        if isinstance(future, RunFuture) and not future.done():
+            future.ended.wait()
+            if not future.done():
+                with slot_lent():
+                    future.result()
         return future.result()
 
     async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
@@ -484,6 +499,19 @@ class Sandbox:
             self.start()
 
 
+class RunFuture(concurrent.futures.Future):
+    """A run's future. ``ended`` is set once the run is over (its process ended, or it failed): its result may still
+    wait for its release level, as a verdict run's does. Every result is set after ``ended``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = threading.Event()
+
+    def set_result(self, result: Any) -> None:
+        self.ended.set()
+        super().set_result(result)
+
+
 class _Pending:
     """A run between its submission and its result: ``state`` is ``queued`` (waiting for the gate), ``doomed`` (its
     zygote died while it waited: it fails when its turn comes), ``ready`` (admitted, waiting for a free place among
@@ -491,7 +519,7 @@ class _Pending:
 
     __slots__ = ("fds", "frame", "future", "gate", "request", "result", "state", "ticket")
 
-    def __init__(self, future: concurrent.futures.Future, request: dict, frame: bytes, fds: list[int], gate: Any):
+    def __init__(self, future: RunFuture, request: dict, frame: bytes, fds: list[int], gate: Any):
         self.future, self.request, self.frame, self.fds, self.gate = future, request, frame, fds, gate
         self.ticket: Any = None
         self.state, self.result = "queued", None
