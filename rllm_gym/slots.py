@@ -1,13 +1,14 @@
-"""A worker thread's slot, lent while its call only waits: how a bounded thread pool and the code it runs agree that a
-wait costs the pool nothing.
+"""A worker thread's place, lent while its call waits for work done elsewhere: how a bounded thread pool and the code
+it runs agree that a wait costs the pool nothing.
 
 The engine's :class:`~rllm_gym.engine.EnvThreadPool` runs at most ``max_workers`` env calls at a time, so that CPU
-work (sandboxed code, grading) stays bounded. Some waits inside a call use no CPU of this host's: the sandbox holds a
-verdict run's result until its release level (:mod:`rllm_gym.sandbox._gate`) after the run itself is over. Around
-such a wait the code enters :func:`slot_lent`: the pool whose worker runs the call admits another call in its place,
-and when the wait is over the call takes a place back (before any new call) and goes on, so the bound on calls that
-work holds, and nothing of the waiting call's own timeline changes but the wait for a free place. Outside a worker
-that offers it (a plain thread, the loop's default executor) :func:`slot_lent` does nothing.
+work (sandboxed code, grading) stays bounded. A call that submits a sandbox run whose result waits for its release
+level (a verdict run, :mod:`rllm_gym.sandbox._gate`) uses no CPU of the pool's until that result comes: the sandbox
+bounds the run's own work. Around such a wait the code enters :func:`slot_lent`: the pool admits another call in its
+place, and when the wait is over the call takes a place back (before any new call) and goes on. The place changes
+hands when the wait starts and when its result comes, moments the caller and the release grid decide; never when the
+run ends, which its hidden input decides. Outside a worker that offers it (a plain thread, the loop's default
+executor) :func:`slot_lent` does nothing.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 from rllm_gym.engine import EnvThreadPool
+from rllm_gym.engine.common import LOANS_PER_WORKER
 from rllm_gym.slots import slot_lent
 
 
@@ -127,3 +128,30 @@ def test_a_cancelled_call_that_lends_afterwards_takes_no_place():
 
     assert _run(pool, main) == "next"
     assert seen == [0, 0] and pool.lending == 0
+
+
+def test_loans_are_bounded_per_worker():
+    """At most LOANS_PER_WORKER x max_workers calls lend their place at once; past that a call keeps its own, so the
+    work that lent calls started elsewhere stays bounded too."""
+    pool = EnvThreadPool(max_workers=1, thread_name_prefix="bounded-loans")
+    release, started = threading.Event(), []
+
+    def lends() -> None:
+        started.append(True)
+        with slot_lent():
+            release.wait(10)
+
+    async def main() -> tuple[int, int]:
+        calls = [asyncio.ensure_future(pool.call(lends)) for _ in range(LOANS_PER_WORKER + 3)]
+        for _ in range(200):  # a bound on a hang, not a timing assertion
+            if len(started) == LOANS_PER_WORKER + 1:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # had a further call been let in, it would have started by now
+        seen = (len(started), pool.lending)
+        release.set()
+        await asyncio.gather(*calls)
+        return seen
+
+    assert _run(pool, main) == (LOANS_PER_WORKER + 1, LOANS_PER_WORKER)
+    assert pool.lending == 0

@@ -26,6 +26,8 @@ from rllm_gym.types import DEFAULT_MAX_TURNS
 
 __all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turns_of", "task_id_of"]
 
+LOANS_PER_WORKER = 4  # calls that may lend their place at once, per worker: what bounds the work they start elsewhere
+
 
 def default_env_workers() -> int:
     """Twice the CPUs this process may run on, at least 4: as the sandbox's default ``max_parallel`` counts them, but
@@ -53,8 +55,10 @@ class EnvThreadPool(Executor):
     ``Thread.start`` waits until the new thread has run. New threads are started by a starter thread instead, and
     the queues are ``queue.SimpleQueue`` (no Python-level lock). :meth:`call` is the asyncio way in, with
     backpressure: at most ``max_workers`` of its calls are in the pool at a time, not counting those that lent their
-    place while they only wait (:func:`rllm_gym.slots.slot_lent`); the pool runs a thread more for each such loan
-    (``lending`` counts them), and a call back from its loan gets the next free place before any new call.
+    place while they wait for work done elsewhere (:func:`rllm_gym.slots.slot_lent`: a sandbox run whose result
+    waits for its release level); the pool runs a thread more for each such loan (``lending`` counts them, at most
+    :data:`LOANS_PER_WORKER` times ``max_workers``), and a call back from its loan gets the next free place before any
+    new call.
     """
 
     def __init__(self, max_workers: int, thread_name_prefix: str):
@@ -249,8 +253,11 @@ class _Place:
 
     def _lent(self) -> None:
         if self.state == "held":
+            pool = self.places.pool
+            if pool._lending >= LOANS_PER_WORKER * pool.max_workers:
+                return  # enough waits elsewhere at once: this call keeps its place
             self.state = "lent"
-            self.places.pool._lending += 1  # before the place goes: the call let in may need a thread more
+            pool._lending += 1  # before the place goes: the call let in may need a thread more
             self.places.give()
 
     def _take(self) -> None:

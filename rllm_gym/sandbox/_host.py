@@ -247,8 +247,8 @@ class Sandbox:
         if harness is not None:
             fds.append(memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
             request["pair"] = True
-        future = RunFuture()
         gate = _gate.GATE
+        future = RunFuture(held=gate.enabled and run_class != "visible")
         try:
             self.start()
         except SandboxUnavailableError:
@@ -328,7 +328,7 @@ class Sandbox:
             entry.future.set_result(result)
 
         entry.gate.finish(entry.ticket, deliver)
-        entry.future.ended.set()  # after the gate's record of its end: a waiter may now lend its slot
+        entry.future.ended.set()  # after the gate's record of its end
         self._pump()
 
     @staticmethod
@@ -375,14 +375,14 @@ class Sandbox:
         its class's turn) ends as a ``sandbox_error``. ``timeout`` and ``pair`` are kept for callers of the
         earlier signature and change nothing.
 
-        Once the run itself is over and its result only waits for its release level (a verdict run), the calling
-        thread lends its place (:func:`rllm_gym.slots.slot_lent`): the engine's env thread pool starts another env
-        call meanwhile. This one still gets its result at its level, then waits for a place again."""
-        if isinstance(future, RunFuture) and not future.done():
-            future.ended.wait()
-            if not future.done():
-                with slot_lent():
-                    future.result()
+        A run whose result waits for its release level (a verdict or exclusive run) lends the calling thread's place
+        (:func:`rllm_gym.slots.slot_lent`) from now, when it was submitted, to its release: the engine's env thread
+        pool runs another env call meanwhile, and this one takes a place back when its result comes. Not when the
+        run ends: a place freed then would let the run's duration (its hidden input's) decide when other episodes'
+        work starts, and so reach a later visible run's clock past the release grid."""
+        if isinstance(future, RunFuture) and future.held and not future.done():
+            with slot_lent():
+                future.result()
         return future.result()
 
     async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
@@ -408,11 +408,12 @@ class Sandbox:
 
 
 class RunFuture(concurrent.futures.Future):
-    """A run's future. ``ended`` is set once the run is over (its process ended, or it failed): its result may still
-    wait for its release level, as a verdict run's does. Every result is set after ``ended``."""
+    """A run's future. ``held``: its result waits for its release level (a verdict or exclusive run, the gate on).
+    ``ended`` is set once the run is over (its process ended, or it failed), before its result is."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: bool = False) -> None:
         super().__init__()
+        self.held = held
         self.ended = threading.Event()
 
     def set_result(self, result: Any) -> None:

@@ -172,21 +172,24 @@ def test_a_held_verdict_result_is_no_longer_in_flight(sandbox, monkeypatch, tmp_
     assert future.result(timeout=30).stdout == "1\n" and sandbox.schedule[-1]["level_s"] == 2.0
 
 
-def test_an_env_call_keeps_its_place_while_its_run_runs(sandbox):
-    """Only the wait for the level is lent: while the run itself runs (CPU in the sandbox), the next env call of a
-    one-worker pool does not start."""
+@pytest.mark.parametrize("run_class", ["verdict", "visible"])
+def test_an_env_call_lends_its_place_from_submission_only_for_a_held_result(sandbox, run_class):
+    """A verdict run's env call lends its place in the engine's pool from its submission (a moment of its own, not the
+    run's end, which its hidden input decides): the next call of a one-worker pool starts while the run still runs. A
+    visible run's call keeps its place: the next call starts after the run ended."""
     pool = EnvThreadPool(max_workers=1, thread_name_prefix="running")
     started: list[float] = []
 
     async def main() -> None:
-        running = pool.call(sandbox.run, "import time\ntime.sleep(0.3)", run_class="verdict")
+        running = pool.call(sandbox.run, "import time\ntime.sleep(2)", run_class=run_class)
         await asyncio.gather(running, pool.call(lambda: started.append(time.monotonic())))
 
     try:
         asyncio.run(main())
     finally:
         pool.shutdown()
-    assert started[0] >= sandbox.schedule[-1]["finished_at"]
+    finished_at = sandbox.schedule[-1]["finished_at"]
+    assert started[0] < finished_at if run_class == "verdict" else started[0] >= finished_at
 
 
 # The gate alone: phases, fairness, exclusive runs, and the phases of several processes
