@@ -9,11 +9,11 @@ three sides, with 1, 4, 16 and 64 runs in flight:
 * ``bare``: a ``python -c`` subprocess, no sandbox at all.
 
 The sides take turns, a block of runs each (:func:`measure`), so a load that changes during the benchmark (a shared
-machine) weighs on all of them alike. The cost of isolation is ``isolated`` against ``layers_off`` (same runner,
-layers on vs off). ``bare`` against ``layers_off`` is a different question: what the warm fork server saves over a
-cold interpreter start, not what isolation costs. Programs: ``trivial`` (a print) and ``cpu`` (about 0.1 s of pure-Python arithmetic), so the fixed
-cost per run shows next to a run whose own work dominates. Memory per run is the mean peak RSS of the run's process
-(the sandbox's ``max_rss_mb``; ``wait4``'s for ``python -c``).
+machine) weighs on all of them alike. The cost of isolation is ``isolated`` against ``layers_off`` (same runner, layers
+on vs off). ``bare`` against ``layers_off`` is a different question: what the warm fork server saves over a cold
+interpreter start, not what isolation costs. Programs: ``trivial`` (a print) and ``cpu`` (about 0.1 s of pure-Python
+arithmetic), so the fixed cost per run shows next to a run whose own work dominates. Memory per run is the mean peak
+RSS of the run's process (the sandbox's ``max_rss_mb``; ``wait4``'s for ``python -c``).
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ tests, scorers), so neither can time the other's use of the CPU; a run without a
 result is released at a level of a doubling grid (0.1 s, 0.2 s, 0.4 s, ...), so a later run reading the clock learns
 that level, not its duration (``_gate.py``: one gate per process, shared by its :class:`Sandbox` objects, and the
 gates of one user's processes on a host take turns through ``flock``; ``Sandbox.schedule`` holds the gate's records
-of a sandbox's runs). While a finished run's result waits for its level, the thread waiting for it lends its place in
-the engine's env thread pool (:mod:`rllm_gym.slots`).
+of a sandbox's runs). From a verdict run's submission to its release, the thread waiting for it lends its place in the
+engine's env thread pool (:mod:`rllm_gym.slots`).
 
 ``strict=True`` (the default) refuses to run code when a layer of :data:`REQUIRED_LAYERS` is missing
 (:class:`SandboxUnavailableError` names it); ``strict=False`` (or ``RLLM_GYM_SANDBOX_STRICT=0`` for the shared
