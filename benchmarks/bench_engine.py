@@ -10,7 +10,8 @@ pauses; the rest is calls answered later than L because the loop was busy), and 
 ``--code N`` also runs N Code-v0 episodes (their steps run sandboxed programs), ``--tool N`` N Tool-v0 episodes (a
 sandboxed ``python`` tool call, then ``finish`` with the answer, math-graded); for each, the lag of the event loop
 meanwhile (a ticker that should wake every 5 ms: worst and 99th percentile), episodes/s, and the most sandbox runs
-queued or running at once (the engine's backpressure keeps it near ``env_workers``).
+queued or running at once (the engine's backpressure keeps it near ``env_workers``, and the calls that lent their
+place while their verdict run runs and its result waits for release: up to 4 per worker).
 
     python benchmarks/bench_engine.py                          # N = 256, 1024, 2048 at L = 200 ms
     python benchmarks/bench_engine.py --quick                  # N = 256 at L = 50 ms, a few seconds

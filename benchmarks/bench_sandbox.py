@@ -8,11 +8,12 @@ three sides, with 1, 4, 16 and 64 runs in flight:
   namespace, view, uid, cgroup and seccomp layers off (``Sandbox(isolate=False, strict=False)``);
 * ``bare``: a ``python -c`` subprocess, no sandbox at all.
 
-The cost of isolation is ``isolated`` against ``layers_off`` (same runner, layers on vs off). ``bare`` against
-``layers_off`` is a different question: what the warm fork server saves over a cold interpreter start, not what
-isolation costs. Programs: ``trivial`` (a print) and ``cpu`` (about 0.1 s of pure-Python arithmetic), so the fixed
-cost per run shows next to a run whose own work dominates. Memory per run is the mean peak RSS of the run's process
-(the sandbox's ``max_rss_mb``; ``wait4``'s for ``python -c``).
+The sides take turns, a block of runs each (:func:`measure`), so a load that changes during the benchmark (a shared
+machine) weighs on all of them alike. The cost of isolation is ``isolated`` against ``layers_off`` (same runner, layers
+on vs off). ``bare`` against ``layers_off`` is a different question: what the warm fork server saves over a cold
+interpreter start, not what isolation costs. Programs: ``trivial`` (a print) and ``cpu`` (about 0.1 s of pure-Python
+arithmetic), so the fixed cost per run shows next to a run whose own work dominates. Memory per run is the mean peak
+RSS of the run's process (the sandbox's ``max_rss_mb``; ``wait4``'s for ``python -c``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,22 +54,39 @@ def sandbox_run(box: Sandbox, program: str) -> tuple[str, float]:
     return result.stdout, result.max_rss_mb or 0.0
 
 
-def measure(run_once, program: str, expected: str, runs: int, in_flight: int, budget_s: float) -> dict[str, float]:
-    """Runs/s and mean peak RSS over at most ``runs`` runs or ``budget_s`` seconds, ``in_flight`` at a time."""
-    done, rss = 0, 0.0
+def measure(
+    sides: dict[str, Callable[[str], tuple[str, float]]],
+    program: str,
+    expected: str,
+    runs: int,
+    in_flight: int,
+    budget_s: float,
+) -> dict[str, dict[str, float]]:
+    """Each side's runs/s and mean peak RSS, ``in_flight`` runs at a time, in alternating rounds (a block of
+    ``in_flight`` runs per side, the order reversed each round) until every side has done ``runs`` or ``budget_s``
+    per side is spent: a change of the machine's load meanwhile falls on every side alike, so their ratio holds."""
+    done = dict.fromkeys(sides, 0)
+    seconds, rss = dict.fromkeys(sides, 0.0), dict.fromkeys(sides, 0.0)
+    order = list(sides)
     start = time.perf_counter()
     with ThreadPoolExecutor(in_flight) as pool:
-        while done < runs and time.perf_counter() - start < budget_s:
-            for stdout, peak in pool.map(lambda _: run_once(program), range(in_flight)):
-                assert stdout == expected, stdout
-                rss += peak
-            done += in_flight
-    elapsed = time.perf_counter() - start
+        while min(done.values()) < runs and time.perf_counter() - start < budget_s * len(sides):
+            for side in order:
+                block = time.perf_counter()
+                for stdout, peak in pool.map(lambda _, run_once=sides[side]: run_once(program), range(in_flight)):
+                    assert stdout == expected, stdout
+                    rss[side] += peak
+                seconds[side] += time.perf_counter() - block
+                done[side] += in_flight
+            order.reverse()
     return {
-        "per_s": round(done / elapsed, 1),
-        "ms_per_run": round(1000 * elapsed / done, 2),
-        "runs": done,
-        "rss_mb": round(rss / done, 1),
+        side: {
+            "per_s": round(done[side] / seconds[side], 1),
+            "ms_per_run": round(1000 * seconds[side] / done[side], 2),
+            "runs": done[side],
+            "rss_mb": round(rss[side] / done[side], 1),
+        }
+        for side in sides
     }
 
 
@@ -101,8 +120,8 @@ def main() -> None:
             rows = []
             for in_flight in args.in_flight:
                 row: dict[str, Any] = {"in_flight": in_flight}
-                for side, run_once in sides.items():
-                    row[side] = measure(run_once, program, expected, args.runs, in_flight, budget)
+                row.update(measure(sides, program, expected, args.runs, in_flight, budget))
+                for side in sides:
                     m = row[side]
                     print(
                         f"{name:>8} {in_flight:>9} {side:>10} {m['per_s']:>8.1f} {m['ms_per_run']:>8.2f} "

@@ -4,12 +4,14 @@ Both :mod:`rllm_gym.engine.engine` and :mod:`rllm_gym.engine.multi_agent` import
 so the imports between the engine modules run one way. :class:`EnvThreadPool` is written for an event loop that must
 never wait: :meth:`EnvThreadPool.submit` takes no lock a worker thread may hold and never waits for a thread to
 start, and :meth:`EnvThreadPool.call` admits at most ``max_workers`` calls at a time, so calls beyond that wait as
-suspended coroutines (backpressure) instead of piling up in the pool's queue.
+suspended coroutines (backpressure) instead of piling up in the pool's queue. A call that only waits (the sandbox
+holding a verdict's result for its release level) lends its place meanwhile (:mod:`rllm_gym.slots`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import queue
@@ -19,9 +21,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
+from rllm_gym.slots import set_lender
 from rllm_gym.types import DEFAULT_MAX_TURNS
 
 __all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turns_of", "task_id_of"]
+
+LOANS_PER_WORKER = 4  # calls that may lend their place at once, per worker: what bounds the work they start elsewhere
 
 
 def default_env_workers() -> int:
@@ -49,7 +54,11 @@ class EnvThreadPool(Executor):
     thread holds means waiting until that thread gets the GIL back (milliseconds per call with 32 busy workers), and
     ``Thread.start`` waits until the new thread has run. New threads are started by a starter thread instead, and
     the queues are ``queue.SimpleQueue`` (no Python-level lock). :meth:`call` is the asyncio way in, with
-    backpressure: at most ``max_workers`` of its calls are in the pool at a time.
+    backpressure: at most ``max_workers`` of its calls are in the pool at a time, not counting those that lent their
+    place while they wait for work done elsewhere (:func:`rllm_gym.slots.slot_lent`: a sandbox run whose result
+    waits for its release level); the pool runs a thread more for each such loan (``lending`` counts them, at most
+    :data:`LOANS_PER_WORKER` times ``max_workers``), and a call back from its loan gets the next free place before any
+    new call.
     """
 
     def __init__(self, max_workers: int, thread_name_prefix: str):
@@ -65,9 +74,10 @@ class EnvThreadPool(Executor):
         self._lock = threading.Lock()  # thread list and shutdown: never taken by submit or by a call
         self._start_lock = threading.Lock()  # the rare path of submit that asks for a new thread
         self._starter: threading.Thread | None = None
-        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
+        self._places: _Places | None = None  # the places of one event loop's calls (one asyncio.run)
         self._closed = False
         self._running: set[Future] = set()
+        self._lending = 0  # loans of a place not over yet: changed on the event loop's thread only
 
     @property
     def busy(self) -> int:
@@ -78,15 +88,23 @@ class EnvThreadPool(Executor):
     def max_workers(self) -> int:
         return self._max_workers
 
+    @property
+    def lending(self) -> int:
+        """Calls that lent their place (they only wait) and have not taken one back: each beside ``max_workers``."""
+        return self._lending
+
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        return self._submit(fn, args, kwargs, None)
+
+    def _submit(self, fn: Callable[..., Any], args: Any, kwargs: Any, place: _Place | None) -> Future:
         if self._closed:
             raise RuntimeError("cannot run env calls after the engine's thread pool shut down")
         future: Future = Future()
-        self._work.put((future, fn, args, kwargs))
+        self._work.put((future, fn, args, kwargs, place))
         try:
             self._idle.get_nowait()  # a worker that is (or is about to be) waiting for work takes this call
         except queue.Empty:
-            if self._requested < self._max_workers:
+            if self._requested < self._max_workers + self._lending:
                 self._request_thread()
         return future
 
@@ -94,14 +112,19 @@ class EnvThreadPool(Executor):
         """``fn(*args, **kwargs)`` in a worker thread, awaited; at most ``max_workers`` such calls are admitted at a
         time (per event loop), the rest wait here rather than in the pool's queue."""
         loop = asyncio.get_running_loop()
-        if self._slots is None or self._slots[0] is not loop:  # a semaphore belongs to one loop (one asyncio.run)
-            self._slots = (loop, asyncio.Semaphore(self._max_workers))
-        async with self._slots[1]:
-            return await asyncio.wrap_future(self.submit(fn, *args, **kwargs))
+        if self._places is None or self._places.loop is not loop:
+            self._places = _Places(self, loop, self._max_workers)
+        places = self._places
+        await places.enter()
+        place = _Place(places)
+        try:
+            return await asyncio.wrap_future(self._submit(fn, args, kwargs, place))
+        finally:
+            place.end()
 
     def _request_thread(self) -> None:
         with self._start_lock:
-            if self._requested >= self._max_workers:
+            if self._requested >= self._max_workers + self._lending:
                 return
             self._requested += 1
             if self._starter is None:
@@ -123,21 +146,23 @@ class EnvThreadPool(Executor):
 
     def _worker(self) -> None:
         while (item := self._work.get()) is not None:
-            future, fn, args, kwargs = item
+            future, fn, args, kwargs, place = item
             result: Any = None
             error: BaseException | None = None
             if future.set_running_or_notify_cancel():
                 self._running.add(future)  # a set's add and discard are atomic: no lock for workers to queue on
+                set_lender(place)
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as caught:  # the caller sees it through the future, as with any executor
                     error = caught
+                set_lender(None)
                 self._running.discard(future)  # before the caller wakes up: a finished call is never counted as busy
                 if error is None:
                     future.set_result(result)
                 else:
                     future.set_exception(error)
-            del item, future, fn, args, kwargs, result, error  # do not hold the finished call's objects while waiting
+            del item, future, fn, args, kwargs, place, result, error  # do not hold the finished call's objects
             self._idle.put(None)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
@@ -150,12 +175,119 @@ class EnvThreadPool(Executor):
                     item = self._work.get_nowait()
                     if item is not None:
                         item[0].cancel()
-        for _ in range(self._max_workers):  # every thread there is or may yet be gets its end-of-work marker
+        with self._start_lock:
+            threads_asked = max(self._max_workers, self._requested)
+        for _ in range(threads_asked):  # every thread there is or may yet be gets its end-of-work marker
             self._work.put(None)
         self._starts.put(False)
         if wait:
             for thread in threads:
                 thread.join()
+
+
+class _Places:
+    """The ``max_workers`` places of one event loop's :meth:`EnvThreadPool.call` calls. Every change happens on the
+    loop's thread (a worker thread posts its loans with ``call_soon_threadsafe``), so no lock is shared with the loop.
+    A place that comes free goes to a call back from a loan first, then to the oldest new call."""
+
+    def __init__(self, pool: EnvThreadPool, loop: asyncio.AbstractEventLoop, count: int):
+        self.pool, self.loop, self.free = pool, loop, count
+        self.new: collections.deque[asyncio.Future[None]] = collections.deque()
+        self.back: collections.deque[_Place] = collections.deque()
+
+    async def enter(self) -> None:
+        if self.free > 0 and not self.new:
+            self.free -= 1
+            return
+        waiter = self.loop.create_future()
+        self.new.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # handed a place as it was cancelled: pass it on
+                self.give()
+            raise
+
+    def give(self) -> None:
+        while self.back:
+            place = self.back.popleft()
+            if place.state == "returning":
+                place.returned_with_place()
+                return
+        while self.new:
+            waiter = self.new.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
+
+
+class _Place:
+    """One call's place among its loop's :class:`_Places`: ``held`` by the call, ``lent`` while it only waits,
+    ``returning`` while it waits for a place again, ``gone`` once the call's coroutine has ended. The worker thread
+    that runs the call lends it and takes it back (:class:`rllm_gym.slots.Lender`); the rest runs on the loop."""
+
+    __slots__ = ("ended", "places", "returned", "state")
+
+    def __init__(self, places: _Places):
+        self.places, self.state, self.ended = places, "held", False
+        self.returned = threading.Event()
+
+    # In the worker thread
+
+    def lend(self) -> None:
+        self.returned.clear()
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for a place any more
+            self.places.loop.call_soon_threadsafe(self._lent)
+
+    def take_back(self) -> None:
+        try:
+            self.places.loop.call_soon_threadsafe(self._take)
+        except RuntimeError:
+            return
+        while not self.returned.wait(1.0):
+            if self.places.loop.is_closed():
+                return
+
+    # On the loop's thread
+
+    def _lent(self) -> None:
+        if self.state == "held":
+            pool = self.places.pool
+            if pool._lending >= LOANS_PER_WORKER * pool.max_workers:
+                return  # enough waits elsewhere at once: this call keeps its place
+            self.state = "lent"
+            pool._lending += 1  # before the place goes: the call let in may need a thread more
+            self.places.give()
+
+    def _take(self) -> None:
+        if self.state != "lent":  # never lent (it had ended), or its coroutine is gone: it needs no place
+            self.returned.set()
+        elif self.ended:
+            self._end_loan("gone")
+        elif self.places.free > 0:
+            self.places.free -= 1
+            self._end_loan("held")
+        else:
+            self.state = "returning"
+            self.places.back.append(self)
+
+    def returned_with_place(self) -> None:
+        self._end_loan("held")
+
+    def _end_loan(self, state: str) -> None:
+        self.places.pool._lending -= 1
+        self.state = state
+        self.returned.set()
+
+    def end(self) -> None:
+        """The call's coroutine has ended (the call is done, or it was cancelled): its place, if held, is free."""
+        self.ended = True
+        if self.state == "held":
+            self.state = "gone"
+            self.places.give()
+        elif self.state == "returning":
+            self._end_loan("gone")
 
 
 async def call_in_executor(executor: Executor | None, fn: Callable[..., Any], /, *args: Any) -> Any:

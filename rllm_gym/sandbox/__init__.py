@@ -53,7 +53,8 @@ tests, scorers), so neither can time the other's use of the CPU; a run without a
 result is released at a level of a doubling grid (0.1 s, 0.2 s, 0.4 s, ...), so a later run reading the clock learns
 that level, not its duration (``_gate.py``: one gate per process, shared by its :class:`Sandbox` objects, and the
 gates of one user's processes on a host take turns through ``flock``; ``Sandbox.schedule`` holds the gate's records
-of a sandbox's runs).
+of a sandbox's runs). From a verdict run's submission to its release, the thread waiting for it lends its place in the
+engine's env thread pool (:mod:`rllm_gym.slots`).
 
 ``strict=True`` (the default) refuses to run code when a layer of :data:`REQUIRED_LAYERS` is missing
 (:class:`SandboxUnavailableError` names it); ``strict=False`` (or ``RLLM_GYM_SANDBOX_STRICT=0`` for the shared
@@ -62,6 +63,7 @@ itself is ``sandbox_error``: graders must never score it as a wrong answer, and 
 
 Layout: :mod:`~rllm_gym.sandbox.limits` (a run's limits, checked by one rule), ``_result.py`` (statuses and results),
 ``_wire.py`` (requests and frames), ``_gate.py`` (the order of runs by class), ``_host.py`` (:class:`Sandbox`),
+``_spawn.py`` (starting and stopping its zygote, the layers a strict sandbox requires),
 :mod:`~rllm_gym.sandbox.channel` (the pair's plain-data calls), and the zygote's side, standard library only and loaded
 by path: ``_zygote.py`` (the fork server), ``_zygote_run.py`` (one run's supervisor and solution processes),
 ``_isolation.py`` (the layers), ``_cgroups.py`` (the memory cgroups), ``_landlock.py`` and ``_preload.py`` (what the
@@ -76,8 +78,9 @@ import threading
 from typing import Any
 
 from rllm_gym.sandbox._gate import RUN_CLASSES, check_run_class
-from rllm_gym.sandbox._host import REQUIRED_LAYERS, Sandbox
+from rllm_gym.sandbox._host import Sandbox
 from rllm_gym.sandbox._result import ExecutionStatus, PairResult, SandboxResult, SandboxUnavailableError
+from rllm_gym.sandbox._spawn import REQUIRED_LAYERS
 from rllm_gym.sandbox._wire import build_request
 from rllm_gym.sandbox.limits import DEFAULT_LIMITS, SandboxLimits
 

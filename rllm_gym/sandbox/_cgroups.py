@@ -119,8 +119,15 @@ class MemoryCgroups:
 
     def join(self, slot: int) -> int:
         """An fd to write ``0`` to (it moves the writer into slot ``slot``): opened by the supervisor, used by its
-        child before it drops root."""
-        return os.open(f"slot-{slot}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
+        child before it drops root, while that child has a single thread.
+
+        On v1 the fd is the slot's ``tasks`` file, which moves the writing thread alone: the kernel then skips the
+        lock that keeps every thread group still (``cgroup_threadgroup_rwsem``), whose write side waits for an RCU
+        grace period (about 10 ms a run on a loaded machine, most of what the layers cost at one run in flight);
+        ``cgroup.procs`` takes it. A process of one thread is all of it, and what it starts begins in its cgroup.
+        v2's ``cgroup.threads`` is for threaded cgroups only, so v2 writes ``cgroup.procs``."""
+        target = "tasks" if self.version == 1 else "cgroup.procs"
+        return os.open(f"slot-{slot}/{target}", os.O_WRONLY, dir_fd=self.fd)
 
     def close(self) -> None:
         for entry in os.listdir(self.fd):

@@ -14,40 +14,20 @@ import itertools
 import json
 import os
 import queue
-import secrets
 import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 from rllm_gym.sandbox import _gate
 from rllm_gym.sandbox._result import PairResult, SandboxResult, SandboxUnavailableError, failure, result_of
-from rllm_gym.sandbox._wire import BASE_ENV, FRAME, FrameReader, build_request, memfd, read_frame
+from rllm_gym.sandbox._spawn import ZygoteProcess
+from rllm_gym.sandbox._wire import FRAME, FrameReader, build_request, memfd
+from rllm_gym.slots import slot_lent
 
-_ZYGOTE = Path(__file__).with_name("_zygote.py")
-_STARTUP_TIMEOUT_S = 30.0
 _GUARD_S = 30.0  # how long past its own timeout we wait for the zygote before calling the run a sandbox error
 _sandbox_ids = itertools.count()
-REQUIRED_LAYERS = (
-    "rlimits",
-    "tmpdir",
-    "scrubbed_env",
-    "session_kill",
-    "minimal_fs",
-    "readonly_fs",
-    "netns",
-    "ipcns",
-    "pidns",
-    "private_proc",
-    "unprivileged_uid",
-    "seccomp",
-    "memory_cgroup|memory_rules",
-)
 
 
 class Sandbox:
@@ -113,22 +93,21 @@ class Sandbox:
         self._lock = threading.Lock()
         self._owner = os.getpid()
         self._ids = itertools.count()
+        self._zygote: ZygoteProcess | None = None
         self._proc: subprocess.Popen | None = None
-        self._view_base: str | None = None
         self._sock: socket.socket | None = None
-        self._cgroup: str | None = None
         self._outbox: queue.Queue[tuple[bytes, list[int]] | None] = queue.Queue()
         self._futures: dict[int, _Pending] = {}  # submitted and not answered: queued, ready, sent
         self._ready: collections.deque[_Pending] = collections.deque()  # admitted by the gate, not sent yet
         self._running = 0  # sent to the zygote and not answered
+        self._ended = 0  # over, with a result the gate has not released yet
         self._name = f"{os.getpid()}-{next(_sandbox_ids)}"
-        self._log: Any = None
 
     @property
     def in_flight(self) -> int:
-        """Runs submitted and not answered yet (waiting for their class's turn or running): what a caller's
-        backpressure keeps bounded."""
-        return len(self._futures)
+        """Runs submitted and not over yet (waiting for their class's turn, or running): what a caller's backpressure
+        keeps bounded. A verdict run whose result only waits for its release level is over (see :meth:`wait`)."""
+        return len(self._futures) - self._ended
 
     @property
     def schedule(self) -> list[dict[str, Any]]:
@@ -140,6 +119,10 @@ class Sandbox:
 
     # Zygote life cycle
 
+    @property
+    def _view_base(self) -> str | None:
+        return None if self._zygote is None else self._zygote.view_base
+
     def start(self) -> None:
         """Start the zygote now (otherwise the first run does); raises RuntimeError when it cannot start and
         :class:`SandboxUnavailableError` when it is strict and a required layer is missing."""
@@ -150,110 +133,36 @@ class Sandbox:
                 )
             if self._proc is not None and self._proc.poll() is None and self._sock is not None:
                 return
-            self._spawn()
-
-    def _spawn(self) -> None:
-        self._remove_view_base()  # a zygote that died before
-        host, child = socket.socketpair()
-        # An empty folder of the host's where the zygote, in its own mount namespace, assembles its view's root.
-        self._view_base = tempfile.mkdtemp(prefix="rllm-sandbox-view-")
-        # A random uid range per zygote: runs of two zygotes never share a uid (RLIMIT_NPROC counts per uid).
-        config = {
-            "max_parallel": self.max_parallel,
-            "uid_base": 1_000_000 + secrets.randbelow(8_000_000) * 512,
-            "isolate": self.isolate,
-            "hidden": _project_folders(),
-            "packages": self.packages,
-            "view_base": self._view_base,
-            "preload": self.preload,
-            "read_view": self.read_view,
-        }
-        argv = [sys.executable, "-I", str(_ZYGOTE), str(child.fileno()), json.dumps(config)]
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, kept for error messages)
-        try:
-            self._proc = subprocess.Popen(
-                argv,
-                pass_fds=(child.fileno(),),
-                env=dict(BASE_ENV),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self._log,
-                start_new_session=True,
-                cwd="/",
-            )
-        finally:
-            child.close()
-        host.settimeout(_STARTUP_TIMEOUT_S)
-        try:
-            hello = read_frame(host)
-        except (OSError, ValueError) as exc:
-            hello = {"hello": False, "error": f"{type(exc).__name__}: {exc}"}
-        if not hello or not hello.get("hello"):
-            self._proc.kill()
-            self._proc.wait()
-            self._remove_view_base()
-            raise RuntimeError(
-                f"the sandbox zygote failed to start: {hello and hello.get('error')} {self._log_tail()}"
-            )
-        host.settimeout(None)
-        self.isolation = list(hello["isolation"])
-        self._cgroup = hello.get("cgroup")
-        self.landlock_abi = int(hello.get("landlock_abi") or 0)
-        if self.isolate and not self.read_view and "landlock" not in self.isolation:
-            warnings.warn(
-                "the sandbox runs model code without its 'landlock' layer (it needs Linux 5.13 or later with Landlock "
-                "enabled, the minimal_fs view, which needs root, and the interpreter outside /tmp): a run can read "
-                "the interpreter's files, so one run can warm pages of them in the page cache and a later run can "
-                f"probe which; the layers in force: {self.isolation}",
-                RuntimeWarning,
-                stacklevel=4,
-            )
-        missing = [layer for layer in REQUIRED_LAYERS if not set(layer.split("|")) & set(self.isolation)]
-        if self.strict and missing:
-            host.close()
-            self._proc.wait()
-            self._remove_view_base()
-            raise SandboxUnavailableError(
-                f"the sandbox cannot isolate model code here: missing layers {missing} (in effect: {self.isolation})."
-                " It needs Linux, root (or a container with CAP_SYS_ADMIN) and x86-64 for seccomp; pass "
-                "Sandbox(strict=False) or set RLLM_GYM_SANDBOX_STRICT=0 to run with weaker isolation at your own risk"
-            )
-        self._sock = host
-        self._outbox = queue.Queue()
-        threading.Thread(target=self._reader, args=(host, self._proc), name="sandbox-reader", daemon=True).start()
-        threading.Thread(target=self._writer, args=(host, self._outbox), name="sandbox-writer", daemon=True).start()
-
-    def _log_tail(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return self._log.read()[-2000:].decode(errors="replace")
+            if self._zygote is not None:  # one that died before: what it left on the host goes
+                self._zygote.stop()
+                self._zygote = None
+            options = {
+                "max_parallel": self.max_parallel,
+                "isolate": self.isolate,
+                "packages": self.packages,
+                "preload": self.preload,
+                "read_view": self.read_view,
+            }
+            zygote = ZygoteProcess.start(options, self.strict)
+            self._zygote, self._proc, self._sock = zygote, zygote.proc, zygote.sock
+            self.isolation, self.landlock_abi = zygote.isolation, zygote.landlock_abi
+            self._outbox = queue.Queue()
+            reader = threading.Thread(target=self._reader, args=(zygote,), name="sandbox-reader", daemon=True)
+            reader.start()
+            writer = threading.Thread(target=self._writer, args=(zygote.sock, self._outbox), name="sandbox-writer")
+            writer.daemon = True
+            writer.start()
 
     def close(self) -> None:
         """Stop the zygote; runs in flight end as sandbox errors."""
         with self._lock:
             if self._sock is not None:
                 self._outbox.put(None)
-                self._sock.shutdown(socket.SHUT_RDWR)
                 self._sock = None
-            if self._proc is not None:
-                try:
-                    self._proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
-                self._proc = None
-            if self._cgroup is not None:  # the zygote empties it; only the host still sees it by path
-                _remove_cgroup(self._cgroup)
-                self._cgroup = None
-            self._remove_view_base()
-
-    def _remove_view_base(self) -> None:
-        """The view's mounts lived in the zygote's mount namespace: on the host the folder is empty."""
-        if self._view_base is not None:
-            with contextlib.suppress(OSError):
-                os.rmdir(self._view_base)
-            self._view_base = None
+            if self._zygote is not None:
+                self._zygote.stop()
+                self._zygote = None
+            self._proc = None
 
     def __enter__(self) -> Sandbox:
         return self
@@ -276,7 +185,8 @@ class Sandbox:
                 for fd in fds:
                     os.close(fd)
 
-    def _reader(self, sock: socket.socket, proc: subprocess.Popen) -> None:
+    def _reader(self, zygote: ZygoteProcess) -> None:
+        sock, proc = zygote.sock, zygote.proc
         frames = FrameReader(sock)
         while True:
             try:
@@ -305,7 +215,7 @@ class Sandbox:
             self._complete(entry, result)
         # The zygote is gone: every run bound to it is an infrastructure failure, and the next run restarts it. A run
         # still waiting for its class's turn gets its failure when its turn comes (the gate's order holds for it too).
-        message = f"the sandbox zygote exited (code {proc.poll()}) during the run {self._log_tail()}".strip()
+        message = f"the sandbox zygote exited (code {proc.poll()}) during the run {zygote.log_tail()}".strip()
         ending = []
         with self._lock:
             if self._sock is sock:
@@ -337,8 +247,8 @@ class Sandbox:
         if harness is not None:
             fds.append(memfd("rllm-harness", json.dumps({"code": harness, "stdin": "", "files": {}})))
             request["pair"] = True
-        future: concurrent.futures.Future = concurrent.futures.Future()
         gate = _gate.GATE
+        future = RunFuture(held=gate.enabled and run_class != "visible")
         try:
             self.start()
         except SandboxUnavailableError:
@@ -407,14 +317,18 @@ class Sandbox:
 
     def _complete(self, entry: _Pending, result: Any) -> None:
         """Hand ``result`` over when the gate releases the run (at once for a visible run), then send the next."""
+        with self._lock:
+            self._ended += 1
 
         def deliver() -> None:
             with self._lock:
                 self._futures.pop(entry.request["id"], None)
+                self._ended -= 1
                 entry.state = "done"
             entry.future.set_result(result)
 
         entry.gate.finish(entry.ticket, deliver)
+        entry.future.ended.set()  # after the gate's record of its end
         self._pump()
 
     @staticmethod
@@ -459,7 +373,16 @@ class Sandbox:
         """The result of a :meth:`submit` (or, with ``pair``, :meth:`submit_pair`) future. It always comes: a run
         the zygote has not answered 30 s past its ``timeout`` (counted from when it started, not while it waited for
         its class's turn) ends as a ``sandbox_error``. ``timeout`` and ``pair`` are kept for callers of the
-        earlier signature and change nothing."""
+        earlier signature and change nothing.
+
+        A run whose result waits for its release level (a verdict or exclusive run) lends the calling thread's place
+        (:func:`rllm_gym.slots.slot_lent`) from now, when it was submitted, to its release: the engine's env thread
+        pool runs another env call meanwhile, and this one takes a place back when its result comes. Not when the
+        run ends: a place freed then would let the run's duration (its hidden input's) decide when other episodes'
+        work starts, and so reach a later visible run's clock past the release grid."""
+        if isinstance(future, RunFuture) and future.held and not future.done():
+            with slot_lent():
+                future.result()
         return future.result()
 
     async def arun(self, code: str, **kwargs: Any) -> SandboxResult:
@@ -484,6 +407,20 @@ class Sandbox:
             self.start()
 
 
+class RunFuture(concurrent.futures.Future):
+    """A run's future. ``held``: its result waits for its release level (a verdict or exclusive run, the gate on).
+    ``ended`` is set once the run is over (its process ended, or it failed), before its result is."""
+
+    def __init__(self, held: bool = False) -> None:
+        super().__init__()
+        self.held = held
+        self.ended = threading.Event()
+
+    def set_result(self, result: Any) -> None:
+        self.ended.set()
+        super().set_result(result)
+
+
 class _Pending:
     """A run between its submission and its result: ``state`` is ``queued`` (waiting for the gate), ``doomed`` (its
     zygote died while it waited: it fails when its turn comes), ``ready`` (admitted, waiting for a free place among
@@ -491,28 +428,7 @@ class _Pending:
 
     __slots__ = ("fds", "frame", "future", "gate", "request", "result", "state", "ticket")
 
-    def __init__(self, future: concurrent.futures.Future, request: dict, frame: bytes, fds: list[int], gate: Any):
+    def __init__(self, future: RunFuture, request: dict, frame: bytes, fds: list[int], gate: Any):
         self.future, self.request, self.frame, self.fds, self.gate = future, request, frame, fds, gate
         self.ticket: Any = None
         self.state, self.result = "queued", None
-
-
-def _project_folders() -> list[str]:
-    """The folders of this project's packages: the sandbox's view covers them wherever they are installed."""
-    import importlib.util
-
-    folders = []
-    for name in ("rllm_gym", "rllm_gym.envs", "rllm_gym.agents", "rllm_gym.train"):
-        spec = importlib.util.find_spec(name)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            folders.append(os.path.realpath(location))
-    return sorted(set(folders))
-
-
-def _remove_cgroup(path: str) -> None:
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(path):
-            if entry.startswith("slot-"):
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.join(path, entry))
-        os.rmdir(path)

@@ -20,6 +20,7 @@ import gymnasium as gym
 from rllm_gym.agents.code import CodeAgent
 from rllm_gym.agents.math import MathAgent
 from rllm_gym.engine import AgentExecutionEngine, EnvThreadPool
+from rllm_gym.engine.common import LOANS_PER_WORKER
 from rllm_gym.engine.interpreter import responsive_loop
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.sandbox import Sandbox
@@ -131,8 +132,9 @@ async def test_sandbox_submissions_stay_bounded_by_the_env_workers():
         async with Lag(probe=lambda: sandbox.in_flight) as lag:
             episodes = await engine.run(list(range(64)))
         assert len(episodes) == 64 and all(e.metadata["attempts"] == 1 for e in episodes)
-        # 64 episodes reach their graded step at once; only the env pool's 3 calls reach the sandbox at a time.
-        assert 1 <= lag.peak <= 3
+        # 64 episodes reach their graded step at once; only the env pool's 3 calls reach the sandbox at a time, and
+        # the calls that lent their place while their verdict runs run and wait for release (at most 4 per worker).
+        assert 1 <= lag.peak <= 3 * (1 + LOANS_PER_WORKER)
         assert sandbox.in_flight == 0
         assert lag.worst_s < 0.5, f"the event loop stalled for {lag.worst_s * 1e3:.0f} ms"
 

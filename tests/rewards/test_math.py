@@ -405,7 +405,7 @@ def test_pathological_answer_hits_the_time_limit_without_stalling_others() -> No
 # child, and a child that exits normally (running its inherited atexit handlers) is the case worth checking.
 _FORK_SCRIPT = r"""
 import json, os, signal, sys
-import rllm_gym.rewards.math as math_module
+import rllm_gym.rewards.math_pool as pool_module
 from rllm_gym.rewards.math import MathGrader, shared_pool
 
 grader = MathGrader(time_limit=30)
@@ -420,7 +420,7 @@ before = grade()
 parent_pool = shared_pool()
 parent_pids = [process.pid for process in parent_pool._idle]
 read_end, write_end = os.pipe()
-lock = math_module._shared_pool_lock
+lock = pool_module._shared_pool_lock
 lock.acquire()  # held at the fork, as another parent thread might hold it
 child = os.fork()
 if child == 0:

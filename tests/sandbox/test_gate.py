@@ -10,6 +10,7 @@ and release in the process).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -20,6 +21,7 @@ import time
 
 import pytest
 
+from rllm_gym.engine import EnvThreadPool
 from rllm_gym.envs.code import CodeEnv
 from rllm_gym.rewards.code import CodeReward
 from rllm_gym.sandbox import ExecutionStatus, Sandbox, _gate, run_python
@@ -135,6 +137,59 @@ def test_a_later_visible_run_starts_no_earlier_than_the_verdict_runs_release(san
     assert verdict_r["run_class"] == "verdict" and visible_r["admitted_seq"] > verdict_r["released_seq"]
     assert visible_r["admitted_at"] >= verdict_r["admitted_at"] + verdict_r["level_s"]
     assert visible_start > verdict_end
+
+
+def test_an_env_call_waiting_for_a_release_level_lends_its_place_in_the_engine_pool(sandbox, monkeypatch, tmp_path):
+    """A verdict run's result waits for its level after the run is over: the engine's pool starts the next env call
+    meanwhile (one worker: without the loan the second run would be admitted only after the first was released),
+    and each result still comes at its own level. A grid of 2 s leaves the second call time to be admitted."""
+    monkeypatch.setattr(_gate, "GATE", RunGate(grid_s=2.0, host_folder=str(tmp_path / "gate")))
+    pool = EnvThreadPool(max_workers=1, thread_name_prefix="verdicts")
+
+    async def main() -> list:
+        calls = [pool.call(sandbox.run, f"print({i})", run_class="verdict") for i in range(2)]
+        return await asyncio.gather(*calls)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        pool.shutdown()
+    assert [r.stdout for r in results] == ["0\n", "1\n"] and pool.lending == 0
+    first, second = sandbox.schedule[-2:]
+    assert second["admitted_seq"] < first["released_seq"]  # admitted while the first result was held
+    for record in (first, second):
+        assert record["level_s"] == 2.0 and record["released_at"] >= record["admitted_at"] + 2.0
+
+
+def test_a_held_verdict_result_is_no_longer_in_flight(sandbox, monkeypatch, tmp_path):
+    """``in_flight`` (what backpressure bounds) counts runs waiting for their turn or running, not a result held for
+    its release level; the future is still not done then."""
+    monkeypatch.setattr(_gate, "GATE", RunGate(grid_s=2.0, host_folder=str(tmp_path / "gate")))
+    future = sandbox.submit("print(1)", run_class="verdict")
+    assert sandbox.in_flight == 1
+    assert future.ended.wait(30)
+    assert sandbox.in_flight == 0 and not future.done()
+    assert future.result(timeout=30).stdout == "1\n" and sandbox.schedule[-1]["level_s"] == 2.0
+
+
+@pytest.mark.parametrize("run_class", ["verdict", "visible"])
+def test_an_env_call_lends_its_place_from_submission_only_for_a_held_result(sandbox, run_class):
+    """A verdict run's env call lends its place in the engine's pool from its submission (a moment of its own, not the
+    run's end, which its hidden input decides): the next call of a one-worker pool starts while the run still runs. A
+    visible run's call keeps its place: the next call starts after the run ended."""
+    pool = EnvThreadPool(max_workers=1, thread_name_prefix="running")
+    started: list[float] = []
+
+    async def main() -> None:
+        running = pool.call(sandbox.run, "import time\ntime.sleep(2)", run_class=run_class)
+        await asyncio.gather(running, pool.call(lambda: started.append(time.monotonic())))
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.shutdown()
+    finished_at = sandbox.schedule[-1]["finished_at"]
+    assert started[0] < finished_at if run_class == "verdict" else started[0] >= finished_at
 
 
 # The gate alone: phases, fairness, exclusive runs, and the phases of several processes

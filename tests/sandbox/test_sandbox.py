@@ -349,9 +349,9 @@ def test_packages_limits_what_the_code_can_import():
 
 
 def test_strict_refuses_to_run_without_a_required_layer(monkeypatch):
-    import rllm_gym.sandbox._host as host_module  # where Sandbox reads the layers it requires
+    import rllm_gym.sandbox._spawn as spawn_module  # where a starting zygote's layers are checked
 
-    monkeypatch.setattr(host_module, "REQUIRED_LAYERS", (*host_module.REQUIRED_LAYERS, "quantum_fence"))
+    monkeypatch.setattr(spawn_module, "REQUIRED_LAYERS", (*spawn_module.REQUIRED_LAYERS, "quantum_fence"))
     with Sandbox(max_parallel=1) as box, pytest.raises(SandboxUnavailableError, match=r"missing layers \['quantum"):
         box.run("print(1)")
     with Sandbox(max_parallel=1, strict=False) as box:  # the same machine, weaker promise: it runs and says what held
