@@ -119,11 +119,17 @@ def raw_program_of(turns: int, max_tokens: int):
     return program
 
 
-async def timed(engine: AgentWorkflowEngine, sessions: int) -> tuple[float, float, int]:
-    """Wall seconds, process CPU seconds and completion tokens of one run of ``sessions`` episodes."""
+async def timed(
+    engine: AgentWorkflowEngine, sessions: int, batches: list[int] | None = None
+) -> tuple[float, float, int]:
+    """Wall seconds, process CPU seconds and completion tokens of one run of ``sessions`` episodes; ``batches``, when
+    given, gets the size of each ``generate`` call the run made (``HFPolicy.batch_sizes``)."""
+    first_batch = len(engine.policy.batch_sizes)
     start, cpu = time.perf_counter(), time.process_time()
     episodes = await engine.run(list(range(sessions)))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if batches is not None:
+        batches[:] = engine.policy.batch_sizes[first_batch:]
     failed = [e for e in episodes if e.termination_reason.value != "env_done"]
     if failed:
         raise RuntimeError(f"{len(failed)} episodes failed: {failed[0].metadata.get('error')}")
@@ -181,9 +187,10 @@ async def main(args: argparse.Namespace) -> dict:
         await timed(engine, args.sessions)
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     cpu: dict[str, list[float]] = {name: [] for name in engines}
+    batches: dict[str, list[int]] = {name: [] for name in engines}  # the last round's generate calls, per path
     for _ in range(args.rounds):
         for name, engine in engines.items():
-            wall, used, _ = await timed(engine, args.sessions)
+            wall, used, _ = await timed(engine, args.sessions, batches[name])
             seconds[name].append(wall)
             cpu[name].append(used)
     base = statistics.median(seconds["direct"])
@@ -202,6 +209,8 @@ async def main(args: argparse.Namespace) -> dict:
         "ratio_default_client": round(statistics.median(seconds["gateway_default_client"]) / base, 3),
         "ratio_raw_http": round(statistics.median(seconds["gateway_raw_http"]) / base, 3),
         "direct_cpu_s": [round(s, 3) for s in cpu["direct"]],
+        # Every path hands the policy the same batches (64 requests per turn), so the same forward passes run.
+        **{f"{name}_batch_sizes": sizes for name, sizes in batches.items()},
         **cpu_per_call,
         **(await long_replies(policy, args) if args.long_tokens else {}),
         "cpus": os.cpu_count(),
@@ -233,7 +242,8 @@ if __name__ == "__main__":
         f"plain aiohttp instead of openai {results['gateway_raw_http_s']} s, ratio {results['ratio_raw_http']}x. "
         f"CPU per call over direct: openai {results['gateway_cpu_ms_per_call']} ms, with its default TLS set-up "
         f"{results['gateway_default_client_cpu_ms_per_call']} ms, "
-        f"aiohttp {results['gateway_raw_http_cpu_ms_per_call']} ms"
+        f"aiohttp {results['gateway_raw_http_cpu_ms_per_call']} ms. Batch sizes (generate calls): direct "
+        f"{results['direct_batch_sizes']}, gateway {results['gateway_batch_sizes']}"
     )
     if arguments.long_tokens:
         print(

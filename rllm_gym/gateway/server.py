@@ -463,6 +463,8 @@ class Gateway:
         # n choices with one seed would be n copies: each choice gets its own seed.
         seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
         try:
+            if n == 1:  # the common case, awaited in place: no task and gather per call
+                return [await one(None, on_tokens[0] if on_tokens else None)]
             return list(await asyncio.gather(*map(one, seeds, on_tokens or [None] * n)))
         except PolicyError:
             raise
