@@ -247,9 +247,7 @@ class VLLMPolicy(BasePolicy):
             self._stop_loop()
             raise
         self._to_engine = LoopHandoff(self._loop)
-        self._to_callers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopHandoff] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._to_callers: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}  # the callers' loops still open
         self._to_callers_lock = threading.Lock()
         # vllm.SamplingParams per distinct (params, streamed), built on the engine's loop only: vLLM copies the ones
         # it is given per request (``params.clone()`` in its input processor), so one object serves every request.
@@ -299,7 +297,9 @@ class VLLMPolicy(BasePolicy):
     def _handoff_to(self, caller: asyncio.AbstractEventLoop) -> LoopHandoff:
         with self._to_callers_lock:
             handoff = self._to_callers.get(caller)
-            if handoff is None:
+            if handoff is None:  # a new loop: forget the closed ones (an asyncio.run each, for a long-lived policy)
+                for loop in [loop for loop in self._to_callers if loop.is_closed()]:
+                    del self._to_callers[loop]
                 handoff = self._to_callers[caller] = LoopHandoff(caller)
         return handoff
 

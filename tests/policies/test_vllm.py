@@ -99,6 +99,8 @@ def test_one_policy_serves_many_event_loops_and_threads(standin_vllm, tiny_model
             results = list(pool.map(lambda ids: asyncio.run(_ask(policy, ids)), batches))
         assert results == [[f"echo {i}" for i in ids] for ids in batches]
         assert policy.engine.loop is policy._loop and not policy.engine.cancelled
+        # The closed loops are not kept: each new loop drops them (here: ten loops ran, one more asks).
+        assert asyncio.run(_ask(policy, [4])) == ["echo 4"] and len(policy._to_callers) == 1
     finally:
         policy.shutdown()
     assert policy.engine.shut_down and not policy._thread.is_alive()
