@@ -11,7 +11,10 @@ openai client with its default TLS set-up built per episode (it loads the CA bun
 program on plain aiohttp. Decoding is greedy, so every path generates the same tokens; they are timed in turn,
 ``--rounds`` times each, after a warm-up of each, and the ratios of the medians to direct are reported (goal: <= 1.1).
 The process's CPU time per LLM call over the direct path's (``*_cpu_ms_per_call``) says what each way of calling
-costs, whatever else the machine runs: the clients run in this process, on the cores that also generate.
+costs, whatever else the machine runs: the clients run in this process, on the cores that also generate. The event
+loop thread's CPU per call (``*_loop_cpu_ms_per_call``) is what a turn's batch waits for: programs, gateway and
+engine share that one thread, and a batch goes out once every session has asked. Each path's batch sizes
+(``*_batch_sizes``, the last round's) show that both paths run the same batches.
 
 A second workload (``--long-tokens``, 128) times direct against the gateway with the openai client at replies of a
 realistic length, where the fixed cost per call weighs less; it is reported beside the first, never instead of it.
@@ -119,11 +122,21 @@ def raw_program_of(turns: int, max_tokens: int):
     return program
 
 
-async def timed(engine: AgentWorkflowEngine, sessions: int) -> tuple[float, float, int]:
-    """Wall seconds, process CPU seconds and completion tokens of one run of ``sessions`` episodes."""
-    start, cpu = time.perf_counter(), time.process_time()
+async def timed(
+    engine: AgentWorkflowEngine, sessions: int, batches: list[int] | None = None, loop_cpu: list[float] | None = None
+) -> tuple[float, float, int]:
+    """Wall seconds, process CPU seconds and completion tokens of one run of ``sessions`` episodes; ``batches``, when
+    given, gets the size of each ``generate`` call the run made (``HFPolicy.batch_sizes``), and ``loop_cpu`` the CPU
+    seconds of the event loop's thread (programs, gateway, engine and prompt building; generation runs in a worker
+    thread), to which the run's figure is appended."""
+    first_batch = len(engine.policy.batch_sizes)
+    start, cpu, loop_start = time.perf_counter(), time.process_time(), time.thread_time()
     episodes = await engine.run(list(range(sessions)))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    if loop_cpu is not None:
+        loop_cpu.append(time.thread_time() - loop_start)
+    if batches is not None:
+        batches[:] = engine.policy.batch_sizes[first_batch:]
     failed = [e for e in episodes if e.termination_reason.value != "env_done"]
     if failed:
         raise RuntimeError(f"{len(failed)} episodes failed: {failed[0].metadata.get('error')}")
@@ -181,9 +194,11 @@ async def main(args: argparse.Namespace) -> dict:
         await timed(engine, args.sessions)
     seconds: dict[str, list[float]] = {name: [] for name in engines}
     cpu: dict[str, list[float]] = {name: [] for name in engines}
+    batches: dict[str, list[int]] = {name: [] for name in engines}  # the last round's generate calls, per path
+    loop_cpu: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(args.rounds):
         for name, engine in engines.items():
-            wall, used, _ = await timed(engine, args.sessions)
+            wall, used, _ = await timed(engine, args.sessions, batches[name], loop_cpu[name])
             seconds[name].append(wall)
             cpu[name].append(used)
     base = statistics.median(seconds["direct"])
@@ -202,6 +217,14 @@ async def main(args: argparse.Namespace) -> dict:
         "ratio_default_client": round(statistics.median(seconds["gateway_default_client"]) / base, 3),
         "ratio_raw_http": round(statistics.median(seconds["gateway_raw_http"]) / base, 3),
         "direct_cpu_s": [round(s, 3) for s in cpu["direct"]],
+        # The event loop's CPU per LLM call: what each turn's batch waits for (every session's share, one after the
+        # other), free of the generation threads' CPU, which swings on a loaded machine.
+        **{
+            f"{name}_loop_cpu_ms_per_call": round(1e3 * statistics.median(values) / calls, 3)
+            for name, values in loop_cpu.items()
+        },
+        # Every path hands the policy the same batches (64 requests per turn), so the same forward passes run.
+        **{f"{name}_batch_sizes": sizes for name, sizes in batches.items()},
         **cpu_per_call,
         **(await long_replies(policy, args) if args.long_tokens else {}),
         "cpus": os.cpu_count(),
@@ -233,7 +256,11 @@ if __name__ == "__main__":
         f"plain aiohttp instead of openai {results['gateway_raw_http_s']} s, ratio {results['ratio_raw_http']}x. "
         f"CPU per call over direct: openai {results['gateway_cpu_ms_per_call']} ms, with its default TLS set-up "
         f"{results['gateway_default_client_cpu_ms_per_call']} ms, "
-        f"aiohttp {results['gateway_raw_http_cpu_ms_per_call']} ms"
+        f"aiohttp {results['gateway_raw_http_cpu_ms_per_call']} ms. The event loop's CPU per call: direct "
+        f"{results['direct_loop_cpu_ms_per_call']} ms, gateway with openai "
+        f"{results['gateway_loop_cpu_ms_per_call']} ms, "
+        f"with aiohttp {results['gateway_raw_http_loop_cpu_ms_per_call']} ms. Batch sizes (generate calls): direct "
+        f"{results['direct_batch_sizes']}, gateway {results['gateway_batch_sizes']}"
     )
     if arguments.long_tokens:
         print(

@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_SESSIONS = 4096
+DEFAULT_BATCH_WAIT_S = 0.05
 
 
 class SessionLimitError(RuntimeError):
@@ -97,6 +98,10 @@ class Gateway:
         max_body_bytes: larger request bodies get a 413.
         max_sessions: the most sessions open at once; one more gets a 429 (HTTP) or a RuntimeError (Python), so a
             client that opens sessions in a loop cannot exhaust the memory.
+        batch_wait_s: while the gateway is up, a batching policy (HFPolicy) whose batch does not yet hold every open
+            session's call waits this long after its latest request for more (or its own ``batch_wait_s``, if
+            longer): the loop sends a batch's replies one by one, and with a few milliseconds the next batch left
+            without the programs still reading theirs, which then stayed a batch apart for the whole episode.
 
     Example::
 
@@ -117,6 +122,7 @@ class Gateway:
         max_context_tokens: int | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
+        batch_wait_s: float = DEFAULT_BATCH_WAIT_S,
     ) -> None:
         if not callable(getattr(policy, "generate", None)):
             raise TypeError(f"Gateway(policy=...) must be a Policy (an object with async generate()), got {policy!r}")
@@ -126,6 +132,8 @@ class Gateway:
         for name, value in (*limits, ("max_sessions", max_sessions)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"Gateway({name}=...) must be an int >= 1, got {value!r}")
+        if isinstance(batch_wait_s, bool) or not isinstance(batch_wait_s, (int, float)) or not 0 <= batch_wait_s < 60:
+            raise ValueError(f"Gateway(batch_wait_s=...) must be seconds in [0, 60), got {batch_wait_s!r}")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
             raise ValueError(f"Gateway(port=...) must be in [0, 65535] (0 picks a free port), got {port!r}")
         self.policy = policy
@@ -134,11 +142,13 @@ class Gateway:
         self.max_context_tokens = max_context_tokens or _model_context(policy)
         self.max_body_bytes = max_body_bytes
         self.max_sessions = max_sessions
+        self.batch_wait_s = batch_wait_s
         self.tokenizer = getattr(policy, "tokenizer", None)
         self.url = ""
         self._sessions: dict[str, GatewaySession] = {}
         self._runner: web.AppRunner | None = None
         self._paces_batches = False
+        self._policy_batch_wait_s = 0.0  # the policy's own, restored at close
 
     # Life cycle
 
@@ -164,6 +174,8 @@ class Gateway:
             # Each open session has at most one call coming (as an episode in flight has): a batch goes out as soon
             # as every open session is in it, rather than splitting when replies reach programs a few ms apart.
             self.policy.expected_requests = self._expected_requests
+            self._policy_batch_wait_s = self.policy.batch_wait_s
+            self.policy.batch_wait_s = max(self.policy.batch_wait_s, self.batch_wait_s)
             self._paces_batches = True
         port = runner.addresses[0][1]
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -177,6 +189,7 @@ class Gateway:
             self.url = ""
         if self._paces_batches:
             self.policy.expected_requests = None
+            self.policy.batch_wait_s = self._policy_batch_wait_s
             self._paces_batches = False
 
     async def __aenter__(self) -> Gateway:

