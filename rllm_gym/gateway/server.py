@@ -46,6 +46,7 @@ from rllm_gym.gateway.protocol import (
     parse_chat_request,
     parse_completion_request,
 )
+from rllm_gym.gateway.recording import model_context, previous_step, record_step
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
@@ -139,7 +140,7 @@ class Gateway:
         self.policy = policy
         self.sampling_params = sampling_params or SamplingParams()
         self.host, self.port = host, port
-        self.max_context_tokens = max_context_tokens or _model_context(policy)
+        self.max_context_tokens = max_context_tokens or model_context(policy)
         self.max_body_bytes = max_body_bytes
         self.max_sessions = max_sessions
         self.batch_wait_s = batch_wait_s
@@ -337,7 +338,7 @@ class Gateway:
         session = self._session(request)
         chat = parse_chat_request(await self._json(request))
         params = self._params(chat.sampling)
-        previous = _previous_step(session.trajectory, chat.messages)
+        previous = previous_step(session.trajectory, chat.messages)
         prompt_ids = self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous))
         opening = chat.tool_choice.opening
         if opening is not None:  # a call is required: the reply starts with the tool-call opening, as prompt tokens
@@ -355,7 +356,7 @@ class Gateway:
             outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
             replies = [assistant_message(output) for output in outputs]
             for output, reply in zip(outputs, replies, strict=True):
-                _record(session.trajectory, output, [*chat.messages, reply], chat.tools)
+                record_step(session.trajectory, output, [*chat.messages, reply], chat.tools)
             return chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
@@ -394,7 +395,7 @@ class Gateway:
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
             for output in outputs:
-                _record(session.trajectory, output, [], None)
+                record_step(session.trajectory, output, [], None)
             return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
@@ -481,33 +482,3 @@ class Gateway:
             raise
         except Exception as error:
             raise PolicyError(f"the policy failed: {type(error).__name__}: {error}") from error
-
-
-def _model_context(policy: Policy) -> int | None:
-    config = getattr(getattr(policy, "model", None), "config", None)
-    value = getattr(config, "max_position_embeddings", None)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _previous_step(trajectory: Trajectory, messages: list[dict[str, Any]]) -> Step | None:
-    """The latest recorded chat call whose messages and reply ``messages`` starts with (the call it continues)."""
-    for step in reversed(trajectory.steps):
-        chat = step.chat_completions
-        if chat and len(chat) <= len(messages) and messages[: len(chat)] == chat:
-            return step
-    return None
-
-
-def _record(trajectory: Trajectory, output: ModelOutput, chat: list[dict[str, Any]], tools: Any) -> None:
-    step = Step(
-        chat_completions=chat,
-        prompt_ids=output.prompt_ids,
-        response_ids=output.completion_ids,
-        logprobs=output.logprobs,
-        model_response=output.text,
-        thought=output.reasoning,
-        action=chat[-1] if chat else output.text,
-        model_output=output,
-        info={"tools": tools} if tools else {},
-    )
-    trajectory.steps.append(step)
