@@ -241,8 +241,8 @@ def _work(link: WorkerLink, model: Any) -> None:
 
 class GeneratorProcess:
     """A generation worker process and the trainer's side of it: requests in, results out in submission order, the
-    shared weights' lock and version. Subclasses give the shared weights and the worker function
-    (:meth:`_worker`) and copy new weights into them (:meth:`_copy_weights`).
+    shared weights' lock and version of ``model``. Subclasses keep the shared weights (:meth:`_share`), give the
+    worker function (:meth:`_worker`) and copy new weights into them (:meth:`_copy_weights`).
 
     :meth:`submit` hands the worker a step's prompts, :meth:`result` waits (bounded) for that step's
     :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights, :meth:`close` stops it.
@@ -254,8 +254,17 @@ class GeneratorProcess:
     restart_on_crash = True
     close_timeout_s = 10.0
 
-    def __init__(self, rollout: EpisodeRollout, tokenizer: Any, settings: WorkerSettings, *, version: int,
-                 timeout_s: float):  # fmt: skip
+    def __init__(
+        self,
+        rollout: EpisodeRollout,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        settings: WorkerSettings,
+        *,
+        version: int = 0,
+        timeout_s: float = 1800.0,
+    ):
+        self._share(model)
         self._context = torch.multiprocessing.get_context("spawn")
         self.timeout_s = timeout_s
         self.restarts = 0
@@ -272,6 +281,10 @@ class GeneratorProcess:
         # (benchmarks/bench_async.py). Restored by close().
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
+
+    def _share(self, model: torch.nn.Module) -> None:
+        """Keep a copy of ``model``'s weights in shared memory, for the worker."""
+        raise NotImplementedError
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
         """The worker function and its arguments after the :class:`WorkerLink`."""
@@ -419,19 +432,9 @@ class AsyncGenerator(GeneratorProcess):
     """A CPU generation worker process with its own, shared-memory copy of ``model`` (see the module's docstring),
     which :meth:`publish` overwrites in place between two of its LLM batches."""
 
-    def __init__(
-        self,
-        rollout: EpisodeRollout,
-        model: torch.nn.Module,
-        tokenizer: Any,
-        settings: WorkerSettings,
-        *,
-        version: int = 0,
-        timeout_s: float = 1800.0,
-    ):
+    def _share(self, model: torch.nn.Module) -> None:
         self.model = copy_without_hooks(model).requires_grad_(False).eval()
         self.model.share_memory()
-        super().__init__(rollout, tokenizer, settings, version=version, timeout_s=timeout_s)
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
         return _work, (self.model,)

@@ -226,13 +226,15 @@ class VLLMGenerator(GeneratorProcess):
         version: int = 0,
         timeout_s: float = 1800.0,
     ):
+        self.engine = engine
+        super().__init__(rollout, model, tokenizer, settings, version=version, timeout_s=timeout_s)
+
+    def _share(self, model: torch.nn.Module) -> None:
         # Checkpoint names (what vLLM's load_weights maps); a tied output head is its embedding, listed once.
         with torch.no_grad():
             self.weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
         for tensor in self.weights.values():
             tensor.share_memory_()
-        self.engine = engine
-        super().__init__(rollout, tokenizer, settings, version=version, timeout_s=timeout_s)
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
         return _work, (self.weights, self.engine)
