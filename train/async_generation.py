@@ -8,7 +8,9 @@ batch it generates, so every batch is sampled by exactly one version of the weig
 ``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were published). An episode in flight across
 an update keeps each Step's own version and behaviour log-probabilities. The worker runs the trainer's own
 :class:`~rllm_gym.train.rollout.EpisodeRollout` (same envs, agents, engine, reset seeds and episode ids as the
-synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a queue.
+synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a pipe. The
+trainer's side of a worker (requests, results, the weights' lock, restarts, stopping) is :class:`GeneratorProcess`,
+which the vLLM generator (train/async_vllm.py) shares; :func:`run_worker` is the body of either worker process.
 
 Which prompts come next: :class:`LookAhead` draws the trainer's batches from its epoch iterator ``K`` steps early and
 hands each step's prompts to the generator as it draws them (TRL's dataloader and sampler stay TRL's, checkpoints
