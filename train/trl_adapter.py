@@ -430,26 +430,20 @@ class GRPOAdapter(GRPOTrainer):
 
     @torch.no_grad()
     def _off_policy_advantages(
-        self, output: dict[str, Any], behaviour: torch.Tensor
+        self, inputs: dict[str, Any], behaviour: torch.Tensor, trained: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The advantages weighted by :attr:`off_policy`'s importance weights (the weights at the start of the step
-        against the ``behaviour`` log-probabilities the batch carries), and its metrics, from a forward of their own.
-        TRL 1.16 applies the same weights in its loss only with vLLM (``vllm_importance_sampling_correction``);
-        folded into the advantages they make the same loss for every loss type the config allows (see
-        train/off_policy.py)."""
-        completion_ids = output["completion_ids"]
-        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)  # (B, P + C)
-        trained, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
-        )  # (B, C)
-        return self._weigh(output, trained, behaviour)
-
-    @torch.no_grad()
-    def _weigh(
-        self, inputs: dict[str, Any], trained: torch.Tensor, behaviour: torch.Tensor
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The advantages weighted by :attr:`off_policy`'s importance weights (the ``trained`` log-probabilities,
+        from a forward of their own if not given, against the ``behaviour`` ones the batch carries), and its metrics.
+        TRL 1.16 applies such weights in its loss only with vLLM; folded into the advantages they make the same loss
+        for every loss type the config allows (see train/off_policy.py)."""
         assert self.off_policy is not None
+        completion_ids = inputs["completion_ids"]
+        if trained is None:
+            input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
+            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P + C)
+            trained, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
+            )  # (B, C)
         mask = inputs["completion_mask"] * inputs["tool_mask"]  # (B, C) the tokens the loss trains
         return self.off_policy.weigh_advantages(inputs["advantages"], trained, behaviour.to(trained.dtype), mask)
 
@@ -467,7 +461,7 @@ class GRPOAdapter(GRPOTrainer):
         def scored_and_weighed(*arguments: Any, **options: Any) -> Any:
             logps, entropies, aux_loss = score(*arguments, **options)
             if not weighed:  # the loss's forward; any later scoring leaves the advantages as they are
-                inputs["advantages"], metrics = self._weigh(inputs, logps.detach(), behaviour)
+                inputs["advantages"], metrics = self._off_policy_advantages(inputs, behaviour, logps.detach())
                 weighed.append(metrics)
                 self.log_step_metrics(metrics)
             return logps, entropies, aux_loss
