@@ -8,7 +8,9 @@ batch it generates, so every batch is sampled by exactly one version of the weig
 ``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were published). An episode in flight across
 an update keeps each Step's own version and behaviour log-probabilities. The worker runs the trainer's own
 :class:`~rllm_gym.train.rollout.EpisodeRollout` (same envs, agents, engine, reset seeds and episode ids as the
-synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a queue.
+synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a pipe. The
+trainer's side of a worker (requests, results, the weights' lock, restarts, stopping) is :class:`GeneratorProcess`,
+which the vLLM generator (train/async_vllm.py) shares; :func:`run_worker` is the body of either worker process.
 
 Which prompts come next: :class:`LookAhead` draws the trainer's batches from its epoch iterator ``K`` steps early and
 hands each step's prompts to the generator as it draws them (TRL's dataloader and sampler stay TRL's, checkpoints
@@ -57,7 +59,16 @@ from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
 from rllm_gym.train.trl_adapter import copy_without_hooks
 from rllm_gym.types import ModelOutput
 
-__all__ = ["AsyncGenerator", "GeneratorDied", "LookAhead", "WorkerGeneration", "WorkerSettings"]
+__all__ = [
+    "AsyncGenerator",
+    "GeneratorDied",
+    "GeneratorProcess",
+    "LookAhead",
+    "WorkerGeneration",
+    "WorkerLink",
+    "WorkerSettings",
+    "run_worker",
+]
 
 
 class GeneratorDied(RuntimeError):
@@ -120,6 +131,10 @@ class WorkerGeneration(Generation):
     def sampling_params(self) -> SamplingParams:
         return self.settings.sampling
 
+    def failure(self) -> str | None:
+        """Why the backend failed during the last call (then the worker stops the run with it), or None."""
+        return None
+
 
 class _WorkerGeneration(WorkerGeneration):
     """The CPU worker's backend: its policy on the shared weights."""
@@ -141,19 +156,27 @@ class _WorkerGeneration(WorkerGeneration):
         yield self._kept[1]
 
 
-def _work(
-    rollout: EpisodeRollout,
-    model: Any,
-    tokenizer: Any,
-    settings: WorkerSettings,
-    lock: Any,
-    version: Any,
-    requests: Any,
-    results: Any,
-    parent: int,
-) -> None:
-    """The worker process: :func:`_serve` the requests, then stop at once (see below)."""
+@dataclass
+class WorkerLink:
+    """What a worker process is given of its generator: the rollout it runs, the tokenizer, the settings, the lock
+    and version number of the shared weights, the requests queue, the results pipe's writing end and the trainer's
+    process id (a worker whose trainer is gone stops)."""
+
+    rollout: EpisodeRollout
+    tokenizer: Any
+    settings: WorkerSettings
+    lock: Any
+    version: Any
+    requests: Any
+    results: Any
+    parent: int
+
+
+def run_worker(link: WorkerLink, start: Callable[[], WorkerGeneration]) -> None:
+    """The body of every worker process: its generation backend from ``start()`` (a failure answered ``(None, None,
+    traceback)``), then :func:`_serve` the requests, then stop at once (see below)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
+    settings = link.settings
     torch.set_num_threads(settings.threads)
     # A spawned process starts from torch's fixed default seed: the run's seed and the rank make each run's samples
     # its own (seeds 0, 1, 2 sampled the same stream before) and each rank's different.
@@ -161,14 +184,19 @@ def _work(
     # The answers go out from a thread of their own (a large batch fills the pipe until the trainer reads it), so
     # that the next step's generation starts at once.
     outbox: queue.Queue[Any] = queue.Queue()
-    sender = threading.Thread(target=_send, args=(outbox, results), name="rllm-gym-generator-send", daemon=True)
+    sender = threading.Thread(target=_send, args=(outbox, link.results), name="rllm-gym-generator-send", daemon=True)
     sender.start()
     try:
-        _serve(rollout, _WorkerGeneration(settings, model, tokenizer, lock, version), requests, outbox, parent)
+        try:
+            generation = start()
+        except Exception:
+            outbox.put((None, None, traceback.format_exc()))
+        else:
+            _serve(link.rollout, generation, link.requests, outbox, link.parent)
     finally:
-        rollout.close()
+        link.rollout.close()
     # A clean stop ends here once the answers are sent: the interpreter's own teardown (native, after torch and
-    # the tokenizers) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
+    # the tokenizers, or vLLM's) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
     outbox.put(None)
     sender.join()
     os._exit(0)
@@ -183,9 +211,10 @@ def _send(outbox: queue.Queue[Any], results: Any) -> None:
             return
 
 
-def _serve(rollout: EpisodeRollout, generation: Generation, requests: Any, results: Any, parent: int) -> None:
+def _serve(rollout: EpisodeRollout, generation: WorkerGeneration, requests: Any, results: Any, parent: int) -> None:
     """Each request ``(ticket, prompts)`` answered with ``(ticket, RolloutBatch, None)``, or ``(ticket, None,
-    traceback)`` after which it returns; ``None``, or a parent that is gone, makes it return."""
+    reason)`` after which it returns (the rollout raised, or the backend failed: :meth:`WorkerGeneration.failure`);
+    ``None``, or a parent that is gone, makes it return."""
     while True:
         try:
             request = requests.get(timeout=1.0)
@@ -201,16 +230,31 @@ def _serve(rollout: EpisodeRollout, generation: Generation, requests: Any, resul
         except Exception:
             results.put((ticket, None, traceback.format_exc()))
             return
-        results.put((ticket, batch, None))
+        failure = generation.failure()  # infrastructure, not the episodes' fault: never trained on
+        results.put((ticket, None, failure) if failure else (ticket, batch, None))
+        if failure:
+            return
 
 
-class AsyncGenerator:
-    """A generation worker process with its own, shared-memory copy of ``model`` (see the module's docstring).
+def _work(link: WorkerLink, model: Any) -> None:
+    """The CPU worker process: its policy on the shared ``model``."""
+    run_worker(link, lambda: _WorkerGeneration(link.settings, model, link.tokenizer, link.lock, link.version))
 
-    :meth:`submit` hands it a step's prompts, :meth:`result` waits (bounded) for that step's
-    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` copies new weights into its copy, :meth:`close`
-    stops it. Results come in the order the prompts were submitted. ``restarts`` counts the workers started again
-    after a crash."""
+
+class GeneratorProcess:
+    """A generation worker process and the trainer's side of it: requests in, results out in submission order, the
+    shared weights' lock and version of ``model``. Subclasses keep the shared weights (:meth:`_share`), give the
+    worker function (:meth:`_worker`) and copy new weights into them (:meth:`_copy_weights`).
+
+    :meth:`submit` hands the worker a step's prompts, :meth:`result` waits (bounded) for that step's
+    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights, :meth:`close` stops it.
+    ``restarts`` counts the workers started again after a crash (never, where ``restart_on_crash`` is False)."""
+
+    name = "generator"  # how messages name the generator, and its worker
+    label = "generation worker"
+    backend = "model"  # what the worker starts, in messages
+    restart_on_crash = True
+    close_timeout_s = 10.0
 
     def __init__(
         self,
@@ -222,9 +266,8 @@ class AsyncGenerator:
         version: int = 0,
         timeout_s: float = 1800.0,
     ):
+        self._share(model)
         self._context = torch.multiprocessing.get_context("spawn")
-        self.model = copy_without_hooks(model).requires_grad_(False).eval()
-        self.model.share_memory()
         self.timeout_s = timeout_s
         self.restarts = 0
         self._rollout, self._tokenizer, self._settings = rollout, tokenizer, settings
@@ -241,6 +284,18 @@ class AsyncGenerator:
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
 
+    def _share(self, model: torch.nn.Module) -> None:
+        """Keep a copy of ``model``'s weights in shared memory, for the worker."""
+        raise NotImplementedError
+
+    def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        """The worker function and its arguments after the :class:`WorkerLink`."""
+        raise NotImplementedError
+
+    def _copy_weights(self, model: torch.nn.Module) -> None:
+        """Copy ``model``'s parameters into the shared weights (the lock held)."""
+        raise NotImplementedError
+
     def _start(self) -> None:
         """A new worker process with a new lock and queues (a crashed worker may have died holding the lock or
         halfway through a message), on the same shared weights."""
@@ -250,23 +305,28 @@ class AsyncGenerator:
         # answer leaves the trainer an end of file, where a queue's reader would wait for the rest for ever.
         self._requests = context.Queue()
         self._results, writer = context.Pipe(duplex=False)
-        self.process = context.Process(
-            target=_work,
-            args=(self._rollout, self.model, self._tokenizer, self._settings, self._lock, self._version,
-                  self._requests, writer, os.getpid()),
-            name="rllm-gym-generator",
-            daemon=True,
-        )  # fmt: skip
+        link = WorkerLink(self._rollout, self._tokenizer, self._settings, self._lock, self._version, self._requests,
+                          writer, os.getpid())  # fmt: skip
+        target, args = self._worker()
+        self.process = context.Process(target=target, args=(link, *args), name="rllm-gym-generator", daemon=True)
         self.process.start()
         writer.close()  # the worker has its own copy of it now
 
     def _restart(self) -> None:
-        """Replace a crashed worker (once between two results, else :class:`GeneratorDied`) and submit the steps in
-        flight to the new one again, numbered as they were."""
+        """Replace a dead worker (once between two results, else :class:`GeneratorDied`) and submit the steps in
+        flight to the new one again, numbered as they were. A worker that said why it stopped stops the run with
+        that; one that may not be restarted stops it with its exit code."""
         code = self.process.exitcode
+        with suppress(EOFError, OSError):
+            while self._results.poll():  # its last words: a failure stops the run, answers are generated again
+                answered, _, error = self._results.recv()
+                if error is not None:
+                    raise self._failed(answered, error)
+        if not self.restart_on_crash:
+            raise GeneratorDied(f"the {self.label} exited with code {code}")
         if self._restarted_after == self._taken:
             raise GeneratorDied(
-                f"the generation worker exited with code {code}, again after a restart within the same step"
+                f"the {self.label} exited with code {code}, again after a restart within the same step"
             )
         self.restarts += 1
         self._restarted_after = self._taken
@@ -279,7 +339,7 @@ class AsyncGenerator:
 
     @property
     def version(self) -> int:
-        """The version of the weights the worker generates with now."""
+        """The version of the newest weights published."""
         return int(self._version.value)
 
     @property
@@ -289,21 +349,21 @@ class AsyncGenerator:
 
     @torch.no_grad()
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Copy ``model``'s parameters into the worker's copy in place, between two of its LLM batches, as
-        ``version`` (a worker that crashed holding the lock is restarted first)."""
-        source = dict(model.named_parameters())
+        """Copy ``model``'s parameters into the worker's shared weights in place as ``version``, never while the
+        worker uses them (a worker that died holding the lock is restarted first)."""
         while not self._lock.acquire(timeout=1.0):
             if not self.process.is_alive():
                 self._restart()
         try:
-            for name, parameter in self.model.named_parameters():
-                parameter.copy_(source[name])
+            self._copy_weights(model)
             self._version.value = version
         finally:
             self._lock.release()
 
     def submit(self, prompts: list[Any]) -> None:
         """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
+        if not self.process.is_alive():
+            self._restart()
         self._requests.put((self._tickets, list(prompts)))
         self._pending.append((self._tickets, list(prompts)))
         self._tickets += 1
@@ -314,7 +374,7 @@ class AsyncGenerator:
         docstring; :class:`GeneratorDied` if that fails too)."""
         if not self._pending or self._pending[0][1] != list(prompts):
             raise RuntimeError(
-                f"the trainer asked for the episodes of prompts the generator was not given next "
+                f"the trainer asked for the episodes of prompts the {self.name} was not given next "
                 f"({self.pending} steps pending): the look-ahead lost track of TRL's batches"
             )
         ticket = self._pending[0][0]
@@ -331,26 +391,32 @@ class AsyncGenerator:
                     deadline = time.monotonic() + self.timeout_s
                 elif time.monotonic() > deadline:
                     raise GeneratorDied(
-                        f"the generation worker sent no episodes for {self.timeout_s:.0f} s (hung env or model?)"
+                        f"the {self.label} sent no episodes for {self.timeout_s:.0f} s (hung env or {self.backend}?)"
                     ) from None
                 continue
             answered, batch, error = answer
             if error is not None:
-                raise GeneratorDied(f"the generation worker failed:\n{error}")
+                raise self._failed(answered, error)
             if answered != ticket:
-                raise GeneratorDied(f"the generation worker answered step {answered} where {ticket} was due")
+                raise GeneratorDied(f"the {self.label} answered step {answered} where {ticket} was due")
             self._pending.popleft()
             self._taken += 1
             return batch
+
+    def _failed(self, answered: int | None, error: str) -> GeneratorDied:
+        """The error of a worker that answered ``error`` (to no ticket: its backend could not start)."""
+        what = f"could not start its {self.backend}" if answered is None else "failed"
+        return GeneratorDied(f"the {self.label} {what}:\n{error}")
 
     def _close_channels(self) -> None:
         self._requests.close()
         self._requests.cancel_join_thread()
         self._results.close()
 
-    def close(self, timeout_s: float = 10.0) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         """Stop the worker: asked first (answers not taken yet are dropped), terminated if it has not stopped within
-        ``timeout_s``; the channels closed."""
+        ``timeout_s`` (default ``close_timeout_s``); the channels closed, the trainer's torch threads restored."""
+        timeout_s = self.close_timeout_s if timeout_s is None else timeout_s
         if self.process.is_alive():
             with suppress(OSError, ValueError):
                 self._requests.put(None)
@@ -362,6 +428,23 @@ class AsyncGenerator:
         self._close_channels()
         self._pending.clear()
         torch.set_num_threads(self._threads)
+
+
+class AsyncGenerator(GeneratorProcess):
+    """A CPU generation worker process with its own, shared-memory copy of ``model`` (see the module's docstring),
+    which :meth:`publish` overwrites in place between two of its LLM batches."""
+
+    def _share(self, model: torch.nn.Module) -> None:
+        self.model = copy_without_hooks(model).requires_grad_(False).eval()
+        self.model.share_memory()
+
+    def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        return _work, (self.model,)
+
+    def _copy_weights(self, model: torch.nn.Module) -> None:
+        source = dict(model.named_parameters())
+        for name, parameter in self.model.named_parameters():
+            parameter.copy_(source[name])
 
 
 class LookAhead:

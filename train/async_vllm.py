@@ -27,13 +27,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import queue
-import signal
-import time
 import traceback
-from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +38,9 @@ import torch
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy
 from rllm_gym.policies.vllm import cpu_engine_defaults, model_output_from_vllm, vllm_sampling_kwargs
-from rllm_gym.train.async_generation import GeneratorDied, WorkerGeneration, WorkerSettings
+from rllm_gym.train.async_generation import GeneratorProcess, WorkerGeneration, WorkerLink, WorkerSettings, run_worker
 from rllm_gym.train.generation import Generation
-from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
+from rllm_gym.train.rollout import EpisodeRollout
 from rllm_gym.train.vllm_server import prompt_too_long
 from rllm_gym.types import ModelOutput
 
@@ -192,61 +188,32 @@ class _EngineGeneration(WorkerGeneration):
             self._kept = (count, _EnginePolicy(self.engine, self.tokenizer, self, count))
         yield self._kept[1]
 
+    def failure(self) -> str | None:
+        return self.engine.failure
 
-def _work(
-    rollout: EpisodeRollout,
-    tokenizer: Any,
-    settings: WorkerSettings,
-    engine_settings: EngineSettings,
-    shared: tuple[dict[str, torch.Tensor], Any, Any],
-    requests: Any,
-    results: Any,
-    parent: int,
-) -> None:
-    """The worker process: start the engine, answer each request ``(ticket, prompts)`` with ``(ticket, batch,
-    None)``, or ``(ticket, None, traceback)`` and stop; a start that fails answers ``(None, None, traceback)``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
+
+def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: EngineSettings) -> None:
+    """The vLLM worker process: its engine started on the trainer's weights of now, before the first request."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where its weights can be loaded
-    torch.set_num_threads(settings.threads)
-    try:
-        generation = _EngineGeneration(settings, _Engine(engine_settings, *shared), tokenizer)
-        generation.engine.current()  # the trainer's weights of now, before the first request
-    except Exception:
-        results.put((None, None, traceback.format_exc()))
-        generation = None
-    try:
-        while generation is not None:
-            try:
-                request = requests.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    break
-                continue
-            if request is None:
-                break
-            ticket, prompts = request
-            try:
-                batch = rollout.collect(prompts, generation)
-            except Exception:
-                results.put((ticket, None, traceback.format_exc()))
-                break
-            failure = generation.engine.failure  # infrastructure, not the episodes' fault: never trained on
-            results.put((ticket, None, failure) if failure else (ticket, batch, None))
-            if failure:
-                break
-    finally:
-        rollout.close()
-    results.close()
-    results.join_thread()
-    os._exit(0)  # vLLM's and torch's teardown at interpreter exit is slow and noisy; the answers are flushed
+
+    def start() -> _EngineGeneration:
+        generation = _EngineGeneration(link.settings, _Engine(engine_settings, weights, link.lock, link.version),
+                                       link.tokenizer)  # fmt: skip
+        generation.engine.current()
+        return generation
+
+    run_worker(link, start)
 
 
-class VLLMGenerator:
+class VLLMGenerator(GeneratorProcess):
     """A worker process with a vLLM engine of its own and the trainer's weights in shared memory (see the module's
-    docstring); the same interface as :class:`~rllm_gym.train.async_generation.AsyncGenerator`.
+    docstring); the interface of :class:`~rllm_gym.train.async_generation.GeneratorProcess`. :meth:`publish`
+    overwrites the shared weights, never waiting for a generation (the engine loads them before its next batch); a
+    worker that dies stops the run (an engine is not restarted)."""
 
-    :meth:`submit` hands it a step's prompts, :meth:`result` waits (bounded) for that step's
-    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights, :meth:`close` stops it."""
+    name, label, backend = "vLLM generator", "vLLM generation worker", "engine"
+    restart_on_crash = False
+    close_timeout_s = 30.0
 
     def __init__(
         self,
@@ -259,96 +226,19 @@ class VLLMGenerator:
         version: int = 0,
         timeout_s: float = 1800.0,
     ):
-        context = torch.multiprocessing.get_context("spawn")
+        self.engine = engine
+        super().__init__(rollout, model, tokenizer, settings, version=version, timeout_s=timeout_s)
+
+    def _share(self, model: torch.nn.Module) -> None:
         # Checkpoint names (what vLLM's load_weights maps); a tied output head is its embedding, listed once.
         with torch.no_grad():
             self.weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
         for tensor in self.weights.values():
             tensor.share_memory_()
-        self.timeout_s = timeout_s
-        self._lock = context.Lock()
-        self._version = context.Value("q", version, lock=False)
-        self._requests, self._results = context.Queue(), context.Queue()
-        self._waiting: deque[tuple[int, list[Any]]] = deque()
-        self._tickets = 0
-        shared = (self.weights, self._lock, self._version)
-        self.process = context.Process(
-            target=_work,
-            args=(rollout, tokenizer, settings, engine, shared, self._requests, self._results, os.getpid()),
-            name="rllm-gym-vllm-generator",
-            daemon=True,
-        )
-        self.process.start()
 
-    @property
-    def version(self) -> int:
-        """The version of the newest weights published (the engine loads them before its next batch)."""
-        return int(self._version.value)
+    def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
+        return _work, (self.weights, self.engine)
 
-    @property
-    def pending(self) -> int:
-        """Steps submitted whose results were not taken yet."""
-        return len(self._waiting)
-
-    @torch.no_grad()
-    def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Copy ``model``'s parameters into the shared weights in place as ``version``: never while the engine loads
-        them, and never waiting for a generation (the engine takes them before its next batch)."""
-        with self._lock:
-            for name, parameter in model.named_parameters():
-                self.weights[name].copy_(parameter)
-            self._version.value = version
-
-    def submit(self, prompts: list[Any]) -> None:
-        """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
-        self._raise_if_dead()
-        self._requests.put((self._tickets, list(prompts)))
-        self._waiting.append((self._tickets, list(prompts)))
-        self._tickets += 1
-
-    def result(self, prompts: list[Any]) -> RolloutBatch:
-        """The :class:`RolloutBatch` of the oldest submitted step, which must be ``prompts``; waits for it at most
-        ``timeout_s``, checking each second that the worker is alive (:class:`GeneratorDied` if not)."""
-        if not self._waiting or self._waiting[0][1] != list(prompts):
-            raise RuntimeError(
-                f"the trainer asked for the episodes of prompts the vLLM generator was not given next "
-                f"({self.pending} steps pending): the look-ahead lost track of TRL's batches"
-            )
-        ticket = self._waiting.popleft()[0]
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() <= deadline:
-            try:
-                answered, batch, error = self._results.get(timeout=1.0)
-            except queue.Empty:
-                self._raise_if_dead()
-                continue
-            if error is not None:
-                what = "could not start its engine" if answered is None else "failed"
-                raise GeneratorDied(f"the vLLM generation worker {what}:\n{error}")
-            if answered != ticket:
-                raise GeneratorDied(f"the vLLM generation worker answered step {answered} where {ticket} was due")
-            return batch
-        raise GeneratorDied(f"the vLLM generation worker sent no episodes for {self.timeout_s:.0f} s (hung engine?)")
-
-    def _raise_if_dead(self) -> None:
-        if not self.process.is_alive():
-            reason = f"exited with code {self.process.exitcode}"
-            with suppress(queue.Empty, OSError, ValueError):
-                _, _, error = self._results.get_nowait()  # its last words, when it sent any
-                if error is not None:
-                    reason = f"failed:\n{error}"
-            raise GeneratorDied(f"the vLLM generation worker {reason}")
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the worker: asked first, terminated if it has not stopped within ``timeout_s``; the queues closed."""
-        if self.process.is_alive():
-            with suppress(OSError, ValueError):
-                self._requests.put(None)
-            self.process.join(timeout_s)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout_s)
-        for channel in (self._requests, self._results):
-            channel.close()
-            channel.cancel_join_thread()
-        self._waiting.clear()
+    def _copy_weights(self, model: torch.nn.Module) -> None:
+        for name, parameter in model.named_parameters():
+            self.weights[name].copy_(parameter)

@@ -104,6 +104,17 @@ def _vllm_has_driver_worker() -> bool:
     )
 
 
+def _scores_before_advantages() -> bool:
+    """Whether TRL's loss scores the rows (``_get_per_token_logps_and_entropies``) before it reads the advantages."""
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    scored, read = source.find("self._get_per_token_logps_and_entropies("), source.find('inputs["advantages"]')
+    return 0 <= scored < read and "self._compute_loss(model, inputs)" in inspect.getsource(GRPOTrainer.compute_loss)
+
+
+# The key of the behaviour log-probabilities in TRL's step inputs (max_staleness >= 1): split and shuffled with the
+# rest, weighed in compute_loss.
+BEHAVIOUR_KEY = "rllm_behaviour_logprobs"
+
 # The forward-hook tables of a torch module (private, no public way to empty them).
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
 # What DeepSpeed ZeRO-3 (0.19) adds to each module of the model it trains: its parameter table (a dict class that
@@ -146,6 +157,12 @@ INTERNALS: dict[str, Internal] = {
             "_get_per_token_logps_and_entropies",
             ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"),
         ),
+    ),
+    "_compute_loss": Internal(
+        "trl.GRPOTrainer",
+        "the off-policy importance weights from the loss's own forward (it scores before it reads the advantages)",
+        "a forward of their own before the loss, in each asynchronous step",
+        _scores_before_advantages,
     ),
     "_use_triton": Internal(
         "trl.trainer.utils",
@@ -402,29 +419,58 @@ class GRPOAdapter(GRPOTrainer):
         output["num_items_in_batch"] = self.accelerator.gather(trained_tokens).sum()
         metrics = batch.metrics
         if self.off_policy is not None:
-            output["advantages"], corrected = self._off_policy_advantages(output, batch)
-            metrics = {**metrics, **corrected}
+            behaviour = torch.as_tensor(batch.behaviour_logprobs, device=device, dtype=torch.float32)  # (B, C)
+            if available("_compute_loss"):  # weighed by the loss's own forward (compute_loss), split with its rows
+                output[BEHAVIOUR_KEY] = behaviour
+            else:
+                output["advantages"], corrected = self._off_policy_advantages(output, behaviour)
+                metrics = {**metrics, **corrected}
         self.log_step_metrics(metrics)
         return output
 
     @torch.no_grad()
     def _off_policy_advantages(
-        self, output: dict[str, Any], batch: TrainingBatch
+        self, inputs: dict[str, Any], behaviour: torch.Tensor, trained: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The advantages weighted by :attr:`off_policy`'s importance weights (the weights at the start of the step
-        against the behaviour log-probabilities the batch carries), and its metrics. TRL 1.16 applies the same
-        weights in its loss only with vLLM (``vllm_importance_sampling_correction``); folded into the advantages
-        they make the same loss for every loss type the config allows (see train/off_policy.py)."""
+        """The advantages weighted by :attr:`off_policy`'s importance weights (the ``trained`` log-probabilities,
+        from a forward of their own if not given, against the ``behaviour`` ones the batch carries), and its metrics.
+        TRL 1.16 applies such weights in its loss only with vLLM; folded into the advantages they make the same loss
+        for every loss type the config allows (see train/off_policy.py)."""
         assert self.off_policy is not None
-        completion_ids = output["completion_ids"]
-        input_ids = torch.cat([output["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
-        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)  # (B, P + C)
-        trained, _, _ = self._get_per_token_logps_and_entropies(
-            self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
-        )  # (B, C)
-        behaviour = torch.as_tensor(batch.behaviour_logprobs, device=trained.device, dtype=trained.dtype)  # (B, C)
-        mask = output["completion_mask"] * output["tool_mask"]  # (B, C) the tokens the loss trains
-        return self.off_policy.weigh_advantages(output["advantages"], trained, behaviour, mask)
+        completion_ids = inputs["completion_ids"]
+        if trained is None:
+            input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # (B, P + C)
+            attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # (B, P + C)
+            trained, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, completion_ids.size(1), self.args.per_device_train_batch_size
+            )  # (B, C)
+        mask = inputs["completion_mask"] * inputs["tool_mask"]  # (B, C) the tokens the loss trains
+        return self.off_policy.weigh_advantages(inputs["advantages"], trained, behaviour.to(trained.dtype), mask)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        """TRL's loss. With the off-policy correction, the importance weights come from the loss's own forward
+        (its log-probabilities under the step's weights, detached: the values a forward of their own gives, one
+        forward fewer per step; ``num_iterations`` is 1 there): the first scoring weighs the micro-batch's
+        advantages before TRL's loss reads them (:data:`INTERNALS`' ``_compute_loss`` checks that order)."""
+        if BEHAVIOUR_KEY not in inputs:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        inputs = dict(inputs)  # TRL's copy of the micro-batch keeps its own advantages
+        behaviour = inputs.pop(BEHAVIOUR_KEY)
+        score, weighed = self._get_per_token_logps_and_entropies, []
+
+        def scored_and_weighed(*arguments: Any, **options: Any) -> Any:
+            logps, entropies, aux_loss = score(*arguments, **options)
+            if not weighed:  # the loss's forward; any later scoring leaves the advantages as they are
+                inputs["advantages"], metrics = self._off_policy_advantages(inputs, behaviour, logps.detach())
+                weighed.append(metrics)
+                self.log_step_metrics(metrics)
+            return logps, entropies, aux_loss
+
+        self._get_per_token_logps_and_entropies = scored_and_weighed  # for this call only (an instance attribute)
+        try:
+            return super().compute_loss(model, inputs, *args, **kwargs)
+        finally:
+            del self._get_per_token_logps_and_entropies
 
     def _get_per_token_logps_and_entropies(
         self,

@@ -376,3 +376,18 @@ def test_the_worker_samples_by_the_runs_seed(tiny_model_dir):
     seed_0 = first_reply(0)
     assert first_reply(0) == seed_0  # a run is reproduced by its seed
     assert first_reply(1) != seed_0  # and another seed samples its own (a spawned worker began at torch's default)
+
+
+def test_a_worker_whose_rollout_raised_stops_the_next_submit_with_its_traceback_not_a_restart(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    try:
+        generator.submit([encode_prompt("rllm/Math-v0", 0)])  # an env this rollout was not set up for: collect raises
+        generator.process.join(120)  # it answers with the traceback and stops
+        assert generator.process.exitcode == 0
+        with pytest.raises(GeneratorDied, match=r"the generation worker failed:\n(.|\n)*not set up for"):
+            generator.submit([encode_prompt(LAKE, 0)])
+        assert generator.restarts == 0
+    finally:
+        generator.close()

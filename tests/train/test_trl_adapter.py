@@ -171,3 +171,42 @@ def test_the_generation_workers_copy_has_no_training_hooks_and_pickles(tiny_mode
         assert not copied.get_input_embeddings()(ids).requires_grad
         assert model.get_input_embeddings()(ids).requires_grad  # the trained model keeps its hook
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), copied.parameters(), strict=True))
+
+
+def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their_own_does(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    from rllm_gym.train.advantages import AdvantageConfig
+    from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=4,
+                      num_generations=4, beta=0.0, bf16=False)  # fmt: skip
+    trainer = RLLMGRPOTrainer(  # max_staleness=1: the correction on (its worker starts with train() only)
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args, processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": encode_prompt("rllm/FrozenLake-v0", 0)}] * 4),
+        rollout=EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")]), advantage_config=AdvantageConfig(), max_staleness=1,
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    ones = torch.ones(4, 3, dtype=torch.long)
+    inputs = {
+        "prompt_ids": torch.randint(3, 500, (4, 6), generator=generator), "prompt_mask": torch.ones(4, 6).long(),
+        "completion_ids": torch.randint(3, 500, (4, 3), generator=generator), "completion_mask": ones,
+        "tool_mask": ones, "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]), "num_items_in_batch": torch.tensor(12),
+    }  # fmt: skip
+    with torch.no_grad():
+        trained, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), 3,
+        )  # fmt: skip
+    behaviour = trained + torch.randn(4, 3, generator=generator)  # (B, C) some weights above the cap of 2
+    weighed, _ = trainer._off_policy_advantages(inputs, behaviour)  # a forward of their own (TRL moved its loss)
+    own_forward = trainer.compute_loss(trainer.model, {**inputs, "advantages": weighed})
+    in_the_loss = trainer.compute_loss(trainer.model, {**inputs, trl_adapter.BEHAVIOUR_KEY: behaviour})
+    unweighed = trainer.compute_loss(trainer.model, inputs)
+    torch.testing.assert_close(in_the_loss, own_forward, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(in_the_loss, unweighed, atol=1e-4)
+    mode = "train" if trainer.model.training else "eval"
+    assert trainer._metrics[mode]["async/is_clipped"][-1] > 0  # its metrics logged with the step's
