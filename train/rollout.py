@@ -101,9 +101,11 @@ class EpisodeRollout:
     the slots of a task that reach the same call train the trajectories of the same episodes, so K roles cost one
     set of episodes, not K (``train/grpo.py`` keeps a task's slots next to each other in the data for that).
 
-    One event loop and one env thread pool serve every call (their threads are reused from step to step; a pool left
-    with a hung env call is replaced), and each env's engine with its workflows (envs and agents) serves every call
-    with the same policy, sampling parameters and pool (the trainer's own model keeps its policy from step to step).
+    ``env_workers`` bounds the env calls running at once (the env thread pool's size; default
+    :func:`~rllm_gym.engine.common.default_env_workers`). One event loop and one env thread pool serve every call
+    (their threads are reused from step to step; a pool left with a hung env call is replaced), and each env's engine
+    with its workflows (envs and agents) serves every call with the same policy, sampling parameters and pool (the
+    trainer's own model keeps its policy from step to step).
     ``calls`` numbers the calls, for episode ids.
     """
 
@@ -121,6 +123,7 @@ class EpisodeRollout:
         token_history: TokenHistory = "sampled",
         agent_program: str | None = None,
         reward_fn: str | None = None,
+        env_workers: int | None = None,
     ):
         if not envs:
             raise ValueError("EpisodeRollout needs at least one EnvSetup")
@@ -134,6 +137,10 @@ class EpisodeRollout:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.token_history = check_token_history(token_history, "EpisodeRollout")
         self.agent_program, self.reward_fn = agent_program, reward_fn
+        if env_workers is not None and (isinstance(env_workers, bool) or not isinstance(env_workers, int)
+                                        or env_workers < 1):  # fmt: skip
+            raise ValueError(f"EpisodeRollout env_workers must be a positive int or None, got {env_workers!r}")
+        self.env_workers = env_workers
         self.calls = 0
         self._runner: asyncio.Runner | None = None
         self._pool: EnvThreadPool | None = None
@@ -202,7 +209,8 @@ class EpisodeRollout:
         if self._pool is None or self._pool.busy:  # busy between calls: a hung env call holds a thread
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = EnvThreadPool(max_workers=default_env_workers(), thread_name_prefix="rllm-gym-train-env")
+            workers = default_env_workers() if self.env_workers is None else self.env_workers
+            self._pool = EnvThreadPool(max_workers=workers, thread_name_prefix="rllm-gym-train-env")
         return self._runner.run(coroutine)
 
     def collect(self, prompts: list[Any], generation: Generation) -> RolloutBatch:

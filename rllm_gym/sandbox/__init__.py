@@ -106,14 +106,28 @@ _default_lock = threading.Lock()
 def default_sandbox() -> Sandbox:
     """The process-wide sandbox that :func:`run_python` and :func:`arun_python` use (one per process after a fork).
 
-    Strict unless the environment variable ``RLLM_GYM_SANDBOX_STRICT`` is ``0``.
+    Strict unless the environment variable ``RLLM_GYM_SANDBOX_STRICT`` is ``0``; ``RLLM_GYM_SANDBOX_MAX_PARALLEL``
+    (an int in [1, 256]) sets its ``max_parallel`` (default: the :class:`Sandbox` default).
     """
     global _default
     with _default_lock:
         if _default is None:
-            _default = Sandbox(strict=os.environ.get("RLLM_GYM_SANDBOX_STRICT", "1") != "0")
+            strict = os.environ.get("RLLM_GYM_SANDBOX_STRICT", "1") != "0"
+            _default = Sandbox(strict=strict, max_parallel=_max_parallel_from_environment())
             atexit.register(_default.close)
         return _default
+
+
+def _max_parallel_from_environment() -> int | None:
+    """``RLLM_GYM_SANDBOX_MAX_PARALLEL`` as an int, None where unset; a clear error where it is not a number."""
+    text = os.environ.get("RLLM_GYM_SANDBOX_MAX_PARALLEL", "").strip()
+    if not text:
+        return None
+    if not (text.isdecimal() and 1 <= int(text) <= 256):
+        raise ValueError(
+            f"RLLM_GYM_SANDBOX_MAX_PARALLEL must be an int in [1, 256] (runs at once), got {text!r}: fix or unset it"
+        )
+    return int(text)
 
 
 def run_python(code: str, *, sandbox: Sandbox | None = None, **kwargs: Any) -> SandboxResult:

@@ -393,3 +393,18 @@ def test_in_flight_counts_runs_submitted_and_not_answered(sandbox):
     assert sandbox.in_flight == 3  # what a caller's backpressure bounds: queued or running, not yet answered
     assert all(future.result(timeout=40).ok for future in futures)
     assert sandbox.in_flight == 0
+
+
+def test_the_default_sandbox_takes_max_parallel_from_the_environment():
+    # In a fresh process: the default sandbox is made once per process.
+    probe = "from rllm_gym.sandbox import default_sandbox; print(default_sandbox().max_parallel)"
+
+    def run(value: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "RLLM_GYM_SANDBOX_MAX_PARALLEL": value}
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+
+    assert run("12").stdout.strip() == "12"
+    for bad in ("0", "many", "300"):
+        failed = run(bad)
+        assert failed.returncode != 0
+        assert f"RLLM_GYM_SANDBOX_MAX_PARALLEL must be an int in [1, 256] (runs at once), got {bad!r}" in failed.stderr

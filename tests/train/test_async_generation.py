@@ -1,11 +1,13 @@
 import copy
 import dataclasses
+import importlib
 import json
 import os
 import re
 import signal
 import threading
 import time
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -391,3 +393,31 @@ def test_a_worker_whose_rollout_raised_stops_the_next_submit_with_its_traceback_
         assert generator.restarts == 0
     finally:
         generator.close()
+
+
+def test_the_worker_runs_as_many_env_calls_at_once_as_its_settings_say(tiny_model_dir, monkeypatch):
+    # Each grading waits until barrier_env.PARTIES of them run at once (and the worker's sandbox admits as many): the
+    # trainer's own default on 2 cores (4 env calls) would break the barrier and reward 0.
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # the spawned worker imports barrier_env too
+    monkeypatch.delenv("RLLM_GYM_SANDBOX_MAX_PARALLEL", raising=False)
+    barrier = importlib.import_module("barrier_env")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rollout = EpisodeRollout([EnvSetup(barrier.ENV_ID, agent=barrier.AGENT)], max_turns=1)
+    prompts = [encode_prompt(barrier.ENV_ID, seed) for seed in range(barrier.PARTIES)]
+    calls = dataclasses.replace(settings(tokenizer), env_calls=barrier.PARTIES)
+    generator = AsyncGenerator(rollout, model, tokenizer, calls, timeout_s=300)
+    try:
+        generator.submit(prompts)
+        assert generator.result(prompts).rewards == [1.0] * barrier.PARTIES
+    finally:
+        generator.close()
+    assert rollout.env_workers is None  # the worker's own copy was set, not the trainer's rollout
+
+
+def test_worker_settings_refuse_an_env_call_count_out_of_range(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for bad in (0, 257, True, "8"):
+        expected = f"WorkerSettings env_calls must be an int in [1, 256], got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            dataclasses.replace(settings(tokenizer), env_calls=bad)

@@ -4,8 +4,10 @@ the same: the episodes are exactly those that workflows built afresh for every c
 from __future__ import annotations
 
 import asyncio
+import re
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from rllm_gym.engine import AgentWorkflowEngine
@@ -58,3 +60,16 @@ def test_kept_workflows_give_the_episodes_fresh_workflows_give(monkeypatch) -> N
     assert runs["kept"] == runs["fresh"]
     assert {len(steps) for *_, steps in runs["kept"][0]} == {1, 2, 3}
     assert built == {"kept": [12, 0, 0], "fresh": [12, 12, 12]}
+
+
+def test_the_env_pool_has_the_rollouts_env_workers_and_bad_counts_are_refused():
+    rollout = EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], env_workers=9)
+    try:
+        rollout._run_sync(asyncio.sleep(0))
+        assert rollout._pool.max_workers == 9
+    finally:
+        rollout.close()
+    for bad in (0, -1, True, 2.0):
+        expected = f"EpisodeRollout env_workers must be a positive int or None, got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")], env_workers=bad)
