@@ -255,7 +255,8 @@ def async_rows(r: dict[str, Any], command: str) -> list[Row]:
     if alone:
         command += f"; measured outside run_all on {alone['date']}, load average up to {alone['load_average']:.1f}"
     main = f"the main job (`demo_cpu.yaml`) bounded to {r['main_steps']} steps"
-    code = f"Code-v0, every reply run by the sandbox, {r['latency_steps']} steps, tiny model"
+    calls = f", {r['env_calls']} env calls at once for every K" if "env_calls" in r else ""
+    code = f"Code-v0, every reply run by the sandbox, {r['latency_steps']} steps, tiny model{calls}"
     # workload -> (what it is, what its reward figure is, the goal for K >= 1 against K = 0)
     what = {"main_job": (main, "mean reward over the steps", 1.3), "latency_bound": (code, None, 1.5)}
     rows: list[Row] = []

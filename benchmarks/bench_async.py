@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "async.json"
 CODE_ENV = "rllm/Code-v0"
+ENV_CALLS = 32  # env calls at once on Code-v0, every K: the worker's default (WorkerSettings.env_calls)
 
 
 class FencedCodeAgent(CodeAgent):
@@ -104,7 +105,9 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path) -> dict[str, list
     )  # fmt: skip
     # The worker (spawned) imports this module by its name to build the agent: benchmarks/ is on its sys.path.
     setup = EnvSetup(CODE_ENV, agent=f"{Path(__file__).stem}:FencedCodeAgent", agent_args={"system_prompt": ""})
-    rollout = EpisodeRollout([setup], max_turns=1, stop_on_truncation=False)
+    # Every K runs as many env calls at once as the asynchronous worker does (its env pool and its sandbox), so the
+    # ratio to K = 0 is the overlap's, not a wider pool's.
+    rollout = EpisodeRollout([setup], max_turns=1, stop_on_truncation=False, env_workers=ENV_CALLS)
     clock = Clock()
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=rollout,
@@ -125,6 +128,9 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         "seed": arguments.seed, "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average_start": round(os.getloadavg()[0], 2), "workloads": {},
     }  # fmt: skip
+    # The trainer's own sandbox (K = 0 grades in this process) runs as many at once as the worker's.
+    os.environ["RLLM_GYM_SANDBOX_MAX_PARALLEL"] = str(ENV_CALLS)
+    results["env_calls"] = ENV_CALLS
     with tempfile.TemporaryDirectory(prefix="bench_async_") as folder:
         workloads = {
             "main_job": lambda k: main_job(k, arguments.main_steps, arguments.seed, Path(folder)),

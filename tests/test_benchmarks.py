@@ -3,6 +3,7 @@ benchmarks/results.json, never typed."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -554,3 +555,14 @@ def test_async_rows_say_when_they_were_measured_outside_run_all():
     assert len(rows) == 2
     assert all("(`bench_async.py --quick; measured outside run_all on 2030-01-03, load average up to 7.2`)" in row
                for row in rows)  # fmt: skip
+
+
+def test_the_code_v0_async_row_gives_every_k_the_workers_env_calls():
+    from rllm_gym.train.async_generation import WorkerSettings
+
+    default = {field.name: field.default for field in dataclasses.fields(WorkerSettings)}["env_calls"]
+    assert default == script("bench_async").ENV_CALLS  # K = 0 runs as many env calls at once as the worker
+    results = fabricated()
+    results["benchmarks"]["bench_async"]["results"]["env_calls"] = 32
+    rows = [row for row in run_all.render(results).splitlines() if "asynchronous GRPO, Code-v0" in row]
+    assert len(rows) == 1 and "tiny model, 32 env calls at once for every K:" in rows[0]
