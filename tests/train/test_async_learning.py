@@ -13,7 +13,9 @@ with one-token replies, whose expected reward is exact (every reply weighed by i
 with one iteration per batch TRL's ratio is 1, so an uncorrected step trains the current weights on replies of weights
 two steps old as if they were its own; a reply the current policy has already made rare still gets its full, stale
 advantage, and at a learning rate where each step moves the policy by 1-3 nats per reply token (``async/mismatch``)
-the update points away from where the current policy's reward rises (cosine with that gradient about 0 to -0.4).
+the update no longer points where the current policy's reward rises: measured on 4096 rows of the initial weights
+after two steps (learning rate 1e-3 and 3e-3, seeds 0-2), its cosine with the exact gradient of that reward was
+-0.38 to 0.16 in five cases of six, against 0.47 to 0.90 with the correction.
 """
 
 from __future__ import annotations
