@@ -4,7 +4,7 @@ number of samples (every run trains 220 steps of 8 lakes x 8 rollouts), so that 
 seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
     nice -n 19 python benchmarks/async_heldout.py                      # all 9 runs, 2 at a time (~5 min each idle)
-    nice -n 19 python benchmarks/async_heldout.py --staleness 1 --seeds 2   # one more run, merged into the results
+    nice -n 19 python benchmarks/async_heldout.py --staleness 1 2 --seeds 0   # some runs, merged into the results
     python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
 
 Each run is a fresh interpreter (``run_all.run_training``: the command a user types, in a temporary folder). Runs
@@ -12,6 +12,9 @@ finish into ``benchmarks/results/async_heldout.json`` one by one, merged with th
 the same K and seed replaces the kept one), each with the commit it ran (``git describe --dirty``: the async code may
 change after it), its wall time, the machine and its load average at the start and the end: with two runs side by
 side the seconds are not a speed figure (``bench_async.py`` measures speed); the held-out success is the figure.
+Until K = 0 has runs of its own here, the comparison takes K = 0's seeds from ``demo_cpu_summary.json`` (the same
+command, kept by ``demo_cpu.py``) and names that source. A run that fails or times out is said and left out, and the
+command then exits 1.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from demo_cpu import CONFIG, ENV_ID, evaluation_curve  # noqa: E402  (the main job's command and curve)
+from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (the main job's command and curve)
 from run_all import machine, run_training  # noqa: E402
 
 RESULTS = HERE / "results" / "async_heldout.json"
@@ -72,7 +75,7 @@ def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
 
 
 def kept() -> dict[str, Any]:
-    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": []}
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "comparison": compare([])}
 
 
 def keep(run: dict[str, Any], lock: threading.Lock) -> None:
@@ -91,14 +94,28 @@ def keep(run: dict[str, Any], lock: threading.Lock) -> None:
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def kept_synchronous() -> dict[str, Any]:
+    """K = 0's held-out results after training per seed as ``demo_cpu.py`` kept them (the synchronous trainer, which
+    ``max_staleness: 0`` leaves unchanged), with the date and command that measured them."""
+    demo = json.loads(SUMMARY.read_text())
+    return {
+        "source": f"benchmarks/results/{SUMMARY.name}, {demo['measured_by']} on {demo['machine']['date']}",
+        "heldout_after": {run["seed"]: run["summary"]["heldout_after"][ENV_ID] for run in demo["runs"]},
+    }
+
+
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per K the held-out successes after training (seed order), and whether each K >= 1 lies within K = 0's
-    seed-to-seed range (min to max over its seeds; ``None`` until K = 0 has two seeds)."""
+    seed-to-seed range (min to max over its seeds): K = 0's runs kept here, else those ``demo_cpu.py`` kept."""
     after: dict[int, dict[int, float]] = {}
     for run in runs:
         after.setdefault(run["max_staleness"], {})[run["seed"]] = run["heldout_after"]
-    baseline = sorted(after.get(0, {}).values())
     table: dict[str, Any] = {}
+    if 0 not in after:
+        synchronous = kept_synchronous()
+        after[0] = synchronous["heldout_after"]
+        table["K=0 source"] = synchronous["source"]
+    baseline = sorted(after[0].values())
     for staleness, by_seed in sorted(after.items()):
         values = [by_seed[seed] for seed in sorted(by_seed)]
         row: dict[str, Any] = {"seeds": sorted(by_seed), "heldout_after": values, "mean": sum(values) / len(values)}
@@ -112,6 +129,9 @@ def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def report(results: dict[str, Any]) -> str:
     lines = []
     for name, row in results["comparison"].items():
+        if not isinstance(row, dict):
+            lines.append(f"{name}: {row}")
+            continue
         lakes = ", ".join(f"{round(value * 64)}/64" for value in row["heldout_after"])
         extra = f" within K=0's range: {row['within_k0_range']}" if "within_k0_range" in row else ""
         lines.append(f"{name} seeds {row['seeds']}: held-out after {lakes}{extra}")
@@ -123,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS), help="K values (default 0 1 2)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds (default 0 1 2)")
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2)")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds one run may take (default 1800)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
     parser.add_argument("--report", action="store_true", help="print the comparison of the kept results, run nothing")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -133,16 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         grid = [(staleness, seed) for staleness in args.staleness for seed in args.seeds]
         print(f"{len(grid)} runs, {args.jobs} at a time, commit {commit()}, {machine()}", flush=True)
 
-        def run_and_keep(staleness: int, seed: int) -> None:
-            run = one_run(staleness, seed, args.timeout)
+        def run_and_keep(staleness: int, seed: int) -> bool:
+            try:
+                run = one_run(staleness, seed, args.timeout)
+            except (SystemExit, subprocess.TimeoutExpired) as error:  # the others go on; this one is said, not kept
+                print(f"K={staleness} seed {seed} failed: {error}", flush=True)
+                return False
             keep(run, lock)
             print(f"K={staleness} seed {seed}: held-out {run['heldout_after']:.3f} in {run['wall_s']} s", flush=True)
+            return True
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for future in [pool.submit(run_and_keep, staleness, seed) for staleness, seed in grid]:
-                future.result()
+            finished = [future.result() for future in [pool.submit(run_and_keep, k, seed) for k, seed in grid]]
     print(report(kept()))
-    return 0
+    return 0 if args.report or all(finished) else 1
 
 
 if __name__ == "__main__":
