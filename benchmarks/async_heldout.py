@@ -5,6 +5,7 @@ seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
     nice -n 19 python benchmarks/async_heldout.py                      # all 9 runs, 2 at a time (~5 min each idle)
     nice -n 19 python benchmarks/async_heldout.py --staleness 1 2 --seeds 0   # some runs, merged into the results
+    OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
     python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
 
 Each run is a fresh interpreter (``run_all.run_training``: the command a user types, in a temporary folder). Runs
@@ -64,6 +65,7 @@ def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
         "wall_s": round(wall_s, 1),
         "train_seconds": summary["train_seconds"],
         "machine": about,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # 1 on shared cores: waiting threads spin otherwise
         "load_average_end": round(os.getloadavg()[0], 2),
         "steps": config["max_steps"],
         "samples": config["max_steps"] * config["prompts_per_step"] * config["num_generations"],
