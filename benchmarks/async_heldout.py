@@ -72,6 +72,8 @@ def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
         "heldout_before": summary["heldout_before"][ENV_ID],
         "heldout_after": summary["heldout_after"][ENV_ID],
         "evaluations": evaluation_curve(records),
+        "termination_reasons": summary["termination_reasons"],  # a collapse shows here (e.g. every reply too long)
+        "reward_first_last": [summary["reward_first"], summary["reward_last"]],
         "async": {name: max(record[name] for record in logged) for name in ASYNC_METRICS} if logged else {},
     }
 
