@@ -1,0 +1,177 @@
+"""Learning per sample of asynchronous GRPO: the README's main job (``train/configs/demo_cpu.yaml``) with
+``--max_staleness`` K = 0, 1 and 2 for seeds 0, 1 and 2, and greedy success on its 64 held-out lakes at the same
+number of samples (every run trains 220 steps of 8 lakes x 8 rollouts), so that K >= 1 can be compared with the
+seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
+
+    nice -n 19 python benchmarks/async_heldout.py                      # all 9 runs, 2 at a time (~5 min each idle)
+    nice -n 19 python benchmarks/async_heldout.py --staleness 1 2 --seeds 0   # some runs, merged into the results
+    OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
+    python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
+
+Each run is a fresh interpreter (``run_all.run_training``: the command a user types, in a temporary folder). Runs
+finish into ``benchmarks/results/async_heldout.json`` one by one, merged with the runs already kept there (a run of
+the same K and seed replaces the kept one), each with the commit it ran (``git describe --dirty``: the async code may
+change after it), its wall time, the machine and its load average at the start and the end: with two runs side by
+side the seconds are not a speed figure (``bench_async.py`` measures speed); the held-out success is the figure.
+Until K = 0 has runs of its own here, the comparison takes K = 0's seeds from ``demo_cpu_summary.json`` (the same
+command, kept by ``demo_cpu.py``) and names that source. A run that fails or times out is said and left out, and the
+command then exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (the main job's command and curve)
+from run_all import machine, run_training  # noqa: E402
+
+RESULTS = HERE / "results" / "async_heldout.json"
+STALENESS = (0, 1, 2)
+SEEDS = (0, 1, 2)
+ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")
+
+
+def commit() -> str:
+    """The checkout's commit, ``-dirty`` when its tracked files differ from it."""
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
+    """The main job with ``--max_staleness staleness --seed seed``: its held-out curve, result and async metrics."""
+    flags = ("--seed", str(seed), "--max_staleness", str(staleness))
+    summary, records, wall_s, about = run_training(CONFIG, timeout_s, None, f"the main job (K={staleness})", flags)
+    config = summary["config"]
+    if (config["seed"], config["max_staleness"]) != (seed, staleness):
+        raise SystemExit(f"the main job ran with seed {config['seed']}, max_staleness {config['max_staleness']}")
+    logged = [record for record in records if "async/staleness_mean" in record]
+    return {
+        "max_staleness": staleness,
+        "seed": seed,
+        "commit": commit(),
+        "wall_s": round(wall_s, 1),
+        "train_seconds": summary["train_seconds"],
+        "machine": about,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),  # 1 on shared cores: waiting threads spin otherwise
+        "load_average_end": round(os.getloadavg()[0], 2),
+        "steps": config["max_steps"],
+        "samples": config["max_steps"] * config["prompts_per_step"] * config["num_generations"],
+        "heldout_before": summary["heldout_before"][ENV_ID],
+        "heldout_after": summary["heldout_after"][ENV_ID],
+        "evaluations": evaluation_curve(records),
+        "termination_reasons": summary["termination_reasons"],  # a collapse shows here (e.g. every reply too long)
+        "reward_first_last": [summary["reward_first"], summary["reward_last"]],
+        "async": {name: max(record[name] for record in logged) for name in ASYNC_METRICS} if logged else {},
+    }
+
+
+def kept() -> dict[str, Any]:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "comparison": compare([])}
+
+
+def keep(run: dict[str, Any], lock: threading.Lock) -> None:
+    """Merge one finished run into the results file (replacing a kept run of the same K and seed) and re-summarise."""
+    with lock:
+        results = kept()
+        runs = [
+            old
+            for old in results["runs"]
+            if (old["max_staleness"], old["seed"]) != (run["max_staleness"], run["seed"])
+        ]
+        runs = sorted([*runs, run], key=lambda entry: (entry["max_staleness"], entry["seed"]))
+        results = {"measured_by": "`nice -n 19 python benchmarks/async_heldout.py`", "config": CONFIG, "runs": runs}
+        results["comparison"] = compare(runs)
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def kept_synchronous() -> dict[str, Any]:
+    """K = 0's held-out results after training per seed as ``demo_cpu.py`` kept them (the synchronous trainer, which
+    ``max_staleness: 0`` leaves unchanged), with the date and command that measured them."""
+    demo = json.loads(SUMMARY.read_text())
+    return {
+        "source": f"benchmarks/results/{SUMMARY.name}, {demo['measured_by']} on {demo['machine']['date']}",
+        "heldout_after": {run["seed"]: run["summary"]["heldout_after"][ENV_ID] for run in demo["runs"]},
+    }
+
+
+def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per K the held-out successes after training (seed order), and whether each K >= 1 lies within K = 0's
+    seed-to-seed range (min to max over its seeds): K = 0's runs kept here, else those ``demo_cpu.py`` kept."""
+    after: dict[int, dict[int, float]] = {}
+    for run in runs:
+        after.setdefault(run["max_staleness"], {})[run["seed"]] = run["heldout_after"]
+    table: dict[str, Any] = {}
+    if 0 not in after:
+        synchronous = kept_synchronous()
+        after[0] = synchronous["heldout_after"]
+        table["K=0 source"] = synchronous["source"]
+    baseline = sorted(after[0].values())
+    for staleness, by_seed in sorted(after.items()):
+        values = [by_seed[seed] for seed in sorted(by_seed)]
+        row: dict[str, Any] = {"seeds": sorted(by_seed), "heldout_after": values, "mean": sum(values) / len(values)}
+        if staleness > 0 and len(baseline) >= 2:
+            row["within_k0_range"] = all(baseline[0] <= value <= baseline[-1] for value in values)
+            row["at_or_above_k0_min"] = all(value >= baseline[0] for value in values)
+        table[f"K={staleness}"] = row
+    return table
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = []
+    for name, row in results["comparison"].items():
+        if not isinstance(row, dict):
+            lines.append(f"{name}: {row}")
+            continue
+        lakes = ", ".join(f"{round(value * 64)}/64" for value in row["heldout_after"])
+        extra = f" within K=0's range: {row['within_k0_range']}" if "within_k0_range" in row else ""
+        lines.append(f"{name} seeds {row['seeds']}: held-out after {lakes}{extra}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS), help="K values (default 0 1 2)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds (default 0 1 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
+    parser.add_argument("--report", action="store_true", help="print the comparison of the kept results, run nothing")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.report:
+        lock = threading.Lock()
+        grid = [(staleness, seed) for staleness in args.staleness for seed in args.seeds]
+        print(f"{len(grid)} runs, {args.jobs} at a time, commit {commit()}, {machine()}", flush=True)
+
+        def run_and_keep(staleness: int, seed: int) -> bool:
+            try:
+                run = one_run(staleness, seed, args.timeout)
+            except (SystemExit, subprocess.TimeoutExpired) as error:  # the others go on; this one is said, not kept
+                print(f"K={staleness} seed {seed} failed: {error}", flush=True)
+                return False
+            keep(run, lock)
+            print(f"K={staleness} seed {seed}: held-out {run['heldout_after']:.3f} in {run['wall_s']} s", flush=True)
+            return True
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            finished = [future.result() for future in [pool.submit(run_and_keep, k, seed) for k, seed in grid]]
+    print(report(kept()))
+    return 0 if args.report or all(finished) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

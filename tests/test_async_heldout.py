@@ -1,0 +1,74 @@
+"""benchmarks/async_heldout.py's bookkeeping, without running the main job: how runs are kept and merged, and how
+K >= 1 is compared with K = 0's seed-to-seed range (its own runs, else the ones demo_cpu.py kept)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def heldout_script():
+    spec = importlib.util.spec_from_file_location("async_heldout", ROOT / "benchmarks" / "async_heldout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(staleness: int, seed: int, heldout: float) -> dict:
+    return {"max_staleness": staleness, "seed": seed, "heldout_after": heldout, "commit": "abc"}
+
+
+def test_k1_is_within_k0s_range_only_when_every_seed_is():
+    script = heldout_script()
+    k0 = [run(0, 0, 0.60), run(0, 1, 0.70), run(0, 2, 0.65)]
+    table = script.compare([*k0, run(1, 0, 0.62), run(1, 1, 0.69), run(2, 0, 0.50)])
+    assert table["K=0"]["heldout_after"] == [0.60, 0.70, 0.65]
+    assert table["K=1"] == {
+        "seeds": [0, 1], "heldout_after": [0.62, 0.69], "mean": pytest.approx(0.655),
+        "within_k0_range": True, "at_or_above_k0_min": True,
+    }  # fmt: skip
+    assert table["K=2"]["within_k0_range"] is False
+    assert table["K=2"]["at_or_above_k0_min"] is False
+    assert "K=0 source" not in table
+
+
+def test_without_k0_runs_the_kept_demo_seeds_are_the_baseline_and_named():
+    script = heldout_script()
+    demo = json.loads((ROOT / "benchmarks" / "results" / "demo_cpu_summary.json").read_text())
+    kept = [entry["summary"]["heldout_after"]["rllm/FrozenLake-v0"] for entry in demo["runs"]]
+    table = script.compare([run(1, 0, max(kept) + 0.01)])
+    assert table["K=0"]["heldout_after"] == kept
+    assert table["K=0 source"].startswith(
+        "benchmarks/results/demo_cpu_summary.json, `python benchmarks/demo_cpu.py` on "
+    )
+    assert table["K=1"]["within_k0_range"] is False  # above K=0's best is outside the range, not below it
+    assert table["K=1"]["at_or_above_k0_min"] is True
+    assert "K=0 source: benchmarks/results/demo_cpu_summary.json" in script.report({"comparison": table})
+
+
+def test_a_finished_run_is_merged_into_the_kept_file_replacing_the_same_k_and_seed(tmp_path, monkeypatch):
+    script = heldout_script()
+    monkeypatch.setattr(script, "RESULTS", tmp_path / "results" / "async_heldout.json")
+    lock = threading.Lock()
+    script.keep(run(2, 0, 0.5), lock)
+    script.keep(run(1, 1, 0.6), lock)
+    script.keep(run(2, 0, 0.7), lock)  # run again: replaces the first
+    kept = json.loads(script.RESULTS.read_text())
+    assert [(entry["max_staleness"], entry["seed"], entry["heldout_after"]) for entry in kept["runs"]] == [
+        (1, 1, 0.6),
+        (2, 0, 0.7),
+    ]
+    assert kept["comparison"]["K=2"]["heldout_after"] == [0.7]
+
+
+def test_a_bad_jobs_count_is_named(capsys):
+    with pytest.raises(SystemExit):
+        heldout_script().main(["--jobs", "0"])
+    assert re.search(r"--jobs must be >= 1, got 0", capsys.readouterr().err)
