@@ -21,7 +21,6 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ from packaging.version import Version
 from transformers import Trainer
 from trl import GRPOTrainer
 
+from rllm_gym.internals import Internal
 from rllm_gym.train.batch import TrainingBatch
 from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.sequences import width_groups
@@ -129,16 +129,6 @@ _DEEPSPEED_MODULE_STATE = (
     "applied_pre_backward_ref_cnt",
     "to_empty",
 )
-
-
-@dataclass(frozen=True)
-class Internal:
-    """A private name the adapter uses: where it lives, what it is used for and what replaces it when it moved."""
-
-    where: str
-    used_for: str
-    fallback: str
-    present: Callable[[], bool]
 
 
 INTERNALS: dict[str, Internal] = {

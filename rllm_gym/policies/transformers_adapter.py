@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
+
+from rllm_gym.internals import Internal
 
 __all__ = ["INTERNALS", "SUPPORTED_TRANSFORMERS", "available", "backend_encode", "render_plain_chat"]
 
@@ -41,16 +42,6 @@ def _backend_tokenizer_present() -> bool:
     from transformers import PreTrainedTokenizerFast
 
     return isinstance(getattr(PreTrainedTokenizerFast, "backend_tokenizer", None), property)
-
-
-@dataclass(frozen=True)
-class Internal:
-    """A private or semi-private name of transformers used here: where it lives, what for, and what replaces it."""
-
-    where: str
-    used_for: str
-    fallback: str
-    present: Callable[[], bool]
 
 
 INTERNALS: dict[str, Internal] = {
