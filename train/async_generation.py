@@ -68,6 +68,7 @@ __all__ = [
     "WorkerLink",
     "WorkerSettings",
     "run_worker",
+    "sandbox_runs",
 ]
 
 
@@ -81,7 +82,7 @@ class WorkerSettings:
     from it), the filler token of padding rows, the policies' chat settings, the torch threads it may use, the
     training process it generates for (episode ids and reset seeds name it), and ``env_calls``: the env calls it runs
     at once (its env thread pool, where the rollout sets none of its own, and its process's sandbox runs, where
-    ``RLLM_GYM_SANDBOX_MAX_PARALLEL`` is unset).
+    ``RLLM_GYM_SANDBOX_MAX_PARALLEL`` is unset, as many as fit in half the machine's memory: :func:`sandbox_runs`).
 
     ``env_calls`` is larger than the trainer's own default (:func:`~rllm_gym.engine.common.default_env_workers`):
     the worker's env calls overlap the trainer's step, and those of a latency-bound env (Code-v0's sandboxed tests)
@@ -185,6 +186,27 @@ class WorkerLink:
     parent: int
 
 
+RUN_MEMORY_BYTES = 512 * 2**20  # a sandbox run's default memory limit (SandboxLimits.memory_mb)
+
+
+def sandbox_runs(env_calls: int, memory_bytes: int | None) -> int:
+    """The worker's sandbox runs at once: ``env_calls``, but no more than fit in half the machine's memory at a run's
+    default limit (each may hold 512 MB: a policy that writes code filling it in every run must not exhaust the
+    host), and never fewer than the sandbox's own default (:class:`~rllm_gym.sandbox.Sandbox`'s ``max_parallel``)."""
+    floor = max(4, 2 * (os.cpu_count() or 1))
+    if memory_bytes is None:  # unknown: the sandbox's default
+        return min(env_calls, floor)
+    return max(min(floor, env_calls), min(env_calls, memory_bytes // (2 * RUN_MEMORY_BYTES)))
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def run_worker(link: WorkerLink, start: Callable[[], WorkerGeneration]) -> None:
     """The body of every worker process: its generation backend from ``start()`` (a failure answered ``(None, None,
     traceback)``), then :func:`_serve` the requests, then stop at once (see below)."""
@@ -197,7 +219,7 @@ def run_worker(link: WorkerLink, start: Callable[[], WorkerGeneration]) -> None:
     # This process's own env concurrency (its env pool, its sandbox), unless the user set them (see WorkerSettings).
     if link.rollout.env_workers is None:
         link.rollout.env_workers = settings.env_calls
-    os.environ.setdefault("RLLM_GYM_SANDBOX_MAX_PARALLEL", str(settings.env_calls))
+    os.environ.setdefault("RLLM_GYM_SANDBOX_MAX_PARALLEL", str(sandbox_runs(settings.env_calls, _memory_bytes())))
     # The answers go out from a thread of their own (a large batch fills the pipe until the trainer reads it), so
     # that the next step's generation starts at once.
     outbox: queue.Queue[Any] = queue.Queue()

@@ -18,7 +18,7 @@ from trl import GRPOConfig
 
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, LookAhead, WorkerSettings
+from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, LookAhead, WorkerSettings, sandbox_runs
 from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 LAKE = "rllm/FrozenLake-v0"
@@ -421,3 +421,13 @@ def test_worker_settings_refuse_an_env_call_count_out_of_range(tiny_model_dir):
         expected = f"WorkerSettings env_calls must be an int in [1, 256], got {bad!r}"
         with pytest.raises(ValueError, match=re.escape(expected)):
             dataclasses.replace(settings(tokenizer), env_calls=bad)
+
+
+def test_the_workers_sandbox_runs_no_more_at_once_than_half_the_memory_holds_at_their_limit():
+    floor = max(4, 2 * (os.cpu_count() or 1))
+    gib = 2**30
+    assert sandbox_runs(32, 64 * gib) == 32  # 64 runs' worth of memory: env_calls decides
+    assert sandbox_runs(32, 8 * gib) == max(8, floor)  # 8 GiB: 8 runs of 512 MB fill half of it
+    assert sandbox_runs(32, 1 * gib) == floor  # never fewer than the sandbox's own default
+    assert sandbox_runs(2, 64 * gib) == 2  # nor more than asked
+    assert sandbox_runs(32, None) == floor  # memory unknown: the sandbox's default
