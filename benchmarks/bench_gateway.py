@@ -19,8 +19,14 @@ engine share that one thread, and a batch goes out once every session has asked.
 A second workload (``--long-tokens``, 128) times direct against the gateway with the openai client at replies of a
 realistic length, where the fixed cost per call weighs less; it is reported beside the first, never instead of it.
 
+``--policy vllm`` (in the vLLM venv: README, "vLLM on a CPU") runs direct against the gateway with the openai client
+on one VLLMPolicy instead, at both reply lengths: vLLM batches continuously (a request that arrives late joins the
+running batch between decode steps, in the engine core's own process), so the programs' client CPU overlaps
+generation rather than adding to every turn as it does before HFPolicy's batch, which waits for its last request.
+
     python benchmarks/bench_gateway.py                  # 64 sessions, 2 turns, 32 tokens a reply, 3 rounds; and 128
     python benchmarks/bench_gateway.py --quick          # 1 round, 16 tokens; and 128
+    .venv-vllm/bin/python benchmarks/bench_gateway.py --policy vllm --max-tokens 16   # 3 rounds, 16 and 128 tokens
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import os
 import platform
 import ssl
 import statistics
+import sys
 import time
 
 import aiohttp
@@ -41,7 +48,7 @@ from _measure import write_json
 from rllm_gym.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.policies import HFPolicy
-from rllm_gym.policies.base import SamplingParams
+from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.sdk import AgentProgramEngine
 from rllm_gym.types import Step, TerminationReason, Trajectory
 
@@ -54,7 +61,7 @@ class DirectWorkflow(Workflow):
     """The agent program's episode with the policy called in process: the same calls, recorded as the gateway records
     them (a Trajectory with the task as input, a Step per call, the last reply as output)."""
 
-    def __init__(self, policy: HFPolicy, *, turns: int, **kwargs) -> None:
+    def __init__(self, policy: Policy, *, turns: int, **kwargs) -> None:
         super().__init__(policy, **kwargs)
         self.turns = turns
 
@@ -123,13 +130,17 @@ def raw_program_of(turns: int, max_tokens: int):
 
 
 async def timed(
-    engine: AgentWorkflowEngine, sessions: int, batches: list[int] | None = None, loop_cpu: list[float] | None = None
+    engine: AgentWorkflowEngine,
+    sessions: int,
+    batches: list[int] | None = None,
+    loop_cpu: list[float] | None = None,
+    replies: dict[tuple[int, int], list[int]] | None = None,
 ) -> tuple[float, float, int]:
     """Wall seconds, process CPU seconds and completion tokens of one run of ``sessions`` episodes; ``batches``, when
-    given, gets the size of each ``generate`` call the run made (``HFPolicy.batch_sizes``), and ``loop_cpu`` the CPU
+    given, gets the size of each ``generate`` call the run made (``HFPolicy.batch_sizes``), ``loop_cpu`` the CPU
     seconds of the event loop's thread (programs, gateway, engine and prompt building; generation runs in a worker
-    thread), to which the run's figure is appended."""
-    first_batch = len(engine.policy.batch_sizes)
+    thread), to which the run's figure is appended, and ``replies`` each call's completion ids by (task, turn)."""
+    first_batch = len(getattr(engine.policy, "batch_sizes", ()))
     start, cpu, loop_start = time.perf_counter(), time.process_time(), time.thread_time()
     episodes = await engine.run(list(range(sessions)))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -140,11 +151,15 @@ async def timed(
     failed = [e for e in episodes if e.termination_reason.value != "env_done"]
     if failed:
         raise RuntimeError(f"{len(failed)} episodes failed: {failed[0].metadata.get('error')}")
+    if replies is not None:
+        for episode in episodes:
+            for turn, step in enumerate(episode.trajectories[0].steps):
+                replies[(episode.task, turn)] = list(step.response_ids)
     tokens = sum(len(step.response_ids) for e in episodes for t in e.trajectories for step in t.steps)
     return elapsed, cpu, tokens
 
 
-def engines_for(policy: HFPolicy, args: argparse.Namespace, max_tokens: int, programs: dict) -> dict:
+def engines_for(policy: Policy, args: argparse.Namespace, max_tokens: int, programs: dict) -> dict:
     """The direct path and one AgentProgramEngine per program, all with replies of up to ``max_tokens``."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     settings = {"sampling_params": params, "n_parallel": args.sessions, "tune_interpreter": True}
@@ -161,7 +176,7 @@ def engines_for(policy: HFPolicy, args: argparse.Namespace, max_tokens: int, pro
     }
 
 
-async def long_replies(policy: HFPolicy, args: argparse.Namespace) -> dict:
+async def long_replies(policy: Policy, args: argparse.Namespace) -> dict:
     """Direct vs the gateway with the openai client at ``--long-tokens`` a reply (greedy: the same replies on both
     paths; the tiny model may end one early on EOS, so the mean reply length is reported)."""
     program = program_of(args.turns, args.long_tokens, ssl.create_default_context())
@@ -180,6 +195,59 @@ async def long_replies(policy: HFPolicy, args: argparse.Namespace) -> dict:
         "long_gateway_s": [round(s, 3) for s in seconds["gateway"]],
         "long_ratio": round(statistics.median(seconds["gateway"]) / statistics.median(seconds["direct"]), 3),
     }
+
+
+async def continuous_batching(policy: Policy, args: argparse.Namespace) -> dict:
+    """``--policy vllm``: direct vs the gateway with the openai client on one VLLMPolicy, at ``--max-tokens`` and at
+    ``--long-tokens`` a reply, interleaved ``--rounds`` times after a warm-up of each. vLLM batches continuously (its
+    engine core is a process of its own; a request that arrives late joins the running batch between decode steps),
+    so the clients' CPU overlaps generation instead of adding to each turn. Greedy on both paths: ``same_tokens`` is
+    the share of calls (task, turn) whose completion ids the two paths agree on, in the last round. On a CPU every
+    core generates too: ``*_cpu_ms_per_call`` (this process: programs, gateway, vLLM's output handling) and
+    ``*_engine_cpu_ms_per_call`` (vLLM's engine-core and worker processes) say where each path's CPU went."""
+    import psutil  # a dependency of vLLM
+
+    def engine_cpu() -> float:
+        """CPU seconds of this process's children (vLLM's engine core and its worker) so far."""
+        return sum(sum(child.cpu_times()[:2]) for child in psutil.Process().children(recursive=True))
+
+    results: dict = {"policy": "vllm", "sessions": args.sessions, "turns": args.turns}
+    calls = args.sessions * args.turns
+    for prefix, max_tokens in (("", args.max_tokens), ("long_", args.long_tokens)):
+        if not max_tokens:
+            continue
+        program = program_of(args.turns, max_tokens, ssl.create_default_context())
+        engines = engines_for(policy, args, max_tokens, {"gateway": program})
+        for engine in engines.values():
+            await timed(engine, args.sessions)
+        seconds: dict[str, list[float]] = {name: [] for name in engines}
+        cpu: dict[str, list[float]] = {name: [] for name in engines}
+        core: dict[str, list[float]] = {name: [] for name in engines}
+        replies: dict[str, dict] = {name: {} for name in engines}
+        for _ in range(args.rounds):
+            for name, engine in engines.items():
+                before = engine_cpu()
+                wall, used, tokens = await timed(engine, args.sessions, replies=replies[name])
+                core[name].append(engine_cpu() - before)
+                seconds[name].append(wall)
+                cpu[name].append(used)
+        direct, gateway = replies["direct"], replies["gateway"]
+        same = sum(gateway.get(key) == ids for key, ids in direct.items()) / max(1, len(direct))
+        results |= {
+            f"{prefix}max_tokens": max_tokens,
+            f"{prefix}mean_reply_tokens": round(tokens / (args.sessions * args.turns), 1),
+            f"{prefix}direct_s": [round(s, 3) for s in seconds["direct"]],
+            f"{prefix}gateway_s": [round(s, 3) for s in seconds["gateway"]],
+            f"{prefix}ratio": round(statistics.median(seconds["gateway"]) / statistics.median(seconds["direct"]), 3),
+            f"{prefix}same_tokens": round(same, 3),
+            **{
+                f"{prefix}{name}_{what}_ms_per_call": round(1e3 * statistics.median(values[name]) / calls, 3)
+                for name in engines
+                for what, values in (("cpu", cpu), ("engine_cpu", core))
+            },
+        }
+    machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "load_average": round(os.getloadavg()[0], 2)}
+    return results | machine
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -233,6 +301,31 @@ async def main(args: argparse.Namespace) -> dict:
     }
 
 
+def vllm_main(args: argparse.Namespace) -> dict:
+    """Build the VLLMPolicy (the project's CPU defaults on a CPU), run :func:`continuous_batching`, print its rows."""
+    from rllm_gym.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(args.model)
+    try:
+        results = asyncio.run(continuous_batching(policy, args))
+    finally:
+        policy.shutdown()
+    for prefix in ("", "long_"):
+        if f"{prefix}ratio" in results:
+            print(
+                f"VLLMPolicy, {results['sessions']} sessions x {results['turns']} turns, replies of up to "
+                f"{results[f'{prefix}max_tokens']} tokens ({results[f'{prefix}mean_reply_tokens']} on average): "
+                f"direct {results[f'{prefix}direct_s']} s, gateway (openai) {results[f'{prefix}gateway_s']} s, ratio "
+                f"{results[f'{prefix}ratio']}x (goal <= 1.1); same greedy tokens in "
+                f"{results[f'{prefix}same_tokens']:.0%} of the calls. CPU per call, this process / the engine's: "
+                f"direct {results[f'{prefix}direct_cpu_ms_per_call']} / "
+                f"{results[f'{prefix}direct_engine_cpu_ms_per_call']} ms, gateway "
+                f"{results[f'{prefix}gateway_cpu_ms_per_call']} / "
+                f"{results[f'{prefix}gateway_engine_cpu_ms_per_call']} ms"
+            )
+    return results
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model folder (default: the embedded tiny model)")
@@ -244,10 +337,19 @@ if __name__ == "__main__":
         "--long-tokens", type=int, default=128, help="the second workload's reply length (0: leave it out)"
     )
     parser.add_argument("--quick", action="store_true", help="1 round of 16-token replies")
+    parser.add_argument(
+        "--policy",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="hf: the HFPolicy workloads; vllm: direct vs the openai client on a VLLMPolicy (run with the vLLM venv)",
+    )
     parser.add_argument("--json", help="also write the results to this file")
     arguments = parser.parse_args()
     if arguments.quick:
         arguments.rounds, arguments.max_tokens = 1, 16
+    if arguments.policy == "vllm":
+        write_json(arguments.json, vllm_main(arguments))
+        sys.exit(0)
     results = asyncio.run(main(arguments))
     print(
         f"{results['sessions']} sessions x {results['turns']} turns: direct {results['direct_s']} s, "

