@@ -14,7 +14,8 @@ The process's CPU time per LLM call over the direct path's (``*_cpu_ms_per_call`
 costs, whatever else the machine runs: the clients run in this process, on the cores that also generate. The event
 loop thread's CPU per call (``*_loop_cpu_ms_per_call``) is what a turn's batch waits for: programs, gateway and
 engine share that one thread, and a batch goes out once every session has asked. Each path's batch sizes
-(``*_batch_sizes``, the last round's) show that both paths run the same batches.
+(``*_batch_sizes``, the last round's) show that both paths run the same batches. ``server_cpu_ms_per_call`` is the
+gateway's own CPU per call apart from the clients' and the model's (:mod:`_gateway_cost`: clients in another process).
 
 A second workload (``--long-tokens``, 128) times direct against the gateway with the openai client at replies of a
 realistic length, where the fixed cost per call weighs less; it is reported beside the first, never instead of it.
@@ -43,6 +44,7 @@ import time
 import aiohttp
 import httpx
 import openai
+from _gateway_cost import gateway_cost
 from _measure import write_json
 
 from rllm_gym.engine import AgentWorkflowEngine
@@ -299,6 +301,8 @@ async def main(args: argparse.Namespace) -> dict:
         **{f"{name}_batch_sizes": sizes for name, sizes in batches.items()},
         **cpu_per_call,
         **(await long_replies(policy, args) if args.long_tokens else {}),
+        # The server's CPU per call with the clients in another process and no model (_gateway_cost.py).
+        "server_cpu_ms_per_call": await gateway_cost(policy.tokenizer, args.sessions, args.turns, 5, args.max_tokens),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
         "load_average": round(os.getloadavg()[0], 2),
@@ -374,6 +378,12 @@ if __name__ == "__main__":
         f"{results['gateway_loop_cpu_ms_per_call']} ms, "
         f"with aiohttp {results['gateway_raw_http_loop_cpu_ms_per_call']} ms. Batch sizes (generate calls): direct "
         f"{results['direct_batch_sizes']}, gateway {results['gateway_batch_sizes']}"
+    )
+    server = results["server_cpu_ms_per_call"]
+    print(
+        f"The server's CPU per call, clients in another process, no model: the gateway {server['gateway']} ms, a bare "
+        f"aiohttp handler {server['bare_aiohttp']} ms, the policy's prompt work called directly "
+        f"{server['policy_direct']} ms"
     )
     if arguments.long_tokens:
         print(

@@ -3,7 +3,9 @@ benchmarks/results.json, never typed."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import gc
 import importlib.util
 import json
 import re
@@ -561,6 +563,17 @@ def test_the_gateway_on_vllm_gets_a_row_per_reply_length_beside_the_hf_rows():
         ("bench_gateway", False),
         ("bench_gateway_vllm", True),
     ]
+
+
+def test_the_gateways_own_cost_is_measured_with_the_clients_in_another_process(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    cost = script("_gateway_cost")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    figures = asyncio.run(cost.gateway_cost(tokenizer, sessions=2, turns=2, rounds=1, max_tokens=8))
+    assert set(figures) == {"gateway", "bare_aiohttp", "policy_direct"}
+    assert all(isinstance(ms, float) and ms >= 0 for ms in figures.values())
+    assert gc.isenabled()  # switched off only while it measures
 
 
 def test_a_benchmark_that_needs_longer_gets_its_own_limit(monkeypatch):
