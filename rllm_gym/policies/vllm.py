@@ -43,6 +43,7 @@ from rllm_gym.policies.base import (
     on_loop,
 )
 from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.policies.vllm_adapter import shared_params_kwargs
 from rllm_gym.types import ModelOutput
 
 __all__ = [
@@ -250,8 +251,10 @@ class VLLMPolicy(BasePolicy):
         self._to_callers: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}  # the callers' loops still open
         self._to_callers_lock = threading.Lock()
         # vllm.SamplingParams per distinct (params, streamed), built on the engine's loop only: vLLM copies the ones
-        # it is given per request (``params.clone()`` in its input processor), so one object serves every request.
+        # it is given per request (``params.clone()`` in its input processor), so one object serves every request;
+        # a shallow copy instead of a deep one where the adapter allows (rllm_gym.policies.vllm_adapter).
         self._vllm_params: dict[tuple[SamplingParams, bool], Any] = {}
+        self._shared_params_kwargs = shared_params_kwargs(vllm)
         _RUNNING.add(self)
         # atexit runs its hooks last-registered first: re-registering after vLLM set up its own exit finalizers
         # (which stop the engine with a 5 s grace) puts the policy's orderly shutdown ahead of them.
@@ -309,7 +312,7 @@ class VLLMPolicy(BasePolicy):
         if vllm_params is None:
             kind = self._cumulative if streamed else self._final_only
             kwargs = vllm_sampling_kwargs(params, logprobs=self.return_logprobs)
-            vllm_params = self._vllm.SamplingParams(**kwargs, output_kind=kind)
+            vllm_params = self._vllm.SamplingParams(**kwargs, output_kind=kind, **self._shared_params_kwargs)
             if len(self._vllm_params) >= SAMPLING_PARAMS_CACHE_SIZE:  # seeds vary per request: keep the latest
                 del self._vllm_params[next(iter(self._vllm_params))]
             self._vllm_params[key] = vllm_params
