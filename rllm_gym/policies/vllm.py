@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import functools
 import inspect
+import itertools
 import json
 import os
 import threading
@@ -255,6 +256,9 @@ class VLLMPolicy(BasePolicy):
         # a shallow copy instead of a deep one where the adapter allows (rllm_gym.policies.vllm_adapter).
         self._vllm_params: dict[tuple[SamplingParams, bool], Any] = {}
         self._shared_params_kwargs = shared_params_kwargs(vllm)
+        # Request ids: this policy's random prefix and a count (taken on the engine's loop only), one urandom read per
+        # policy instead of a uuid4 per request; vLLM adds its own suffix to each id it is given.
+        self._request_ids = map(f"{uuid.uuid4().hex}-{{}}".format, itertools.count())
         _RUNNING.add(self)
         # atexit runs its hooks last-registered first: re-registering after vLLM set up its own exit finalizers
         # (which stop the engine with a 5 s grace) puts the policy's orderly shutdown ahead of them.
@@ -327,7 +331,7 @@ class VLLMPolicy(BasePolicy):
         final = None
         sent = 0
         async for output in self.engine.generate(
-            prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
+            prompt, vllm_params, next(self._request_ids), lora_request=self.lora_request
         ):
             final = output
             if on_token is not None and output.outputs and len(output.outputs[0].token_ids) > sent:
