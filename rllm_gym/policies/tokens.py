@@ -144,7 +144,8 @@ def continuation_ids(
     # dropped with it, as the sampled ids already hold what the model wrote.
     marked = [*messages[: len(chat) - 1], {"role": "assistant", "content": _MARK}, *messages[len(chat) :]]
     after = None
-    if cache is not None and cache.renders_after_reply_locally(tokenizer, tools, template_kwargs):
+    # The short chat is shorter only from the third message before the reply on (system, message, reply).
+    if cache is not None and len(chat) > 3 and cache.renders_after_reply_locally(tokenizer, tools, template_kwargs):
         after = _text_after_short_chat(tokenizer, marked, len(chat) - 1, tools, template_kwargs)
     if after is None:
         after = _text_after_reply(tokenizer, marked, tools, template_kwargs)
@@ -258,8 +259,7 @@ class RenderCache:
         template = tokenizer.chat_template  # a string, or a dict of named templates
         template_key = template if isinstance(template, str) or template is None else _json_key(template)
         key = (template_key, None if tools is None else _json_key(tools))
-        with self._lock:
-            local = self._local.get(key)
+        local = self._local.get(key)  # a single dict read: no lock needed to read, only to change
         if local is None:
             local = _renders_after_reply_locally(tokenizer, tools, template_kwargs)
             with self._lock:
