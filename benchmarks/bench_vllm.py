@@ -12,7 +12,9 @@ rllm_gym.tiny_model``) and the project's CPU engine defaults (float32, eager, 1 
 - VLLMPolicy vs HFPolicy generation throughput (completion tokens per second) on the same chats, all in flight at
   once (HFPolicy batches what is in flight, vLLM batches continuously).
 
-Each figure is the median of 3 timed runs after a warm-up. Beside the times, this process's CPU per LLM call on each
+Each figure is the median of 5 timed runs after a warm-up; the episodes and their raw replay are timed in turns
+(ours, raw, ours ...) with both engines up, so that a change in the machine's load reaches both sides alike
+(``pair_ratios``: each pair's ratio). Beside the times, this process's CPU per LLM call on each
 path (``cpu_ms_per_call``; vLLM's engine core runs in a process of its own, not counted): what our engine, envs, agents
 and prompt building add over raw vLLM's own front end, a figure that holds on a loaded machine, where the wall-clock
 ratio swings with whatever else runs.
@@ -38,22 +40,26 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 KEPT = HERE / "results" / "vllm_cpu.json"
-REPEATS = 3  # timed runs of each measurement; the median is reported
+REPEATS = 5  # timed runs of each measurement; the median is reported
 
 
-def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> tuple[dict[str, Any], list[list]]:
-    """FrozenLake episodes through the engine with VLLMPolicy (after a warm-up); the timing and each turn's
-    ``(prompt_ids, completion_length)`` pairs."""
+def episodes_vs_raw(model: str, episodes: int, max_steps: int, max_tokens: int) -> dict[str, Any]:
+    """FrozenLake episodes through the engine with VLLMPolicy, and raw ``vllm.LLM.generate`` on the same prompts and
+    lengths, timed in turns (ours, raw, ours, raw ...) with both engines up, so that a change of the machine's load
+    reaches both sides alike; a warm-up of each first."""
+    import vllm
+
     from rllm_gym.agents.frozenlake import FrozenLakeAgent
     from rllm_gym.engine import AgentExecutionEngine
     from rllm_gym.policies.base import SamplingParams
-    from rllm_gym.policies.vllm import VLLMPolicy
+    from rllm_gym.policies.vllm import VLLMPolicy, _checkpoint_dtype, cpu_engine_defaults
 
     policy = VLLMPolicy(model)
+    llm = None
     try:
 
-        def engine() -> AgentExecutionEngine:
-            return AgentExecutionEngine(
+        def ours() -> list:
+            engine = AgentExecutionEngine(
                 env_id="rllm/FrozenLake-v0",
                 agent_cls=FrozenLakeAgent,
                 policy=policy,
@@ -63,44 +69,16 @@ def run_episodes(model: str, episodes: int, max_steps: int, max_tokens: int) -> 
                 # length cap that would end the episode, so episodes take several turns.
                 sampling_params=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0, stop=[" "]),
             )
+            return asyncio.run(engine.run(list(range(100, 100 + episodes))))  # seeded: the same episodes each time
 
-        asyncio.run(engine().run(list(range(4))))  # warm-up: first-call costs stay out of the timing
-        times, cpu = [], []
-        for _ in range(REPEATS):  # seeded: every repeat runs the same episodes
-            start, cpu_start = time.perf_counter(), time.process_time()
-            done = asyncio.run(engine().run(list(range(100, 100 + episodes))))
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - cpu_start)
-        wall_s = statistics.median(times)
-    finally:
-        policy.shutdown()
-    turns: list[list] = []
-    for episode in done:
-        for index, step in enumerate(episode.trajectories[0].steps):
-            while len(turns) <= index:
-                turns.append([])
-            turns[index].append((list(step.prompt_ids), len(step.response_ids)))
-    tokens = sum(length for turn in turns for _, length in turn)
-    calls = sum(map(len, turns))
-    result = {"wall_s": wall_s, "episodes": len(done), "calls": calls, "tokens": tokens}
-    return {**result, "cpu_ms_per_call": 1e3 * statistics.median(cpu) / calls}, turns
-
-
-def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
-    """The same prompts and lengths through raw ``vllm.LLM.generate``, one call per turn."""
-    import vllm
-
-    from rllm_gym.policies.vllm import _checkpoint_dtype, cpu_engine_defaults
-
-    llm = vllm.LLM(model=model, **cpu_engine_defaults({}, checkpoint_dtype=_checkpoint_dtype(model)))
-    try:
+        turns = _turns(ours())  # also the warm-up: first-call costs stay out of the timing
+        llm = vllm.LLM(model=model, **cpu_engine_defaults({}, checkpoint_dtype=_checkpoint_dtype(model)))
         warm = vllm.SamplingParams(max_tokens=4, min_tokens=4, temperature=1.0)
         llm.generate([{"prompt_token_ids": turns[0][0][0]}], warm, use_tqdm=False)
-        times, cpu = [], []
-        for _ in range(REPEATS):
-            start, cpu_start = time.perf_counter(), time.process_time()
+
+        def raw() -> int:
             tokens = 0
-            for turn in turns:
+            for turn in turns:  # one generate per turn: all of a turn's prompts at once, each forced to its length
                 prompts = [{"prompt_token_ids": ids} for ids, _ in turn]
                 params = [
                     vllm.SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, seed=i, logprobs=0)
@@ -108,13 +86,49 @@ def replay_raw(model: str, turns: list[list]) -> dict[str, Any]:
                 ]
                 outputs = llm.generate(prompts, params, use_tqdm=False)
                 tokens += sum(len(out.outputs[0].token_ids) for out in outputs)
-            times.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - cpu_start)
-        wall_s = statistics.median(times)
+            return tokens
+
+        ours_times, raw_times = [], []
+        for _ in range(REPEATS):
+            ours_times.append(_timed(ours))
+            raw_times.append(_timed(raw))
     finally:
-        llm.llm_engine.engine_core.shutdown(timeout=30)  # the grace VLLMPolicy gives (no leaked shared memory)
+        policy.shutdown()
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown(timeout=30)  # the grace VLLMPolicy gives (no leaked shared memory)
     calls = sum(map(len, turns))
-    return {"wall_s": wall_s, "tokens": tokens, "cpu_ms_per_call": 1e3 * statistics.median(cpu) / calls}
+    tokens = sum(length for turn in turns for _, length in turn)
+    engine = {"wall_s": _median(ours_times, 0), "episodes": len(turns[0]), "calls": calls, "tokens": tokens}
+    raw_result = {"wall_s": _median(raw_times, 0), "tokens": raw_times[-1][2]}
+    return {
+        "engine": {**engine, "cpu_ms_per_call": 1e3 * _median(ours_times, 1) / calls},
+        "raw": {**raw_result, "cpu_ms_per_call": 1e3 * _median(raw_times, 1) / calls},
+        # Same tokens on both sides (the replay forces each Step's length): the time ratio is the throughput ratio.
+        "ours_vs_raw": _median(raw_times, 0) / _median(ours_times, 0),
+        "pair_ratios": [round(r[0] / o[0], 3) for o, r in zip(ours_times, raw_times, strict=True)],
+    }
+
+
+def _turns(done: list) -> list[list]:
+    """Each turn's ``(prompt_ids, completion_length)`` pairs of the episodes."""
+    turns: list[list] = []
+    for episode in done:
+        for index, step in enumerate(episode.trajectories[0].steps):
+            while len(turns) <= index:
+                turns.append([])
+            turns[index].append((list(step.prompt_ids), len(step.response_ids)))
+    return turns
+
+
+def _timed(run: Any) -> tuple[float, float, Any]:
+    """``run()``'s wall-clock seconds, this process's CPU seconds and its result."""
+    start, cpu_start = time.perf_counter(), time.process_time()
+    result = run()
+    return time.perf_counter() - start, time.process_time() - cpu_start, result
+
+
+def _median(runs: list[tuple], index: int) -> float:
+    return statistics.median(run[index] for run in runs)
 
 
 def throughput(make_policy: Any, chats: list, max_tokens: int) -> dict[str, Any]:
@@ -147,8 +161,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from rllm_gym.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="bench-vllm-"))))
-    ours, turns = run_episodes(model, args.episodes, args.max_steps, args.max_tokens)
-    raw = replay_raw(model, turns)
+    versus_raw = episodes_vs_raw(model, args.episodes, args.max_steps, args.max_tokens)
     chats = [[{"role": "user", "content": f"What is {i} + {i * 7 % 13}?"}] for i in range(args.chats)]
     vllm_tp = throughput(lambda: VLLMPolicy(model), chats, args.chat_tokens)
     hf_tp = throughput(lambda: HFPolicy(model), chats, args.chat_tokens)
@@ -162,10 +175,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "load_average": round(os.getloadavg()[0], 2),
         },
-        "engine": ours,
-        "raw": raw,
-        # Same tokens in both (the replay forces each Step's length): the time ratio is the throughput ratio.
-        "ours_vs_raw": raw["wall_s"] / ours["wall_s"],
+        **versus_raw,
         "vllm_policy": vllm_tp,
         "hf_policy": hf_tp,
         "vllm_vs_hf": vllm_tp["tokens_per_s"] / hf_tp["tokens_per_s"],
@@ -192,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"episodes through the engine: {e['episodes']} episodes, {e['calls']} calls, {e['tokens']} tokens in "
         f"{e['wall_s']:.2f} s; raw vllm.LLM.generate on the same prompts and lengths {r['wall_s']:.2f} s: "
-        f"{results['ours_vs_raw']:.2f} of raw (load average {results['settings']['load_average']}); this process's "
+        f"{results['ours_vs_raw']:.2f} of raw (each pair: {results['pair_ratios']}; load average "
+        f"{results['settings']['load_average']}); this process's "
         f"CPU per call: {e['cpu_ms_per_call']:.2f} ms through the engine, {r['cpu_ms_per_call']:.2f} ms raw"
     )
     print(

@@ -3,11 +3,11 @@ import dataclasses
 import pytest
 
 from rllm_gym.internals import Internal
-from rllm_gym.policies import transformers_adapter
+from rllm_gym.policies import transformers_adapter, vllm_adapter
 from rllm_gym.train import trl_adapter
 
 
-@pytest.mark.parametrize("adapter", [trl_adapter, transformers_adapter])
+@pytest.mark.parametrize("adapter", [trl_adapter, transformers_adapter, vllm_adapter])
 def test_every_internal_an_adapter_uses_says_where_what_for_and_its_fallback(adapter):
     assert adapter.INTERNALS
     for name, internal in adapter.INTERNALS.items():

@@ -15,10 +15,17 @@ taking what follows the marker: what the template writes before the reply (a def
 earlier turns it rewrites) never enters the continuation, and neither do its changes to the reply itself. That text
 is tokenized on its own, which assumes a tokenizer that adds nothing in front of a fragment (byte-level BPE as in
 Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix space would add one there).
+
+A policy's :class:`RenderCache` also renders that text from a short chat: the system message, the message before the
+reply, the marker and the messages after it, instead of the whole chat, whose rendering grows with every turn. It
+does so only for a template that writes the same text after a reply either way on a set of probe chats (with and
+without a system message, earlier turns, tool results after the reply), checked once per template and tool list; any
+other template, and a short chat the template refuses, take the whole chat as above.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -115,10 +122,12 @@ def continuation_ids(
     messages: Sequence[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     template_kwargs: dict[str, Any],
+    cache: RenderCache | None = None,
 ) -> list[int] | None:
     """The prompt ids of the call after ``previous``: its prompt ids + its completion ids + the template's tokens
     after that reply, or ``None`` when ``messages`` does not continue ``previous``'s chat (the agent dropped or
-    changed earlier messages, e.g. ``max_history_turns``) or ``previous`` has no ids to continue.
+    changed earlier messages, e.g. ``max_history_turns``) or ``previous`` has no ids to continue. With a ``cache``
+    whose template passed its probes, that text comes from a short chat (module docstring), with the same ids.
 
     ``previous.chat_completions`` is the chat that call was sent plus its reply (as agents record it); ``messages``
     must start with exactly those messages. The end-of-turn text the template puts after a reply is left out when
@@ -134,10 +143,14 @@ def continuation_ids(
     # The reply's content is the marker; the template's own spelling of it (tool-call markup, reasoning fields) is
     # dropped with it, as the sampled ids already hold what the model wrote.
     marked = [*messages[: len(chat) - 1], {"role": "assistant", "content": _MARK}, *messages[len(chat) :]]
-    text = render_chat_text(tokenizer, marked, tools, template_kwargs)
-    if text.count(_MARK) != 1:
+    after = None
+    # The short chat is shorter only from the third message before the reply on (system, message, reply).
+    if cache is not None and len(chat) > 3 and cache.renders_after_reply_locally(tokenizer, tools, template_kwargs):
+        after = _text_after_short_chat(tokenizer, marked, len(chat) - 1, tools, template_kwargs)
+    if after is None:
+        after = _text_after_reply(tokenizer, marked, tools, template_kwargs)
+    if after is None:
         return None  # a template that drops or repeats the reply: nothing to continue from
-    after = text[text.index(_MARK) + len(_MARK) :]
     completion = list(previous.response_ids)
     if completion and completion[-1] in tokenizer.all_special_ids:  # a short list: no set built per call
         sampled_end = tokenizer.decode(completion[-1:], skip_special_tokens=False)
@@ -147,19 +160,113 @@ def continuation_ids(
     return [*previous.prompt_ids, *completion, *suffix]
 
 
+def _text_after_reply(
+    tokenizer: Any, marked: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, template_kwargs: dict
+) -> str | None:
+    """What the template writes after the marker in ``marked``; ``None`` when it writes the marker other than once."""
+    text = render_chat_text(tokenizer, marked, tools, template_kwargs)
+    if text.count(_MARK) != 1:
+        return None
+    return text[text.index(_MARK) + len(_MARK) :]
+
+
+def _short_chat(marked: Sequence[dict[str, Any]], reply_at: int) -> list[dict[str, Any]]:
+    """The messages of ``marked`` a template needs to write what follows the reply at ``reply_at``: the system
+    message, the message before the reply (a template that wants turns to alternate sees them alternate), the reply
+    and every message after it."""
+    head = [marked[0]] if reply_at >= 2 and marked[0].get("role") == "system" else []
+    return [*head, *marked[max(reply_at - 1, 0) :]]
+
+
+def _text_after_short_chat(
+    tokenizer: Any,
+    marked: Sequence[dict[str, Any]],
+    reply_at: int,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict,
+) -> str | None:
+    """:func:`_text_after_reply` of the short chat; ``None`` when the template refuses it (the whole chat decides)."""
+    try:
+        return _text_after_reply(tokenizer, _short_chat(marked, reply_at), tools, template_kwargs)
+    except Exception:  # a template's own raise_exception, or a check the short chat fails: the whole chat decides
+        return None
+
+
+# Probe chats for a template's text after a reply: (messages before the reply, messages after it).
+_SYSTEM = {"role": "system", "content": "Rules: be brief."}
+_PROBES: tuple[tuple[tuple[dict[str, str], ...], tuple[dict[str, str], ...]], ...] = (
+    (({"role": "user", "content": "start"},), ({"role": "user", "content": "next?"},)),
+    (
+        (
+            _SYSTEM,
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "A"},
+            {"role": "user", "content": "two"},
+        ),
+        ({"role": "user", "content": "three\n"},),
+    ),
+    (
+        (_SYSTEM, {"role": "user", "content": "call"}),
+        ({"role": "tool", "content": "4"}, {"role": "tool", "content": "5"}),
+    ),
+    (
+        ({"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}),
+        ({"role": "tool", "content": "7"}, {"role": "user", "content": "u3"}, {"role": "user", "content": "u4"}),
+    ),
+)
+
+
+def _renders_after_reply_locally(tokenizer: Any, tools: list[dict[str, Any]] | None, template_kwargs: dict) -> bool:
+    """Whether the template writes the same text after the reply from the short chat as from the whole chat on every
+    probe chat it accepts (at least one)."""
+    agreed = 0
+    for before, after in _PROBES:
+        marked = [*before, {"role": "assistant", "content": _MARK}, *after]
+        try:
+            expected = _text_after_reply(tokenizer, marked, tools, template_kwargs)
+        except Exception:  # a chat this template refuses tells nothing about it
+            continue
+        if expected is None:
+            continue
+        if _text_after_short_chat(tokenizer, marked, len(before), tools, template_kwargs) != expected:
+            return False
+        agreed += 1
+    return agreed > 0
+
+
 class RenderCache:
     """The ids of the whole chats one policy rendered lately, so that the same chat is rendered once: a GRPO step
     asks for every prompt of a group G times (the first call of G episodes of one task).
 
     Only chats whose messages hold nothing but strings (and ``None``) and no tools are kept, keyed by their items:
     equal keys are equal chats, so the template would render the same text. The policy's tokenizer and template
-    arguments are fixed, so they are not part of the key. At most ``size`` chats; the oldest go first.
+    arguments are fixed, so they are not part of the key. At most ``size`` chats; the oldest go first. It also keeps
+    whether the template may continue a chat from its short form (:meth:`renders_after_reply_locally`).
     """
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._ids: dict[tuple[tuple[tuple[str, str | None], ...], ...], list[int]] = {}
+        self._local: dict[tuple[str | None, str | None], bool] = {}  # (template, tools) -> its probes' verdict
         self._lock = threading.Lock()  # a policy may render from several threads
+
+    def renders_after_reply_locally(
+        self, tokenizer: Any, tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any]
+    ) -> bool:
+        """Whether the chat template (with ``tools``) writes the same text after a reply when given only the short
+        chat (module docstring) as when given the whole chat, on every probe chat it accepts; decided once per
+        template and tool list."""
+        template = tokenizer.chat_template  # a string, or a dict of named templates
+        template_key = template if isinstance(template, str) or template is None else _json_key(template)
+        key = (template_key, None if tools is None else _json_key(tools))
+        local = self._local.get(key)  # a single dict read: no lock needed to read, only to change
+        if local is None:
+            local = _renders_after_reply_locally(tokenizer, tools, template_kwargs)
+            with self._lock:
+                while len(self._local) >= self.size:
+                    del self._local[next(iter(self._local))]
+                self._local[key] = local
+        return local
 
     def ids(
         self,
@@ -181,6 +288,10 @@ class RenderCache:
                     del self._ids[next(iter(self._ids))]
                 self._ids[key] = ids
         return list(ids)
+
+
+def _json_key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=repr)
 
 
 def _chat_key(messages: list[dict[str, Any]]) -> tuple[tuple[tuple[str, str | None], ...], ...] | None:
@@ -209,7 +320,7 @@ def prompt_ids_for(
     ``"sampled"`` and the chat continues it, else the whole chat rendered by the template (through ``cache`` when
     given)."""
     if previous is not None and token_history == "sampled":
-        ids = continuation_ids(tokenizer, previous, messages, tools, template_kwargs)
+        ids = continuation_ids(tokenizer, previous, messages, tools, template_kwargs, cache)
         if ids is not None:
             return ids
     if cache is not None:

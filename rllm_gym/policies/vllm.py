@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import functools
 import inspect
+import itertools
 import json
 import os
 import threading
@@ -43,6 +44,7 @@ from rllm_gym.policies.base import (
     on_loop,
 )
 from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.policies.vllm_adapter import shared_params_kwargs
 from rllm_gym.types import ModelOutput
 
 __all__ = [
@@ -250,8 +252,13 @@ class VLLMPolicy(BasePolicy):
         self._to_callers: dict[asyncio.AbstractEventLoop, LoopHandoff] = {}  # the callers' loops still open
         self._to_callers_lock = threading.Lock()
         # vllm.SamplingParams per distinct (params, streamed), built on the engine's loop only: vLLM copies the ones
-        # it is given per request (``params.clone()`` in its input processor), so one object serves every request.
+        # it is given per request (``params.clone()`` in its input processor), so one object serves every request;
+        # a shallow copy instead of a deep one where the adapter allows (rllm_gym.policies.vllm_adapter).
         self._vllm_params: dict[tuple[SamplingParams, bool], Any] = {}
+        self._shared_params_kwargs = shared_params_kwargs(vllm)
+        # Request ids: this policy's random prefix and a count (taken on the engine's loop only), one urandom read per
+        # policy instead of a uuid4 per request; vLLM adds its own suffix to each id it is given.
+        self._request_ids = map(f"{uuid.uuid4().hex}-{{}}".format, itertools.count())
         _RUNNING.add(self)
         # atexit runs its hooks last-registered first: re-registering after vLLM set up its own exit finalizers
         # (which stop the engine with a 5 s grace) puts the policy's orderly shutdown ahead of them.
@@ -309,7 +316,7 @@ class VLLMPolicy(BasePolicy):
         if vllm_params is None:
             kind = self._cumulative if streamed else self._final_only
             kwargs = vllm_sampling_kwargs(params, logprobs=self.return_logprobs)
-            vllm_params = self._vllm.SamplingParams(**kwargs, output_kind=kind)
+            vllm_params = self._vllm.SamplingParams(**kwargs, output_kind=kind, **self._shared_params_kwargs)
             if len(self._vllm_params) >= SAMPLING_PARAMS_CACHE_SIZE:  # seeds vary per request: keep the latest
                 del self._vllm_params[next(iter(self._vllm_params))]
             self._vllm_params[key] = vllm_params
@@ -324,7 +331,7 @@ class VLLMPolicy(BasePolicy):
         final = None
         sent = 0
         async for output in self.engine.generate(
-            prompt, vllm_params, uuid.uuid4().hex, lora_request=self.lora_request
+            prompt, vllm_params, next(self._request_ids), lora_request=self.lora_request
         ):
             final = output
             if on_token is not None and output.outputs and len(output.outputs[0].token_ids) > sent:

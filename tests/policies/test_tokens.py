@@ -391,3 +391,106 @@ def test_render_chat_text_is_apply_chat_templates_text_and_takes_the_fast_path_o
                     chat, tools=chat_tools, add_generation_prompt=True, tokenize=False, **kwargs
                 )
                 assert tokens.render_chat_text(tokenizer, chat, chat_tools, kwargs) == expected
+
+
+# The short chat (tokens.py's module docstring): the text after a reply rendered from the system message, the message
+# before the reply, the reply and what follows, for templates that pass the probes; the ids stay the whole chat's.
+TURN_NUMBERED = (  # the text after a reply depends on how many messages came before it
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + ' #' + loop.index|string + '\\n' + m.content }}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant #' + (messages|length + 1)|string + '\\n' }}"
+    "{%- endif %}"
+)
+SYSTEM_LAST = (  # Mistral-v3 style: the system message goes with the last user message, wherever that is
+    "{%- set system = messages[0].content if messages[0].role == 'system' else '' %}"
+    "{%- for m in messages if m.role != 'system' %}"
+    "{%- if m.role == 'user' and loop.last and system %}{{- '[INST] ' + system + '\\n\\n' + m.content + '[/INST]' }}"
+    "{%- elif m.role == 'user' %}{{- '[INST] ' + m.content + '[/INST]' }}"
+    "{%- else %}{{- m.content + '<|im_end|>' }}{%- endif %}{%- endfor %}"
+)
+NO_TOOL_FIRST = (  # refuses a chat whose first turn (after the system message) is a tool result
+    "{%- set first = messages[1] if messages[0].role == 'system' and messages|length > 1 else messages[0] %}"
+    "{%- if first.role == 'tool' %}{{- raise_exception('a chat cannot open with a tool result') }}{%- endif %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def assert_whole_chat_ids(tokenizer, steps):
+    for before, step in itertools.pairwise(steps):
+        assert step.prompt_ids == continuation_ids(tokenizer, before, step.chat_completions[:-1], None, {})
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_short_chat_continues_with_the_ids_of_the_whole_chat(tokenizers, family, data):
+    tokenizer = tokenizers[family]
+    eot_id = tokenizer.convert_tokens_to_ids(FAMILIES[family][1])
+    replies = data.draw(st.lists(st.lists(st.sampled_from(text_ids(tokenizer)), max_size=6), min_size=2, max_size=6))
+    ids = [[*reply, eot_id] if index % 2 else reply for index, reply in enumerate(replies)]
+    observations = data.draw(st.lists(st.text("ab \n?:", max_size=8), min_size=len(ids), max_size=len(ids)))
+    tool_turns = set(data.draw(st.lists(st.integers(1, len(ids) - 1), max_size=2)))
+    policy = ReplayPolicy(tokenizer, ids)
+    steps = play(policy, observations, tool_turns=tool_turns, no_system=data.draw(st.booleans()))
+    assert policy.rendered.renders_after_reply_locally(tokenizer, None, {})  # the short chat was used
+    assert_token_in_token_out(steps)
+    assert_whole_chat_ids(tokenizer, steps)
+
+
+def test_a_continued_prompt_renders_a_few_messages_however_long_the_chat(tokenizers, monkeypatch):
+    from rllm_gym.policies import tokens
+
+    tokenizer = tokenizers["qwen2.5"]
+    policy = ReplayPolicy(tokenizer, [[300 + turn] for turn in range(10)])
+    assert policy.rendered.renders_after_reply_locally(tokenizer, None, {})  # its probes, before counting
+    sizes = []
+    render = tokens.render_chat_text
+    monkeypatch.setattr(
+        tokens,
+        "render_chat_text",
+        lambda tok, messages, *args: sizes.append(len(messages)) or render(tok, messages, *args),
+    )
+    steps = play(policy, [f"observation {turn}" for turn in range(10)])
+    assert len(steps[-1].chat_completions) == 21  # system, then 10 observations and replies
+    assert sizes == [2] + [4] * 9  # the first prompt whole; then system, observation, reply, new observation
+    assert_whole_chat_ids(tokenizer, steps)
+
+
+# (template, whether its probes pass): numbered turns fail them; the system message is part of the short chat; a
+# template that refuses a short chat at a call (one that opens with a tool result) passes them, and that call falls
+# back to the whole chat.
+@pytest.mark.parametrize(
+    ("template", "local"), [(TURN_NUMBERED, False), (SYSTEM_LAST, True), (NO_TOOL_FIRST, True)], ids=["n", "s", "t"]
+)
+def test_templates_that_need_more_than_the_short_chat_get_the_whole_chats_ids(tiny_model_dir, template, local):
+    tokenizer = family_tokenizer(tiny_model_dir, "embedded")
+    tokenizer.chat_template = template
+    policy = ReplayPolicy(tokenizer, [[300], [301], [302], [303]])
+    steps = play(policy, ["a", "b", "c", "d"], tool_turns={2})
+    assert_token_in_token_out(steps)
+    assert_whole_chat_ids(tokenizer, steps)
+    assert policy.rendered.renders_after_reply_locally(tokenizer, None, {}) is local
+    last = tokenizer.decode(steps[-1].prompt_ids[len(steps[-2].prompt_ids) + 1 :])
+    if template is TURN_NUMBERED:
+        sent = len(steps[-1].chat_completions) - 1  # the numbers of the whole chat, not of a short one
+        assert last.endswith(f"user #{sent}\nd<|im_end|>\n<|im_start|>assistant #{sent + 1}\n") and sent == 9
+    if template is SYSTEM_LAST:
+        assert last == "<|im_end|>[INST] Play well.\n\nd[/INST]"
+
+
+def test_the_probes_are_kept_per_template_and_tool_list(tokenizers, monkeypatch):
+    from rllm_gym.policies import tokens
+
+    tokenizer = family_tokenizer(tokenizers["embedded"].name_or_path, "embedded")
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    probed = []
+    probe = tokens._renders_after_reply_locally
+    monkeypatch.setattr(tokens, "_renders_after_reply_locally", lambda *args: probed.append(1) or probe(*args))
+    cache = tokens.RenderCache()
+    for _ in range(3):
+        assert cache.renders_after_reply_locally(tokenizer, None, {})
+        assert cache.renders_after_reply_locally(tokenizer, tools, {})
+    assert len(probed) == 2
+    tokenizer.chat_template = {"default": TURN_NUMBERED, "tool_use": QWEN25}  # named templates: a dict
+    assert cache.renders_after_reply_locally(tokenizer, None, {}) is False and len(probed) == 3

@@ -255,3 +255,26 @@ def test_engine_shuts_down_once_and_at_exit(standin_vllm, tiny_model_dir):
     finally:
         stand_in.shutdown = original
         policy.shutdown()
+
+
+def test_every_request_gets_an_id_of_its_own_across_policies(standin_vllm, tiny_model_dir):
+    ids = []
+    policies = [VLLMPolicy(str(tiny_model_dir)) for _ in range(2)]
+    for policy in policies:
+        generate = policy.engine.generate
+        policy.engine.generate = lambda prompt, params, request_id, lora_request=None, generate=generate: (
+            ids.append(request_id) or generate(prompt, params, request_id, lora_request)
+        )
+
+    async def ask(policy) -> None:
+        await asyncio.gather(*(policy.generate(prompt_ids=[i, 7], sampling_params=SamplingParams()) for i in range(5)))
+
+    try:
+        for policy in policies:
+            asyncio.run(ask(policy))
+            asyncio.run(ask(policy))  # a later event loop continues the count
+    finally:
+        for policy in policies:
+            policy.shutdown()
+    assert len(ids) == 20 and len(set(ids)) == 20
+    assert len({request_id.split("-")[0] for request_id in ids}) == 2  # one random prefix per policy

@@ -175,3 +175,30 @@ async def test_episodes_through_the_engine(policy, vllm_model_dir, frozenlake_en
             assert step.response_ids and len(step.logprobs) == len(step.response_ids)
             previous = step
     assert steps >= 8
+
+
+def test_shared_sampling_params_skip_vllms_deep_copy_and_stay_as_built(policy):
+    import vllm
+    from packaging.specifiers import SpecifierSet
+
+    from rllm_gym.policies.vllm_adapter import INTERNALS, SUPPORTED_VLLM, available
+
+    # If this fails after an upgrade of vLLM: read SamplingParams.clone() and InputProcessor.process_inputs again,
+    # then move SUPPORTED_VLLM or the internal (meanwhile vLLM deep-copies the params per request, as it used to).
+    assert vllm.__version__ in SpecifierSet(",".join(SUPPORTED_VLLM))
+    for name, internal in INTERNALS.items():
+        assert internal.present() and available(vllm, name), internal.where
+    seeded = SamplingParams(temperature=1.0, max_tokens=6, seed=11, stop=["zz"])
+    first = _generate_all(policy, CHATS, seeded)
+    shared = policy._vllm_params[(seeded, False)]
+    assert shared.skip_clone is True
+
+    def settings():
+        return shared.max_tokens, list(shared.stop), shared.seed, shared.stop_token_ids, set(shared.all_stop_token_ids)
+
+    built = settings()
+    second = _generate_all(policy, CHATS, seeded)
+    # vLLM's per-request changes went to its shallow copies: the shared object and what it samples stay the same.
+    assert settings() == built and built[:4] == (6, ["zz"], 11, [])
+    assert [o.completion_ids for o in second] == [o.completion_ids for o in first]
+    assert [o.logprobs for o in second] == [o.logprobs for o in first]
