@@ -40,6 +40,15 @@ RESULTS = HERE / "results" / "async_heldout.json"
 STALENESS = (0, 1, 2)
 SEEDS = (0, 1, 2)
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")
+# Per logged step, what shows a collapse as it happens: the reward, the entropy and the bonus TRL's adaptive control
+# puts on it, the sampler-trainer mismatch and the share of replies cut at the length limit.
+TRACE_METRICS = {
+    "reward": "reward",
+    "entropy": "entropy",
+    "entropy_coef": "entropy_coef",
+    "mismatch": "async/mismatch",
+    "too_long": "rollout/termination/max_response_length_exceeded",
+}
 
 
 def commit() -> str:
@@ -75,7 +84,18 @@ def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
         "termination_reasons": summary["termination_reasons"],  # a collapse shows here (e.g. every reply too long)
         "reward_first_last": [summary["reward_first"], summary["reward_last"]],
         "async": {name: max(record[name] for record in logged) for name in ASYNC_METRICS} if logged else {},
+        "trace": trace(records),
     }
+
+
+def trace(records: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The logged training steps' :data:`TRACE_METRICS` (rounded; a metric a step did not log is left out)."""
+    return [
+        {"step": record["step"]}
+        | {name: round(record[key], 4) for name, key in TRACE_METRICS.items() if key in record}
+        for record in records
+        if "loss" in record
+    ]
 
 
 def kept() -> dict[str, Any]:

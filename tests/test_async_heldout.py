@@ -72,3 +72,22 @@ def test_a_bad_jobs_count_is_named(capsys):
     with pytest.raises(SystemExit):
         heldout_script().main(["--jobs", "0"])
     assert re.search(r"--jobs must be >= 1, got 0", capsys.readouterr().err)
+
+
+def test_the_trace_keeps_each_training_steps_collapse_signs_and_skips_evaluations():
+    script = heldout_script()
+    records = [
+        {"step": 0, "eval_heldout/greedy": 0.0},
+        {"step": 5, "loss": 0.1, "reward": 0.25, "entropy": 0.123456, "entropy_coef": 0.0, "async/mismatch": 0.2},
+        {
+            "step": 10,
+            "loss": 0.0,
+            "reward": 0.0,
+            "entropy": 0.5,
+            "rollout/termination/max_response_length_exceeded": 1.0,
+        },
+    ]
+    assert script.trace(records) == [
+        {"step": 5, "reward": 0.25, "entropy": 0.1235, "entropy_coef": 0.0, "mismatch": 0.2},
+        {"step": 10, "reward": 0.0, "entropy": 0.5, "too_long": 1.0},
+    ]
