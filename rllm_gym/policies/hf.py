@@ -4,9 +4,11 @@ This is the default backend (it runs the embedded tiny model when no model is na
 trainer. Concurrent ``generate`` calls go into a queue; a worker task gathers the requests that arrive within a few
 milliseconds of each other, groups them by sampling parameters, pads them on the left and runs one ``generate`` per
 group in a worker thread, so the event loop keeps serving envs meanwhile. Log-probabilities are those of the raw
-model distribution (before temperature and top-k/top-p), as vLLM returns them by default, gathered step by step
-(:class:`SampledLogprobs`): a batch's full logits are never kept. ``generate(on_token=...)`` streams a request's
-tokens as its row generates them (:class:`RowStreamer`, transformers' streamer hook), for the gateway's ``stream``.
+model distribution (before temperature and top-k/top-p), as vLLM returns them by default, or with
+``logprobs_mode="temperature"`` those of the distribution sampled from at the request's temperature (what TRL's loss
+scores), gathered step by step (:class:`SampledLogprobs`): a batch's full logits are never kept.
+``generate(on_token=...)`` streams a request's tokens as its row generates them (:class:`RowStreamer`,
+transformers' streamer hook), for the gateway's ``stream``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -216,6 +218,10 @@ class HFPolicy(BatchingPolicy):
         batch_wait_s: how long the queue waits after the first request for others to join its batch.
         generate_on_loop: run ``generate`` on the event loop's thread rather than a worker thread (see
             :class:`BatchingPolicy`).
+        logprobs_mode: ``"raw"`` (default): the sampled tokens' log-probabilities under the model's own distribution,
+            as vLLM's default ``raw_logprobs``; ``"temperature"``: under the logits divided by the request's
+            temperature (greedy requests: raw), the distribution a sampled request draws from before top-k/top-p
+            and the one TRL's GRPO loss scores (the asynchronous trainer's behaviour log-probabilities).
 
     Example::
 
@@ -236,7 +242,11 @@ class HFPolicy(BatchingPolicy):
         batch_wait_s: float = 0.005,
         token_history: TokenHistory = "sampled",
         generate_on_loop: bool = False,
+        logprobs_mode: Literal["raw", "temperature"] = "raw",
     ) -> None:
+        if logprobs_mode not in ("raw", "temperature"):
+            raise ValueError(f"HFPolicy(logprobs_mode=...) must be 'raw' or 'temperature', got {logprobs_mode!r}")
+        self.logprobs_mode = logprobs_mode
         if model is None:
             from rllm_gym.tiny_model import default_model_path
 
@@ -281,7 +291,8 @@ class HFPolicy(BatchingPolicy):
         input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts], device=self.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
         config = self._generation_config(params)
-        sampled = SampledLogprobs()
+        temperature = params.temperature if self.logprobs_mode == "temperature" and not params.greedy else 1.0
+        sampled = SampledLogprobs(temperature)
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
@@ -353,15 +364,18 @@ class SampledLogprobs(LogitsProcessor):
     ``(B, V)``, only until the next step, whose ``input_ids`` end with the token sampled from it: one ``(B,)``
     log-probability is kept per step, so what it holds is ``O(B x T)`` plus one step's ``(B, V)``, where stacking
     ``output_logits`` held ``(B, T, V)``. :meth:`finish` takes the last step's token from the finished sequences.
+    With ``temperature`` other than 1 the log-softmax is of the logits divided by it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature
         self.steps: list[torch.Tensor] = []  # one (B,) tensor per generated token
         self._last: torch.Tensor | None = None  # (B, V): the latest step's log-softmax, until its token is known
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         self._take(input_ids[:, -1])  # the token sampled from the previous step's distribution
-        self._last = torch.log_softmax(scores.float(), dim=-1)
+        logits = scores.float()
+        self._last = torch.log_softmax(logits if self.temperature == 1.0 else logits / self.temperature, dim=-1)
         return scores
 
     def _take(self, tokens: torch.Tensor) -> None:

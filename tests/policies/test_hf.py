@@ -136,8 +136,8 @@ async def test_logprobs_are_gathered_per_step_and_match_the_stacked_logits(polic
     kept: list[hf.SampledLogprobs] = []
 
     class Spy(hf.SampledLogprobs):
-        def __init__(self):
-            super().__init__()
+        def __init__(self, *args):
+            super().__init__(*args)
             kept.append(self)
 
     original = hf.SampledLogprobs
@@ -162,6 +162,34 @@ async def test_logprobs_are_gathered_per_step_and_match_the_stacked_logits(polic
     for row, output in enumerate(outputs):
         assert output.completion_ids == tokens[row, : len(output.completion_ids)].tolist()
         assert output.logprobs == pytest.approx(old[row, : len(output.logprobs)].tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["raw", "temperature"])
+async def test_logprobs_mode_scores_the_sampled_tokens_at_the_requests_temperature(tiny_model_dir, mode):
+    """logprobs_mode="temperature": each sampled token's log-probability under logits / T, what TRL's loss scores
+    (the async trainer's behaviour log-probabilities); "raw": under the logits themselves. Checked by a forward pass
+    over the prompt and the sampled tokens."""
+    import torch
+
+    policy = HFPolicy(tiny_model_dir, logprobs_mode=mode)
+    out = await policy.generate(CHATS[1], SamplingParams(temperature=0.5, max_tokens=8, seed=1))
+    ids = torch.tensor([out.prompt_ids + out.completion_ids])
+    with torch.no_grad():
+        logits = policy.model(ids).logits[0, len(out.prompt_ids) - 1 : -1].float()
+    scale = 0.5 if mode == "temperature" else 1.0
+    want = torch.log_softmax(logits / scale, -1).gather(-1, torch.tensor(out.completion_ids)[:, None])[:, 0]
+    assert out.logprobs == pytest.approx(want.tolist(), abs=1e-4)
+    other = torch.log_softmax(logits / (1.5 - scale), -1).gather(-1, torch.tensor(out.completion_ids)[:, None])[:, 0]
+    # the two modes really differ
+    assert max(abs(a - b) for a, b in zip(out.logprobs, other.tolist(), strict=True)) > 1e-2
+    greedy = await policy.generate(CHATS[1], SamplingParams(temperature=0, max_tokens=4))
+    raw = await HFPolicy(tiny_model_dir).generate(CHATS[1], SamplingParams(temperature=0, max_tokens=4))
+    assert greedy.logprobs == pytest.approx(raw.logprobs, abs=1e-6)  # greedy: no temperature to score at
+
+
+def test_logprobs_mode_is_checked(tiny_model_dir):
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        HFPolicy(tiny_model_dir, logprobs_mode="processed")
 
 
 def test_sampled_logprobs_keep_one_step_of_logits_at_a_time():
