@@ -2,6 +2,7 @@ import copy
 import dataclasses
 import importlib
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -18,7 +19,15 @@ from trl import GRPOConfig
 
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, LookAhead, WorkerSettings, sandbox_runs
+from rllm_gym.train.async_generation import (
+    AsyncGenerator,
+    GeneratorDied,
+    LocalWeights,
+    LookAhead,
+    VersionedHFPolicy,
+    WorkerSettings,
+    sandbox_runs,
+)
 from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 LAKE = "rllm/FrozenLake-v0"
@@ -314,6 +323,43 @@ def test_after_a_publish_the_worker_samples_from_the_trainers_policy(tiny_model_
         assert behaviour != pytest.approx(logprobs_under(before.eval(), steps), abs=2e-3)  # the published ones
     finally:
         generator.close()
+
+
+def test_a_publish_goes_through_while_the_worker_generates_and_each_batch_keeps_the_version_it_started_with(
+    tiny_model_dir,
+):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shared = copy.deepcopy(model).requires_grad_(False)  # the copy the trainer publishes into
+    lock, version = threading.Lock(), multiprocessing.Value("q", 0, lock=False)
+    weights = LocalWeights(copy.deepcopy(shared), shared, lock, version)
+    policy = VersionedHFPolicy(weights, tokenizer=tokenizer, device="cpu", max_batch_size=1, batch_wait_s=0.0)
+    params = SamplingParams(temperature=1.0, max_tokens=2)
+    inside, release, outputs = threading.Event(), threading.Event(), []
+
+    def hold(*_):  # each forward of the batch waits until the publish is done
+        inside.set()
+        release.wait(120)
+
+    hook = weights.model.register_forward_pre_hook(hold)
+    batch = threading.Thread(target=lambda: outputs.extend(policy._generate_batch([[1, 2, 3]], params)))
+    batch.start()
+    try:
+        assert inside.wait(120)  # the batch is generating
+        assert lock.acquire(timeout=120)  # the trainer's publish does not wait for it
+        with torch.no_grad():
+            for parameter in shared.parameters():
+                parameter.add_(0.5)
+        version.value = 1
+        lock.release()
+    finally:
+        release.set()
+        batch.join(120)
+        hook.remove()
+    assert [output.policy_version for output in outputs] == [0]  # sampled by the weights it started with
+    assert not any(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
+    assert [output.policy_version for output in policy._generate_batch([[1, 2, 3]], params)] == [1]
+    assert all(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
 
 
 @pytest.mark.slow  # ~30 s on 2 cores
