@@ -11,11 +11,15 @@ the other in this process (the figures share the machine's load of the moment: o
   sandbox (:class:`FencedCodeAgent` sends the reply as a fenced Python block: the untrained model writes none, and
   Code-v0 would grade it without running anything), so each episode waits on a sandboxed test run.
 
-The first ``--skip`` steps of each run are left out (the worker process starts then). Prints a table of steps per
-second and the ratio to K = 0, and writes ``benchmarks/results/async.json`` (with the machine and CPU count).
+The first ``--skip`` steps of each run are left out (the worker process starts then). ``--rounds N`` runs every K
+N times, interleaved (K = 0, 1, 2, then again), so that each round's ratios share the load of their moment: each K's
+figure is then the median over the rounds, with every round's steps per second and ratio to that round's K = 0.
+Prints a table of steps per second and the ratio to K = 0, and writes ``benchmarks/results/async.json`` (with the
+machine, CPU count and load average).
 
     python benchmarks/bench_async.py --quick        # what run_all.py runs: 10 + 8 steps per K
     python benchmarks/bench_async.py                # 24 + 16 steps per K
+    python benchmarks/bench_async.py --quick --k 0 1 --rounds 3   # K = 0 and 1 alternating, 3 times each
 """
 
 from __future__ import annotations
@@ -122,10 +126,28 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path) -> dict[str, list
     return {"elapsed_s": [end - start for end in clock.ends]}
 
 
+def summarize(rounds: list[dict[int, float]]) -> dict[int, dict[str, Any]]:
+    """Each K's steps per second over interleaved ``rounds`` (one ``{K: steps/s}`` each): the median, every round's
+    figure, and the ratios to K = 0 (the medians', and each round's to the same round's K = 0)."""
+    summary: dict[int, dict[str, Any]] = {}
+    for k in rounds[0]:
+        figures = [measured[k] for measured in rounds]
+        base = [measured.get(0) for measured in rounds]
+        summary[k] = {
+            "steps_per_s": statistics.median(figures),
+            "rounds_steps_per_s": figures,
+            "rounds_vs_k0": [figure / b if b else None for figure, b in zip(figures, base, strict=True)],
+        }
+    base_median = summary.get(0, {}).get("steps_per_s")
+    for figure in summary.values():
+        figure["vs_k0"] = figure["steps_per_s"] / base_median if base_median else None
+    return summary
+
+
 def run(arguments: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "main_steps": arguments.main_steps, "latency_steps": arguments.latency_steps, "skip": arguments.skip,
-        "seed": arguments.seed, "machine": platform.platform(), "cpus": os.cpu_count(),
+        "seed": arguments.seed, "rounds": arguments.rounds, "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average_start": round(os.getloadavg()[0], 2), "workloads": {},
     }  # fmt: skip
     # The trainer's own sandbox (K = 0 grades in this process) runs as many at once as the worker's.
@@ -133,20 +155,27 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     results["env_calls"] = ENV_CALLS
     with tempfile.TemporaryDirectory(prefix="bench_async_") as folder:
         workloads = {
-            "main_job": lambda k: main_job(k, arguments.main_steps, arguments.seed, Path(folder)),
-            "latency_bound": lambda k: latency_bound(k, arguments.latency_steps, arguments.seed, Path(folder)),
+            "main_job": lambda k, out: main_job(k, arguments.main_steps, arguments.seed, out),
+            "latency_bound": lambda k, out: latency_bound(k, arguments.latency_steps, arguments.seed, out),
         }
         for name in arguments.workloads:
+            rounds: list[dict[int, float]] = []
+            first: dict[int, dict[str, Any]] = {}  # the first round's per-step figures
+            for index in range(arguments.rounds):
+                out = Path(folder) / f"round{index}"
+                out.mkdir()
+                measured_round = {}
+                for k in arguments.k:
+                    measured = workloads[name](k, out)
+                    measured_round[k] = steps_per_second(measured["elapsed_s"], arguments.skip)
+                    first.setdefault(k, measured)
+                rounds.append(measured_round)
             figures = {}
-            for k in arguments.k:
-                measured = workloads[name](k)
-                figure = {"steps_per_s": steps_per_second(measured["elapsed_s"], arguments.skip), **measured}
-                if "reward" in measured:  # every K trains as many episodes: the reward at equal samples
-                    figure["mean_reward"] = statistics.fmean(measured["reward"])
+            for k, summary in summarize(rounds).items():
+                figure = {**summary, **first[k]}
+                if "reward" in first[k]:  # every K trains as many episodes: the reward at equal samples
+                    figure["mean_reward"] = statistics.fmean(first[k]["reward"])
                 figures[f"k{k}"] = figure
-            base = figures.get("k0", {}).get("steps_per_s")
-            for figure in figures.values():
-                figure["vs_k0"] = figure["steps_per_s"] / base if base else None
             results["workloads"][name] = figures
     results["load_average_end"] = round(os.getloadavg()[0], 2)
     return results
@@ -158,7 +187,10 @@ def table(results: dict[str, Any]) -> str:
         for key, figure in figures.items():
             ratio = f"{figure['vs_k0']:.2f}x" if figure["vs_k0"] else "-"
             reward = f"{figure['mean_reward']:.3f}" if "mean_reward" in figure else "-"
-            lines.append(f"{name:<15} {key[1:]:>2} {figure['steps_per_s']:>9.3f} {ratio:>7} {reward:>7}")
+            line = f"{name:<15} {key[1:]:>2} {figure['steps_per_s']:>9.3f} {ratio:>7} {reward:>7}"
+            if len(figure.get("rounds_vs_k0", [])) > 1:  # each round's ratio to its own K = 0
+                line += "  rounds " + " ".join(f"{r:.2f}x" if r else "-" for r in figure["rounds_vs_k0"])
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -171,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values (0 first)")
     parser.add_argument("--workloads", nargs="+", default=["main_job", "latency_bound"])
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every K, interleaved (medians reported)")
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     arguments = parser.parse_args(argv)
+    if arguments.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {arguments.rounds}")
     if arguments.main_steps is None:
         arguments.main_steps = 10 if arguments.quick else 24
     if arguments.latency_steps is None:

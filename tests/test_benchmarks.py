@@ -566,3 +566,16 @@ def test_the_code_v0_async_row_gives_every_k_the_workers_env_calls():
     results["benchmarks"]["bench_async"]["results"]["env_calls"] = 32
     rows = [row for row in run_all.render(results).splitlines() if "asynchronous GRPO, Code-v0" in row]
     assert len(rows) == 1 and "tiny model, 32 env calls at once for every K:" in rows[0]
+
+
+def test_bench_async_rounds_give_each_k_the_median_and_each_rounds_ratio_to_its_own_k0():
+    bench = script("bench_async")
+    summary = bench.summarize([{0: 1.0, 1: 1.5}, {0: 2.0, 1: 2.0}, {0: 4.0, 1: 2.0}])
+    assert summary[0]["steps_per_s"] == 2.0 and summary[1]["steps_per_s"] == 2.0
+    assert summary[1]["rounds_steps_per_s"] == [1.5, 2.0, 2.0]
+    assert summary[1]["rounds_vs_k0"] == [1.5, 1.0, 0.5]  # not the medians' ratio (1.0) each time
+    assert summary[1]["vs_k0"] == 1.0 and summary[0]["vs_k0"] == 1.0
+    results = {"workloads": {"main_job": {f"k{k}": figure for k, figure in summary.items()}}}
+    assert "rounds 1.50x 1.00x 0.50x" in bench.table(results).splitlines()[2]
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
