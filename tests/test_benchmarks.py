@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -579,3 +580,23 @@ def test_bench_async_rounds_give_each_k_the_median_and_each_rounds_ratio_to_its_
     assert "rounds 1.50x 1.00x 0.50x" in bench.table(results).splitlines()[2]
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
+
+
+def test_bench_async_counts_the_cpu_of_the_processes_below_it_per_timed_step():
+    import subprocess
+
+    bench = script("bench_async")
+    assert bench.cpu_per_step([(1.0, 5.0), (2.0, 6.0), (4.0, 10.0), (6.0, 14.0)], skip=1) == {
+        "trainer_cpu_s": 2.0,
+        "children_cpu_s": 4.0,
+    }
+    assert bench.cpu_per_step([(1.0, None), (2.0, None), (3.0, None)], skip=0) == {"trainer_cpu_s": 1.0}
+    assert bench.cpu_per_step([(1.0, 2.0)], skip=0) == {}
+    before = bench.descendants_cpu_s(os.getpid())
+    busy = "import sys; sum(range(30_000_000)); print('done', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "done\n"
+        assert bench.descendants_cpu_s(os.getpid()) > before  # the child's burnt CPU, while it runs
+    finally:
+        child.communicate("")
