@@ -208,7 +208,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             rounds: list[dict[int, float]] = []
             first: dict[int, dict[str, Any]] = {}  # the first round's per-step figures
             for index in range(arguments.rounds):
-                out = Path(folder) / f"round{index}"
+                out = Path(folder) / f"{name}_round{index}"
                 out.mkdir()
                 measured_round = {}
                 for k in arguments.k:
