@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -609,3 +610,36 @@ def test_the_code_v0_async_row_gives_every_k_the_workers_env_calls():
     results["benchmarks"]["bench_async"]["results"]["env_calls"] = 32
     rows = [row for row in run_all.render(results).splitlines() if "asynchronous GRPO, Code-v0" in row]
     assert len(rows) == 1 and "tiny model, 32 env calls at once for every K:" in rows[0]
+
+
+def test_bench_async_rounds_give_each_k_the_median_and_each_rounds_ratio_to_its_own_k0():
+    bench = script("bench_async")
+    summary = bench.summarize([{0: 1.0, 1: 1.5}, {0: 2.0, 1: 2.0}, {0: 4.0, 1: 2.0}])
+    assert summary[0]["steps_per_s"] == 2.0 and summary[1]["steps_per_s"] == 2.0
+    assert summary[1]["rounds_steps_per_s"] == [1.5, 2.0, 2.0]
+    assert summary[1]["rounds_vs_k0"] == [1.5, 1.0, 0.5]  # not the medians' ratio (1.0) each time
+    assert summary[1]["vs_k0"] == 1.0 and summary[0]["vs_k0"] == 1.0
+    results = {"workloads": {"main_job": {f"k{k}": figure for k, figure in summary.items()}}}
+    assert "rounds 1.50x 1.00x 0.50x" in bench.table(results).splitlines()[2]
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
+
+
+def test_bench_async_counts_the_cpu_of_the_processes_below_it_per_timed_step():
+    import subprocess
+
+    bench = script("bench_async")
+    assert bench.cpu_per_step([(1.0, 5.0), (2.0, 6.0), (4.0, 10.0), (6.0, 14.0)], skip=1) == {
+        "trainer_cpu_s": 2.0,
+        "children_cpu_s": 4.0,
+    }
+    assert bench.cpu_per_step([(1.0, None), (2.0, None), (3.0, None)], skip=0) == {"trainer_cpu_s": 1.0}
+    assert bench.cpu_per_step([(1.0, 2.0)], skip=0) == {}
+    before = bench.descendants_cpu_s(os.getpid())
+    busy = "import sys; sum(range(30_000_000)); print('done', flush=True); sys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "done\n"
+        assert bench.descendants_cpu_s(os.getpid()) > before  # the child's burnt CPU, while it runs
+    finally:
+        child.communicate("")

@@ -1,11 +1,14 @@
 """Asynchronous generation (``max_staleness: K >= 1``): the episodes of the next ``K`` steps run in a worker process
 while a step trains.
 
-:class:`AsyncGenerator` starts one worker process (``torch.multiprocessing``, spawn) that holds its own copy of the
-trainer's model, its parameters in shared memory: after each optimizer step the trainer copies its weights into that
-copy in place (:meth:`AsyncGenerator.publish`, no file round trip) under a lock that the worker holds for each LLM
-batch it generates, so every batch is sampled by exactly one version of the weights, recorded in each Step's
-``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were published). An episode in flight across
+:class:`AsyncGenerator` starts one worker process (``torch.multiprocessing``, spawn) next to a copy of the trainer's
+model in shared memory: after each optimizer step the trainer copies its weights into that copy in place
+(:meth:`AsyncGenerator.publish`, no file round trip) under a lock, with the new version number. The worker generates
+with weights of its own (:class:`LocalWeights`), which it reloads from the shared copy under the same lock before an
+LLM batch when the version moved: a publish never waits for a generation (it waited up to a whole batch when the
+worker generated on the shared copy, holding the lock), and every batch is sampled by exactly one version of the
+weights, recorded in each Step's ``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were
+published). An episode in flight across
 an update keeps each Step's own version and behaviour log-probabilities. The worker runs the trainer's own
 :class:`~rllm_gym.train.rollout.EpisodeRollout` (same envs, agents, engine, reset seeds and episode ids as the
 synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a pipe. The
@@ -37,6 +40,7 @@ checkpoint); :meth:`AsyncGenerator.close` asks it to stop, joins it, and termina
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import signal
@@ -55,6 +59,7 @@ from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.train.generation import Generation
+from rllm_gym.train.look_ahead import LookAhead
 from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
 from rllm_gym.train.trl_adapter import copy_without_hooks
 from rllm_gym.types import ModelOutput
@@ -63,6 +68,7 @@ __all__ = [
     "AsyncGenerator",
     "GeneratorDied",
     "GeneratorProcess",
+    "LocalWeights",
     "LookAhead",
     "WorkerGeneration",
     "WorkerLink",
@@ -104,18 +110,38 @@ class WorkerSettings:
             raise ValueError(f"WorkerSettings env_calls must be an int in [1, 256], got {self.env_calls!r}")
 
 
-class VersionedHFPolicy(HFPolicy):
-    """HFPolicy on the worker's shared weights: each batch generated under ``lock`` (the trainer cannot update the
-    weights mid-batch), its outputs stamped with the ``version`` those weights were published as."""
+class LocalWeights:
+    """The worker's own copy of the weights (``model``, in this process's memory) and the version it holds, loaded
+    from the trainer's shared copy (``shared``) under ``lock`` when the trainer published a newer ``version``: a
+    publish waits at most for such a copy, never for a generation."""
 
-    def __init__(self, model: Any, *, lock: Any, version: Any, **kwargs: Any):
-        super().__init__(model, **kwargs)
-        self._lock, self._version = lock, version
+    def __init__(self, model: torch.nn.Module, shared: torch.nn.Module, lock: Any, version: Any):
+        self.model, self.shared, self.lock, self.version = model, shared, lock, version
+        self.loaded: int | None = None  # none yet: the first batch loads the shared weights
+
+    @torch.no_grad()
+    def current(self) -> int:
+        """Load the newest published weights if :attr:`model` does not hold them; their version."""
+        with self.lock:
+            version = int(self.version.value)
+            if version != self.loaded:
+                for mine, shared in zip(self.model.parameters(), self.shared.parameters(), strict=True):
+                    mine.copy_(shared)
+                self.loaded = version
+        return version
+
+
+class VersionedHFPolicy(HFPolicy):
+    """HFPolicy on the worker's own weights (:class:`LocalWeights`): before each batch the newest published weights
+    are loaded, so every batch is sampled by one version, and its outputs are stamped with it."""
+
+    def __init__(self, weights: LocalWeights, **kwargs: Any):
+        super().__init__(weights.model, **kwargs)
+        self._weights = weights
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
-        with self._lock:
-            version = int(self._version.value)
-            outputs = super()._generate_batch(prompts, params)
+        version = self._weights.current()
+        outputs = super()._generate_batch(prompts, params)
         return [output.model_copy(update={"policy_version": version}) for output in outputs]
 
 
@@ -151,18 +177,18 @@ class WorkerGeneration(Generation):
 
 
 class _WorkerGeneration(WorkerGeneration):
-    """The CPU worker's backend: its policy on the shared weights."""
+    """The CPU worker's backend: its policy on its own copy of the shared weights."""
 
-    def __init__(self, settings: WorkerSettings, model: Any, tokenizer: Any, lock: Any, version: Any):
+    def __init__(self, settings: WorkerSettings, weights: LocalWeights, tokenizer: Any):
         super().__init__(settings)
-        self.model, self.tokenizer, self.lock, self.version = model, tokenizer, lock, version
+        self.weights, self.tokenizer = weights, tokenizer
         self._kept: tuple[int, VersionedHFPolicy] | None = None
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:
         if self._kept is None or self._kept[0] != count:
             policy = VersionedHFPolicy(
-                self.model, lock=self.lock, version=self.version, tokenizer=self.tokenizer, device="cpu",
+                self.weights, tokenizer=self.tokenizer, device="cpu",
                 chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history,
                 max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True,
             )  # fmt: skip
@@ -276,8 +302,14 @@ def _serve(rollout: EpisodeRollout, generation: WorkerGeneration, requests: Any,
 
 
 def _work(link: WorkerLink, model: Any) -> None:
-    """The CPU worker process: its policy on the shared ``model``."""
-    run_worker(link, lambda: _WorkerGeneration(link.settings, model, link.tokenizer, link.lock, link.version))
+    """The CPU worker process: its policy on its own copy of the shared ``model`` (:class:`LocalWeights`)."""
+
+    def start() -> _WorkerGeneration:
+        weights = LocalWeights(copy.deepcopy(model), model, link.lock, link.version)  # in this process's memory
+        weights.current()
+        return _WorkerGeneration(link.settings, weights, link.tokenizer)
+
+    run_worker(link, start)
 
 
 class GeneratorProcess:
@@ -389,7 +421,7 @@ class GeneratorProcess:
     @torch.no_grad()
     def publish(self, model: torch.nn.Module, version: int) -> None:
         """Copy ``model``'s parameters into the worker's shared weights in place as ``version``, never while the
-        worker uses them (a worker that died holding the lock is restarted first)."""
+        worker loads them (a worker that died holding the lock is restarted first)."""
         while not self._lock.acquire(timeout=1.0):
             if not self.process.is_alive():
                 self._restart()
@@ -470,8 +502,8 @@ class GeneratorProcess:
 
 
 class AsyncGenerator(GeneratorProcess):
-    """A CPU generation worker process with its own, shared-memory copy of ``model`` (see the module's docstring),
-    which :meth:`publish` overwrites in place between two of its LLM batches."""
+    """A CPU generation worker process and a shared-memory copy of ``model`` (see the module's docstring), which
+    :meth:`publish` overwrites in place; the worker loads it into weights of its own before its next LLM batch."""
 
     def _share(self, model: torch.nn.Module) -> None:
         self.model = copy_without_hooks(model).requires_grad_(False).eval()
@@ -484,43 +516,3 @@ class AsyncGenerator(GeneratorProcess):
         source = dict(model.named_parameters())
         for name, parameter in self.model.named_parameters():
             parameter.copy_(source[name])
-
-
-class LookAhead:
-    """The trainer's batches, drawn from its epoch iterator ``depth`` steps ahead: each generation batch's prompts go
-    to ``submit`` when it is drawn. ``generate_every`` is TRL's batches per generation (the first of each such run
-    is the one TRL generates for; its repeats are the same prompts).
-
-    :meth:`batches` gives the iterator the trainer takes a step's batches from; a new epoch iterator (a new epoch, or
-    the one a resume fast-forwarded) starts the look-ahead again from it."""
-
-    def __init__(self, depth: int, submit: Callable[[list[Any]], None], generate_every: int = 1):
-        self.depth, self.submit, self.generate_every = depth, submit, generate_every
-        self._iterator: Iterator[Any] | None = None
-        self._drawn: deque[Any] = deque()
-        self._count = 0
-
-    def batches(self, epoch_iterator: Iterator[Any]) -> Iterator[Any]:
-        if epoch_iterator is not self._iterator:
-            self._iterator, self._count = epoch_iterator, 0
-            self._drawn.clear()
-        return self._next_batches()
-
-    def _next_batches(self) -> Iterator[Any]:
-        while True:
-            self._fill()
-            if not self._drawn:
-                return
-            yield self._drawn.popleft()
-
-    def _fill(self) -> None:
-        assert self._iterator is not None
-        while len(self._drawn) < (self.depth + 1) * self.generate_every:
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                return
-            if self._count % self.generate_every == 0:
-                self.submit([example["prompt"] for example in batch])
-            self._count += 1
-            self._drawn.append(batch)

@@ -31,7 +31,7 @@ from trl.models import unwrap_model_for_generation
 
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.async_generation import AsyncGenerator, LookAhead, WorkerSettings
+from rllm_gym.train.async_generation import AsyncGenerator, WorkerSettings
 from rllm_gym.train.async_vllm import VLLMGenerator, engine_settings
 from rllm_gym.train.batch import (
     PaddingFacts,
@@ -41,6 +41,7 @@ from rllm_gym.train.batch import (
     row_counts,
     training_view,
 )
+from rllm_gym.train.look_ahead import LookAhead
 from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
 from rllm_gym.train.sequences import (

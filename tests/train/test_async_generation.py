@@ -2,6 +2,7 @@ import copy
 import dataclasses
 import importlib
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -18,7 +19,14 @@ from trl import GRPOConfig
 
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.train.advantages import AdvantageConfig
-from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, LookAhead, WorkerSettings, sandbox_runs
+from rllm_gym.train.async_generation import (
+    AsyncGenerator,
+    GeneratorDied,
+    LocalWeights,
+    VersionedHFPolicy,
+    WorkerSettings,
+    sandbox_runs,
+)
 from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 LAKE = "rllm/FrozenLake-v0"
@@ -33,24 +41,6 @@ def settings(tokenizer) -> WorkerSettings:
     sampling = SamplingParams(temperature=1.0, max_tokens=4)
     return WorkerSettings(sampling, run_seed=0, filler_id=tokenizer.eos_token_id, chat_template_kwargs={},
                           token_history="sampled")  # fmt: skip
-
-
-def test_look_ahead_hands_over_the_next_steps_prompts_and_starts_again_each_epoch():
-    submitted = []
-    look_ahead = LookAhead(depth=2, submit=submitted.append)
-    epoch = iter([[{"prompt": f"p{i}"}] for i in range(4)])
-    first = list(zip(range(1), look_ahead.batches(epoch), strict=False))  # the trainer takes step 0's batch
-    assert first == [(0, [{"prompt": "p0"}])] and submitted == [["p0"], ["p1"], ["p2"]]
-    assert next(look_ahead.batches(epoch)) == [{"prompt": "p1"}] and submitted[-1] == ["p3"]
-    assert [batch[0]["prompt"] for batch in look_ahead.batches(epoch)] == ["p2", "p3"]  # the epoch's end: no more
-    submitted.clear()
-    assert next(look_ahead.batches(iter([[{"prompt": "q0"}]]))) == [{"prompt": "q0"}]  # a new epoch's iterator
-    assert submitted == [["q0"]]
-    # With 2 batches per generation (TRL repeats a generation batch), only the first of each pair is generated.
-    submitted.clear()
-    repeated = LookAhead(depth=1, submit=submitted.append, generate_every=2)
-    pairs = iter([[{"prompt": "a"}], [{"prompt": "a"}], [{"prompt": "b"}], [{"prompt": "b"}]])
-    assert len(list(repeated.batches(pairs))) == 4 and submitted == [["a"], ["b"]]
 
 
 def test_the_worker_stamps_each_step_with_the_published_version_ignores_ctrl_c_and_is_joined(tiny_model_dir):
@@ -314,6 +304,43 @@ def test_after_a_publish_the_worker_samples_from_the_trainers_policy(tiny_model_
         assert behaviour != pytest.approx(logprobs_under(before.eval(), steps), abs=2e-3)  # the published ones
     finally:
         generator.close()
+
+
+def test_a_publish_goes_through_while_the_worker_generates_and_each_batch_keeps_the_version_it_started_with(
+    tiny_model_dir,
+):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shared = copy.deepcopy(model).requires_grad_(False)  # the copy the trainer publishes into
+    lock, version = threading.Lock(), multiprocessing.Value("q", 0, lock=False)
+    weights = LocalWeights(copy.deepcopy(shared), shared, lock, version)
+    policy = VersionedHFPolicy(weights, tokenizer=tokenizer, device="cpu", max_batch_size=1, batch_wait_s=0.0)
+    params = SamplingParams(temperature=1.0, max_tokens=2)
+    inside, release, outputs = threading.Event(), threading.Event(), []
+
+    def hold(*_):  # each forward of the batch waits until the publish is done
+        inside.set()
+        release.wait(120)
+
+    hook = weights.model.register_forward_pre_hook(hold)
+    batch = threading.Thread(target=lambda: outputs.extend(policy._generate_batch([[1, 2, 3]], params)))
+    batch.start()
+    try:
+        assert inside.wait(120)  # the batch is generating
+        assert lock.acquire(timeout=120)  # the trainer's publish does not wait for it
+        with torch.no_grad():
+            for parameter in shared.parameters():
+                parameter.add_(0.5)
+        version.value = 1
+        lock.release()
+    finally:
+        release.set()
+        batch.join(120)
+        hook.remove()
+    assert [output.policy_version for output in outputs] == [0]  # sampled by the weights it started with
+    assert not any(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
+    assert [output.policy_version for output in policy._generate_batch([[1, 2, 3]], params)] == [1]
+    assert all(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
 
 
 @pytest.mark.slow  # ~30 s on 2 cores
