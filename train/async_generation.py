@@ -133,7 +133,8 @@ class LocalWeights:
 
 class VersionedHFPolicy(HFPolicy):
     """HFPolicy on the worker's own weights (:class:`LocalWeights`): before each batch the newest published weights
-    are loaded, so every batch is sampled by one version, and its outputs are stamped with it."""
+    are loaded, so every batch is sampled by one version, and its outputs are stamped with it. The worker builds it
+    with ``logprobs_mode="temperature"``: the behaviour log-probabilities are those the loss scores."""
 
     def __init__(self, weights: LocalWeights, **kwargs: Any):
         super().__init__(weights.model, **kwargs)
@@ -190,7 +191,7 @@ class _WorkerGeneration(WorkerGeneration):
             policy = VersionedHFPolicy(
                 self.weights, tokenizer=self.tokenizer, device="cpu",
                 chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history,
-                max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True,
+                max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True, logprobs_mode="temperature",
             )  # fmt: skip
             self._kept = (count, policy)
         yield self._kept[1]

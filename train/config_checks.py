@@ -240,13 +240,14 @@ def async_problems(config: Any) -> list[str]:
     if config.loss_type == "vespo":
         problems.append(f"{refusal} with loss_type vespo (its weights are not linear in the advantage)")
     filtered = trl_args.get("top_p", 1.0) != 1.0 or bool(trl_args.get("top_k"))
-    if not config.use_vllm and (config.temperature != 1.0 or filtered):
-        # The CPU worker's policy records the model's raw log-probabilities (before temperature and top-k/top-p),
-        # the loss scores at the sampling temperature: the importance weights would be off even for fresh rows.
+    if not config.use_vllm and filtered:
+        # The CPU worker's policy records log-probabilities at the sampling temperature (HFPolicy's
+        # logprobs_mode="temperature", what the loss scores), before top-k/top-p: with a filter on, the distribution
+        # it samples from is not the one it records, and the importance weights would be off even for fresh rows.
         problems.append(
-            f"{refusal} on the CPU generation worker with temperature {config.temperature} or top_p/top_k set (its "
-            "behaviour log-probabilities are the model's raw ones, the loss's are at the sampling temperature): "
-            "use temperature: 1.0 without top_p/top_k, or use_vllm: true"
+            f"{refusal} on the CPU generation worker with top_p/top_k set in trl_args (its behaviour "
+            "log-probabilities are those at the temperature before the filter, the rows are sampled after it): "
+            "leave top_p/top_k unset, or use_vllm: true"
         )
     return problems
 

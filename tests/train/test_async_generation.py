@@ -156,14 +156,14 @@ class _Recorded:
         self._patch.stop()
 
 
-def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness):
+def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness, temperature=1.0):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rows = [{"prompt": encode_prompt(LAKE, seed)} for seed in range(2 * max_steps)]
     args = GRPOConfig(
         output_dir=str(tmp_path), max_completion_length=4, learning_rate=1e-2, beta=0.0, report_to=[], use_cpu=True,
         bf16=False, save_strategy="no", disable_tqdm=True, logging_steps=1, per_device_train_batch_size=8,
-        num_generations=4, max_steps=max_steps, seed=0,
+        num_generations=4, max_steps=max_steps, seed=0, temperature=temperature,
     )  # fmt: skip
     return RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=lake_rollout(),
@@ -188,6 +188,15 @@ def test_k2_trains_on_multi_turn_rows_at_most_two_versions_old_and_logs_the_corr
     assert all(entry["async/dropped_rows"] == 0 for entry in logged)
     assert all(0 <= entry["async/is_clipped"] <= 1 and entry["async/mismatch"] >= 0 for entry in logged)
     assert all(entry["rollout/turns"] > 1 for entry in logged)
+
+
+def test_rows_of_the_trained_version_match_the_loss_at_a_sampling_temperature(tiny_model_dir, tmp_path):
+    # Step 0 trains rows sampled by the weights it starts from: at T=0.5 the worker's behaviour log-probabilities
+    # (HFPolicy(logprobs_mode="temperature")) equal the loss's, which scores logits / T; raw ones were ~1 nat off.
+    trainer = trainer_for(tiny_model_dir, tmp_path, max_steps=1, max_staleness=1, temperature=0.5)
+    trainer.train()
+    [logged] = [entry for entry in trainer.state.log_history if "async/staleness_max" in entry]
+    assert logged["async/staleness_max"] == 0 and logged["async/mismatch"] < 1e-4
 
 
 def test_a_worker_killed_mid_run_is_restarted_and_the_run_goes_on(tiny_model_dir, tmp_path):
