@@ -19,8 +19,11 @@ Qwen, Llama 3, GPT-style models; a SentencePiece tokenizer with a dummy prefix s
 A policy's :class:`RenderCache` also renders that text from a short chat: the system message, the message before the
 reply, the marker and the messages after it, instead of the whole chat, whose rendering grows with every turn. It
 does so only for a template that writes the same text after a reply either way on a set of probe chats (with and
-without a system message, earlier turns, tool results after the reply), checked once per template and tool list; any
-other template, and a short chat the template refuses, take the whole chat as above.
+without a system message, earlier turns, tool results before and after the reply), checked once per template and tool
+list, and only when no assistant message follows the reply; any other template, a chat with such a message, and a
+short chat the template refuses, take the whole chat as above. Probes show only the chats they hold: a template that
+looks back past the short chat in a way none of them shows would continue with the short chat's text, still exactly
+the ids the model was given (training stays token-exact), but not the whole chat's rendering.
 """
 
 from __future__ import annotations
@@ -144,8 +147,15 @@ def continuation_ids(
     # dropped with it, as the sampled ids already hold what the model wrote.
     marked = [*messages[: len(chat) - 1], {"role": "assistant", "content": _MARK}, *messages[len(chat) :]]
     after = None
-    # The short chat is shorter only from the third message before the reply on (system, message, reply).
-    if cache is not None and len(chat) > 3 and cache.renders_after_reply_locally(tokenizer, tools, template_kwargs):
+    # The short chat is shorter only from the third message before the reply on (system, message, reply). An
+    # assistant message after the reply (one the client wrote) is rendered by rules that may look back past the short
+    # chat (Qwen3 shows reasoning only after the last user query): such a chat is rendered whole.
+    if (
+        cache is not None
+        and len(chat) > 3
+        and all(message.get("role") != "assistant" for message in messages[len(chat) :])
+        and cache.renders_after_reply_locally(tokenizer, tools, template_kwargs)
+    ):
         after = _text_after_short_chat(tokenizer, marked, len(chat) - 1, tools, template_kwargs)
     if after is None:
         after = _text_after_reply(tokenizer, marked, tools, template_kwargs)
@@ -212,6 +222,17 @@ _PROBES: tuple[tuple[tuple[dict[str, str], ...], tuple[dict[str, str], ...]], ..
     (
         ({"role": "user", "content": "u1"}, {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"}),
         ({"role": "tool", "content": "7"}, {"role": "user", "content": "u3"}, {"role": "user", "content": "u4"}),
+    ),
+    (  # a tool result before the short chat: a template whose state carries over (DeepSeek-R1 opens its outputs
+        # block at the chat's first tool result only) writes the later ones differently without it
+        (
+            _SYSTEM,
+            {"role": "user", "content": "call"},
+            {"role": "assistant", "content": "A"},
+            {"role": "tool", "content": "1"},
+            {"role": "user", "content": "again"},
+        ),
+        ({"role": "tool", "content": "2"}, {"role": "user", "content": "u3"}),
     ),
 )
 

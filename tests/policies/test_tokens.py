@@ -415,6 +415,23 @@ NO_TOOL_FIRST = (  # refuses a chat whose first turn (after the system message) 
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+TOOL_OUTPUTS_ONCE = (  # DeepSeek-R1 style: only the chat's first tool result opens the outputs block
+    "{%- set ns = namespace(first=true) %}{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}{%- if ns.first %}{{- '<outputs>' }}{%- set ns.first = false %}{%- endif %}"
+    "{{- '<out>' + m.content + '</out>' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+REASONING_AFTER_QUERY = (  # Qwen3 style: an assistant message after the last user query shows its reasoning
+    "{%- set ns = namespace(last=messages|length - 1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+    "{%- if m.role == 'assistant' and loop.index0 > ns.last and m.reasoning_content %}"
+    "{{- '<think>' + m.reasoning_content + '</think>' }}{%- endif %}"
+    "{{- m.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
 
 def assert_whole_chat_ids(tokenizer, steps):
     for before, step in itertools.pairwise(steps):
@@ -494,3 +511,36 @@ def test_the_probes_are_kept_per_template_and_tool_list(tokenizers, monkeypatch)
     assert len(probed) == 2
     tokenizer.chat_template = {"default": TURN_NUMBERED, "tool_use": QWEN25}  # named templates: a dict
     assert cache.renders_after_reply_locally(tokenizer, None, {}) is False and len(probed) == 3
+
+
+def test_a_template_whose_tool_results_depend_on_earlier_ones_fails_the_probes(tiny_model_dir):
+    tokenizer = family_tokenizer(tiny_model_dir, "embedded")
+    tokenizer.chat_template = TOOL_OUTPUTS_ONCE
+    policy = ReplayPolicy(tokenizer, [[300], [301], [302], [303], [304]])
+    steps = play(policy, ["a", "b", "c", "d", "e"], tool_turns={1, 3})
+    assert not policy.rendered.renders_after_reply_locally(tokenizer, None, {})
+    assert_token_in_token_out(steps)
+    assert_whole_chat_ids(tokenizer, steps)  # turn 3's results written as the whole chat has them: no second opener
+    assert tokenizer.decode(steps[-1].prompt_ids, skip_special_tokens=False).count("<outputs>") == 1
+
+
+def test_an_assistant_message_after_the_reply_renders_the_whole_chat(tiny_model_dir):
+    from rllm_gym.policies import tokens
+
+    tokenizer = family_tokenizer(tiny_model_dir, "embedded")
+    tokenizer.chat_template = REASONING_AFTER_QUERY
+    cache = tokens.RenderCache()
+    assert cache.renders_after_reply_locally(tokenizer, None, {})  # its probes hold no assistant after the reply
+    steps = play(ReplayPolicy(tokenizer, [[300], [301]]), ["q", "r"], tool_turns={1})
+    previous = steps[1]  # replied to tool results: its short chat holds no user query
+    # The client's chat goes on with tool results and an assistant message of its own after the last user query:
+    # the whole chat shows its reasoning, a short chat would not.
+    chat = [
+        *previous.chat_completions,
+        {"role": "tool", "content": "1"},
+        {"role": "assistant", "content": "B", "reasoning_content": "why"},
+        {"role": "tool", "content": "2"},
+    ]
+    ids = continuation_ids(tokenizer, previous, chat, None, {}, cache)
+    assert ids == continuation_ids(tokenizer, previous, chat, None, {})
+    assert "<think>why</think>B" in tokenizer.decode(ids, skip_special_tokens=False)
