@@ -244,6 +244,9 @@ def async_problems(config: Any) -> list[str]:
         # The CPU worker's policy records log-probabilities at the sampling temperature (HFPolicy's
         # logprobs_mode="temperature", what the loss scores), before top-k/top-p: with a filter on, the distribution
         # it samples from is not the one it records, and the importance weights would be off even for fresh rows.
+        # vLLM's processed_logprobs (0.31: Sampler.sample, then TopKTopPSampler's log_softmax after apply_top_k_top_p)
+        # are those of the filtered distribution it samples from: the true behaviour policy, so pi_theta / pi_behaviour
+        # is the right weight there (below 1 on the nucleus's tokens even for fresh rows, as the filter wants).
         problems.append(
             f"{refusal} on the CPU generation worker with top_p/top_k set in trl_args (its behaviour "
             "log-probabilities are those at the temperature before the filter, the rows are sampled after it): "
