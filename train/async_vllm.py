@@ -25,6 +25,7 @@ process's exit code, and no answer within ``timeout_s`` stops it too (the traine
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import traceback
@@ -76,13 +77,6 @@ def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
         raise ValueError(
             f"max_staleness >= 1 with use_vllm runs a vLLM engine of its own next to the trainer, not "
             f"vllm_mode={args.vllm_mode!r}: use vllm_mode='colocate'"
-        )
-    from peft import PeftModel
-
-    if isinstance(model, PeftModel):
-        raise ValueError(
-            "max_staleness >= 1 with use_vllm is not supported with a LoRA adapter yet (the generator's engine loads "
-            "whole weights): train without lora, or with use_vllm off"
         )
     source = str(model.name_or_path)  # a folder or a hub name, as TRL's colocated engine starts from
     if not source:
@@ -230,9 +224,7 @@ class VLLMGenerator(GeneratorProcess):
         super().__init__(rollout, model, tokenizer, settings, version=version, timeout_s=timeout_s)
 
     def _share(self, model: torch.nn.Module) -> None:
-        # Checkpoint names (what vLLM's load_weights maps); a tied output head is its embedding, listed once.
-        with torch.no_grad():
-            self.weights = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
+        self.weights = {name: weight.to("cpu", copy=True) for name, weight in engine_weights(model)}
         for tensor in self.weights.values():
             tensor.share_memory_()
 
@@ -240,5 +232,60 @@ class VLLMGenerator(GeneratorProcess):
         return _work, (self.weights, self.engine)
 
     def _copy_weights(self, model: torch.nn.Module) -> None:
+        for name, weight in engine_weights(model):
+            self.weights[name].copy_(weight)
+
+
+@torch.no_grad()
+def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights vLLM loads for ``model``, one at a time, by their checkpoint names (what ``load_weights`` maps; a
+    tied output head is its embedding, listed once).
+
+    For a LoRA model (peft) those of the merged model, as ``merge_and_unload`` would give them, while the trained
+    model stays bit for bit as it is: each adapted layer is copied and the copy merged by peft (its own rule for
+    every LoRA variant, DoRA and ``lora_bias`` too), one layer at a time; merging in place and unmerging after
+    would round the frozen base weights at every step (in bfloat16 by about a part in 256). The adapter's own
+    weights are left out, a module saved whole (``modules_to_save``) gives its trained copy, and the names are the
+    base model's."""
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import ModulesToSaveWrapper
+
+    if not isinstance(model, PeftModel):
         for name, parameter in model.named_parameters():
-            self.weights[name].copy_(parameter)
+            yield name, parameter.detach()
+        return
+    wrapped = (BaseTunerLayer, ModulesToSaveWrapper)
+    embeddings = (model.get_input_embeddings(), model.get_output_embeddings())
+    if getattr(model.config, "tie_word_embeddings", False) and any(isinstance(e, wrapped) for e in embeddings):
+        raise ValueError(
+            "max_staleness >= 1 with use_vllm and a LoRA adapter that trains the embedding or output head of a model "
+            "that ties them (tie_word_embeddings): merged, the two differ, and vLLM's model ties them; leave both out "
+            "of target_modules and modules_to_save, or set use_vllm: false"
+        )
+    layers = {name: module for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    saved = {name: module for name, module in model.named_modules() if isinstance(module, ModulesToSaveWrapper)}
+    merged: tuple[str, dict[str, torch.Tensor]] | None = None  # the layer merged last and its base's parameters
+    for name, parameter in model.named_parameters():
+        owner, _, leaf = name.rpartition(".")
+        layer = owner.removesuffix(".base_layer")
+        if layer != owner and layer in layers:
+            if merged is None or merged[0] != layer:
+                copied = copy.deepcopy(layers[layer])
+                copied.merge()
+                merged = (layer, dict(copied.get_base_layer().named_parameters()))
+            yield _base_name(f"{layer}.{leaf}"), merged[1][leaf].detach()
+        elif any(name.startswith(f"{other}.") for other in layers):
+            continue  # the adapter's own weights (lora_A, lora_B, a DoRA magnitude): merged above
+        elif any(name.startswith(f"{wrapper}.original_module.") for wrapper in saved):
+            continue  # the frozen original of a module trained whole: its trained copy is what the model runs
+        else:
+            for wrapper, module in saved.items():
+                kept = f"{wrapper}.modules_to_save.{module.active_adapter}."
+                if name.startswith(kept):
+                    name = f"{wrapper}.{name.removeprefix(kept)}"
+            yield _base_name(name), parameter.detach()
+
+
+def _base_name(name: str) -> str:
+    return name.removeprefix("base_model.model.")

@@ -220,8 +220,6 @@ def async_problems(config: Any) -> list[str]:
             f"{refusal} with vllm_mode: {config.vllm_mode} (the generator runs a vLLM engine of its own next to the "
             "trainer): use vllm_mode: colocate"
         )
-    if config.use_vllm and config.lora:
-        problems.append(f"{refusal} with use_vllm and lora yet (its engine loads whole weights): set lora: false")
     if config.use_vllm and (
         int(os.environ.get("WORLD_SIZE", "1")) > 1
         or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"

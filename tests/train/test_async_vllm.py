@@ -4,10 +4,12 @@ in tests/vllm/test_async_vllm.py."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import re
 
 import pytest
+import torch
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -15,7 +17,7 @@ from trl import GRPOConfig
 
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import GeneratorDied
-from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator, engine_settings
+from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator, engine_settings, engine_weights
 from rllm_gym.train.trainer import RLLMGRPOTrainer, encode_prompt
 from tests.train.test_async_generation import LAKE, lake_rollout
 from tests.train.test_async_generation import settings as worker_settings
@@ -34,9 +36,6 @@ def test_the_engine_takes_the_trainers_dtype_and_vllm_settings_and_refuses_what_
     server = grpo_args(tmp_path, vllm_mode="server")
     with pytest.raises(ValueError, match=re.escape("not vllm_mode='server': use vllm_mode='colocate'")):
         engine_settings(server, model)
-    adapter = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
-    with pytest.raises(ValueError, match=re.escape("not supported with a LoRA adapter yet")):
-        engine_settings(grpo_args(tmp_path), adapter)
     engine = EngineSettings(str(tiny_model_dir), "float32", max_model_len=512, gpu_memory_utilization=0.5, seed=7)
     on_gpu = engine.llm_kwargs(on_cpu=False)
     assert on_gpu["gpu_memory_utilization"] == 0.5 and on_gpu["logprobs_mode"] == "processed_logprobs"
@@ -76,3 +75,32 @@ def test_a_worker_whose_engine_cannot_start_stops_the_wait_with_its_traceback(ti
     finally:
         generator.close()
     assert generator.process.exitcode == 0
+
+
+@pytest.mark.parametrize("variant", [{}, {"use_dora": True}, {"modules_to_save": ["norm"]}], ids=str)
+def test_a_lora_models_engine_weights_are_the_merged_models_and_the_trained_one_is_left_alone(tiny_model_dir, variant):
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    original = {name: parameter.detach().clone() for name, parameter in base.named_parameters()}
+    names = list(original)  # what vLLM's load_weights maps
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **variant))
+    with torch.no_grad():  # trained adapters (LoRA's B starts at zero: the merge would change nothing)
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    weights = dict(engine_weights(model))
+    expected = dict(copy.deepcopy(model).merge_and_unload().named_parameters())
+    assert list(weights) == names and set(expected) == set(names)
+    assert all(torch.equal(weights[name], expected[name]) for name in names)
+    assert not all(torch.equal(weights[name], original[name]) for name in names)  # the adapter's changes are in
+    assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())  # bit for bit
+
+
+@pytest.mark.parametrize("adapted", [{"modules_to_save": ["lm_head"]}, {"target_modules": ["embed_tokens"]}], ids=str)
+def test_a_lora_adapter_on_tied_embeddings_is_refused_with_the_reason(tiny_model_dir, adapted):
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert base.config.tie_word_embeddings
+    model = get_peft_model(base, LoraConfig(r=4, **({"target_modules": ["q_proj"]} | adapted)))
+    with pytest.raises(ValueError, match=re.escape("leave both out of target_modules and modules_to_save")):
+        dict(engine_weights(model))

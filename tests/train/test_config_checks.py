@@ -20,7 +20,6 @@ REFUSED = "max_staleness: 1 (asynchronous generation) is not supported"
         ({"async_is_level": "row"}, "async_is_level must be 'token' or 'sequence', got 'row'"),
         ({"async_is_mode": "clip"}, "async_is_mode must be 'truncate', 'mask' or 'off', got 'clip'"),
         ({"max_staleness": 1, "use_vllm": True, "vllm_mode": "server"}, f"{REFUSED} with vllm_mode: server"),
-        ({"max_staleness": 1, "use_vllm": True, "lora": True}, f"{REFUSED} with use_vllm and lora yet"),
         ({"max_staleness": 1, "trl_args": {"num_iterations": 2}}, f"{REFUSED} with num_iterations > 1"),
         ({"max_staleness": 1, "trl_args": {"steps_per_generation": 2}}, f"{REFUSED} with steps_per_generation"),
         ({"max_staleness": 1, "loss_type": "vespo"}, f"{REFUSED} with loss_type vespo"),
@@ -47,5 +46,5 @@ def test_the_settings_are_flags_and_a_refusal_names_the_flag():
     assert (config.max_staleness, config.async_is_level, config.async_is_cap) == (2, "sequence", 2.0)
     with pytest.raises(ConfigError, match=re.escape("max_staleness: 2 (asynchronous generation) is not supported")):
         load_config(["--max_staleness", "2", "--use_vllm", "true", "--vllm_mode", "server"])
-    config, _ = load_config(["--max_staleness", "1", "--use_vllm", "true"])  # a vLLM engine of its own (tests/vllm)
-    assert (config.max_staleness, config.use_vllm) == (1, True)
+    config, _ = load_config(["--max_staleness", "1", "--use_vllm", "true", "--lora", "true"])  # tests/vllm runs it
+    assert (config.max_staleness, config.use_vllm, config.lora) == (1, True, True)

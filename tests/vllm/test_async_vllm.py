@@ -87,6 +87,32 @@ def test_the_engine_samples_with_each_published_version_and_a_killed_one_stops_t
     assert not generator.process.is_alive()
 
 
+def test_a_lora_runs_engine_samples_with_the_merged_weights_of_each_published_version(vllm_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")).eval()
+    tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
+    adapters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    prompts = [encode_prompt(LAKE, seed) for seed in (0, 1)]
+    engine = EngineSettings(str(vllm_model_dir), "float32", max_model_len=512)
+    generator = VLLMGenerator(lake_rollout(), model, tokenizer, worker_settings(tokenizer), engine, timeout_s=400)
+    try:
+        old = copy.deepcopy(model).merge_and_unload()
+        with torch.no_grad():  # an optimizer step on the adapters only (LoRA's B starts at zero)
+            for parameter in adapters:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+        generator.publish(model, 1)
+        generator.submit(prompts)
+        steps = steps_of(generator.result(prompts))
+        assert {step.model_output.policy_version for step in steps} == {1}
+        merged = copy.deepcopy(model).merge_and_unload()
+        assert largest_logprob_gap(steps, merged) < 1e-3 < largest_logprob_gap(steps, old)
+    finally:
+        generator.close()
+
+
 def test_the_engine_reloads_published_weights_before_a_batch_and_keeps_a_failure(vllm_model_dir, monkeypatch):
     import multiprocessing
     import threading
@@ -134,7 +160,10 @@ def test_an_engine_that_cannot_start_stops_the_wait_with_its_traceback(vllm_mode
     assert generator.process.exitcode == 0  # it stopped on its own after sending the reason
 
 
-def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_model_dir, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["whole", "lora"])
+def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_model_dir, tmp_path, lora):
+    from peft import LoraConfig
+
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(vllm_model_dir)
     rows = [{"prompt": encode_prompt(LAKE, seed)} for seed in range(6)]
@@ -146,6 +175,7 @@ def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_mode
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=lake_rollout(),
         advantage_config=AdvantageConfig(), max_staleness=1,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None,
     )  # fmt: skip
     assert args.use_vllm and not trainer.use_vllm  # TRL's lock-step engine is not started; the caller's args unchanged
     assert trainer.vllm_engine is not None and trainer.vllm_engine.dtype == "float32"
