@@ -45,19 +45,22 @@ from rllm_gym.train.rollout import EpisodeRollout
 from rllm_gym.train.vllm_server import prompt_too_long
 from rllm_gym.types import ModelOutput
 
-__all__ = ["EngineSettings", "VLLMGenerator", "engine_settings"]
+__all__ = ["EngineSettings", "VLLMGenerator", "engine_settings", "engine_weights", "visible_device"]
 
 
 @dataclass(frozen=True)
 class EngineSettings:
     """The worker's vLLM engine: the model folder (or hub name) it starts from (its weights are replaced by the
-    trainer's before the first batch), the dtype of the trainer's weights, and TRL's ``vllm_*`` settings of the run."""
+    trainer's before the first batch), the dtype of the trainer's weights, TRL's ``vllm_*`` settings of the run, its
+    seed (the run's plus the process index, as TRL seeds its colocated engines: processes that sample copies of one
+    prompt do not sample the same replies) and the GPU of the training process it serves."""
 
     model: str
     dtype: str
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.3
     seed: int = 0
+    cuda_device: int | None = None  # the training process's GPU (its index among the visible ones); None on a CPU
 
     def llm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
         """``vllm.LLM`` keyword arguments (on vLLM's CPU build, :func:`cpu_engine_defaults` fill in the rest)."""
@@ -87,9 +90,23 @@ def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
             "CPU (README, vLLM on a CPU), or set use_vllm: false"
         )
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    device = args.device  # this process's (TrainingArguments), the one its model trains on
     return EngineSettings(
-        source, dtype, args.vllm_max_model_length, args.vllm_gpu_memory_utilization, seed=int(args.seed)
-    )
+        source, dtype, args.vllm_max_model_length, args.vllm_gpu_memory_utilization,
+        seed=int(args.seed) + int(args.process_index),
+        cuda_device=(device.index or 0) if device.type == "cuda" else None,
+    )  # fmt: skip
+
+
+def visible_device(index: int, visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for an engine on the ``index``-th GPU of those ``visible`` (the variable's value, all
+    GPUs when unset): vLLM's single-process engine takes the first GPU it sees."""
+    entries = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
+    if visible is None or not visible.strip():
+        return str(index)
+    if index >= len(entries):
+        raise ValueError(f"GPU {index} of CUDA_VISIBLE_DEVICES={visible!r} does not exist: it names {len(entries)}")
+    return entries[index]
 
 
 def _on_cpu() -> bool:
@@ -189,6 +206,10 @@ class _EngineGeneration(WorkerGeneration):
 def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: EngineSettings) -> None:
     """The vLLM worker process: its engine started on the trainer's weights of now, before the first request."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where its weights can be loaded
+    if engine_settings.cuda_device is not None:  # before CUDA starts here: each training process's engine on its GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(
+            engine_settings.cuda_device, os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
 
     def start() -> _EngineGeneration:
         generation = _EngineGeneration(link.settings, _Engine(engine_settings, weights, link.lock, link.version),

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 from typing import Any
 
 from rllm_gym.engine.arguments import check_arguments
@@ -219,15 +218,6 @@ def async_problems(config: Any) -> list[str]:
         problems.append(
             f"{refusal} with vllm_mode: {config.vllm_mode} (the generator runs a vLLM engine of its own next to the "
             "trainer): use vllm_mode: colocate"
-        )
-    if config.use_vllm and (
-        int(os.environ.get("WORLD_SIZE", "1")) > 1
-        or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        or config.trl_args.get("deepspeed")
-    ):
-        problems.append(
-            f"{refusal} with use_vllm and several processes or DeepSpeed yet (its engine worker is tested in one "
-            "process): launch one process, or set use_vllm: false"
         )
     trl_args = config.trl_args
     if trl_args.get("num_iterations", 1) != 1:

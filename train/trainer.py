@@ -219,8 +219,6 @@ class RLLMGRPOTrainer(GRPOAdapter):
             "TRL's own vLLM engine (pass args=... by keyword: the generator then runs an engine of its own)": (
                 self.use_vllm
             ),
-            "use_vllm with several processes or DeepSpeed": self.vllm_engine is not None
-            and (self.accelerator.num_processes > 1 or self.is_deepspeed_enabled),
             "a policy_factory": rollout.policy_factory is not None,
             "num_iterations > 1": self.num_iterations != 1,
             "steps_per_generation != gradient_accumulation_steps": (

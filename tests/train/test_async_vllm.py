@@ -17,7 +17,7 @@ from trl import GRPOConfig
 
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import GeneratorDied
-from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator, engine_settings, engine_weights
+from rllm_gym.train.async_vllm import EngineSettings, VLLMGenerator, engine_settings, engine_weights, visible_device
 from rllm_gym.train.trainer import RLLMGRPOTrainer, encode_prompt
 from tests.train.test_async_generation import LAKE, lake_rollout
 from tests.train.test_async_generation import settings as worker_settings
@@ -104,3 +104,22 @@ def test_a_lora_adapter_on_tied_embeddings_is_refused_with_the_reason(tiny_model
     model = get_peft_model(base, LoraConfig(r=4, **({"target_modules": ["q_proj"]} | adapted)))
     with pytest.raises(ValueError, match=re.escape("leave both out of target_modules and modules_to_save")):
         dict(engine_weights(model))
+
+
+def test_each_training_processs_engine_is_seeded_apart_and_sees_only_its_gpu(monkeypatch):
+    assert visible_device(1, None) == "1" and visible_device(0, "") == "0"  # unset: every GPU, by index
+    assert visible_device(1, "3,5") == "5" and visible_device(0, " GPU-ab12 , GPU-cd34") == "GPU-ab12"
+    with pytest.raises(ValueError, match=re.escape("GPU 2 of CUDA_VISIBLE_DEVICES='3,5' does not exist")):
+        visible_device(2, "3,5")
+
+    class Args:  # what engine_settings reads of a GRPOConfig, as the second process of a launch on GPUs has it
+        vllm_mode, vllm_max_model_length, vllm_gpu_memory_utilization, seed = "colocate", None, 0.3, 7
+        device, process_index = torch.device("cuda", 1), 1
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # vLLM's presence is not the point here
+    model = torch.nn.Linear(2, 2)
+    model.name_or_path = "some/model"
+    settings = engine_settings(Args(), model)
+    assert (settings.cuda_device, settings.seed, settings.model) == (1, 8, "some/model")
+    Args.device, Args.process_index = torch.device("cpu"), 0
+    assert (engine_settings(Args(), model).cuda_device, engine_settings(Args(), model).seed) == (None, 7)

@@ -27,6 +27,7 @@ from rllm_gym.train.trainer import RLLMGRPOTrainer, encode_prompt
 from tests.conftest import QUIET_ENV
 from tests.train.test_async_generation import LAKE, group_ends, lake_rollout
 from tests.train.test_async_generation import settings as worker_settings
+from tests.train.test_launch import launch, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -231,3 +232,24 @@ def test_the_command_line_runs_k1_with_use_vllm_stops_on_ctrl_c_and_resumes_at_i
     assert all(record["async/dropped_rows"] == 0 for record in steps.values())
     # The resumed engine starts at the checkpoint's version: its first step's rows are fresh, none dropped as stale.
     assert steps[stopped_at + 1]["async/staleness_max"] == 0
+
+
+@pytest.mark.parametrize("config_file", ["cpu_2.yaml", "zero2_cpu.yaml", "zero3_cpu.yaml"])
+def test_accelerate_launch_runs_a_vllm_engine_of_its_own_in_each_training_process(config_file, tmp_path):
+    if config_file.startswith("zero"):
+        pytest.importorskip("deepspeed", reason="DeepSpeed is not installed in the vLLM venv (.ci/run installs it)")
+    output_dir = tmp_path / "run"
+    flags = ("--use_vllm", "true", "--max_staleness", "1", "--max_steps", "3", "--save_steps", "3")
+    launch(config_file, output_dir, 600, *flags)
+    history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in history] == [1, 2, 3]
+    # Step 2 was sampled while step 1 trained; step 3 by version 1, or by 2 when step 2 trained first.
+    staleness = [record["async/staleness_max"] for record in history]
+    assert staleness[:2] == [0, 1] and staleness[2] <= 1
+    assert all(record["async/dropped_rows"] == 0 for record in history)
+    # Step 1 was sampled by the weights it trains: each engine got its process's (ZeRO-3's shards gathered).
+    assert history[0]["async/mismatch"] < 1e-3
+    per_step = tiny_config()["prompts_per_step"] * tiny_config()["num_generations"]
+    assert all(record["trajectories/total"] == per_step for record in history)  # both processes' shares gathered
+    checkpoint = output_dir / "checkpoint-3"
+    assert sorted(path.name for path in checkpoint.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
