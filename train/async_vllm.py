@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy
@@ -206,6 +208,9 @@ class _EngineGeneration(WorkerGeneration):
 def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: EngineSettings) -> None:
     """The vLLM worker process: its engine started on the trainer's weights of now, before the first request."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where its weights can be loaded
+    # vLLM's progress bars (loading weights) would make tqdm's lock a multiprocessing semaphore, which this process,
+    # stopped with os._exit, leaves to the resource tracker: "leaked semaphore objects" printed at the run's end.
+    tqdm.set_lock(threading.RLock())
     if engine_settings.cuda_device is not None:  # before CUDA starts here: each training process's engine on its GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_device(
             engine_settings.cuda_device, os.environ.get("CUDA_VISIBLE_DEVICES")

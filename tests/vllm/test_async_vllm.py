@@ -240,12 +240,14 @@ def test_accelerate_launch_runs_a_vllm_engine_of_its_own_in_each_training_proces
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed in the vLLM venv (.ci/run installs it)")
     output_dir = tmp_path / "run"
     flags = ("--use_vllm", "true", "--max_staleness", "1", "--max_steps", "3", "--save_steps", "3")
-    launch(config_file, output_dir, 600, *flags)
+    result = launch(config_file, output_dir, 600, *flags)
+    assert "leaked semaphore" not in result.stderr  # vLLM's progress bar's lock, left by an engine worker's exit
     history = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     assert [record["step"] for record in history] == [1, 2, 3]
-    # Step 2 was sampled while step 1 trained; step 3 by version 1, or by 2 when step 2 trained first.
+    # Later steps were sampled by the weights before their update, or by theirs when the update came first (a
+    # loaded machine): which is timing, the bound is not.
     staleness = [record["async/staleness_max"] for record in history]
-    assert staleness[:2] == [0, 1] and staleness[2] <= 1
+    assert staleness[0] == 0 and max(staleness) <= 1
     assert all(record["async/dropped_rows"] == 0 for record in history)
     # Step 1 was sampled by the weights it trains: each engine got its process's (ZeRO-3's shards gathered).
     assert history[0]["async/mismatch"] < 1e-3
