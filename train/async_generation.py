@@ -225,6 +225,9 @@ class WorkerGeneration(Generation):
     def begin_call(self, number: int) -> None:
         """Called before each rollout call with its number (nothing here)."""
 
+    def end_call(self, number: int) -> None:
+        """Called after each rollout call with its number (nothing here)."""
+
     def another(self) -> WorkerGeneration | None:
         """A second backend on the same weights, for one more rollout at once; None (this one): one at a time."""
         return None
@@ -241,6 +244,9 @@ class _WorkerGeneration(WorkerGeneration):
 
     def begin_call(self, number: int) -> None:
         self.call.seed(number, self.settings.run_seed, self.settings.process_index)
+
+    def end_call(self, number: int) -> None:
+        self.weights.turns.done(number)
 
     def another(self) -> _WorkerGeneration:
         return _WorkerGeneration(self.settings, self.weights, self.tokenizer)

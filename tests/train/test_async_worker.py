@@ -163,6 +163,26 @@ def test_turns_go_one_at_a_time_to_the_lowest_priority_waiting():
     assert order == [1, 2, 3] and turns.waiting == 0
 
 
+def test_after_a_batch_its_call_keeps_the_turn_against_younger_calls_until_it_is_done():
+    turns, order = Turns(hold_s=600.0), []
+    with turns.turn(1):
+        order.append("1a")
+
+    def younger() -> None:
+        with turns.turn(2):
+            order.append("2")
+
+    thread = threading.Thread(target=younger)
+    thread.start()
+    wait_until(lambda: turns.waiting == 1, "the younger call did not queue for a turn")
+    with turns.turn(1):  # the older call's next batch (its episodes were in their envs) goes first
+        order.append("1b")
+    assert order == ["1a", "1b"] and turns.waiting == 1
+    turns.done(1)  # its rollout ended
+    thread.join(30)
+    assert order == ["1a", "1b", "2"]
+
+
 def test_worker_settings_refuse_a_rollout_count_below_one(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for bad in (0, -1, True, 2.0):
