@@ -15,6 +15,14 @@ synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.Rollo
 trainer's side of a worker (requests, results, the weights' lock, restarts, stopping) is :class:`GeneratorProcess`,
 which the vLLM generator (train/async_vllm.py) shares; :func:`run_worker` is the body of either worker process.
 
+The CPU worker runs up to ``K + 1`` steps' rollouts at once (``WorkerSettings.rollouts``; train/async_worker.py),
+each in a thread of its own with its own copy of the rollout: their LLM batches take turns on the worker's one copy
+of the weights (the oldest step's first, the weights reloaded only between two batches), while their env calls
+overlap, so a step's episodes no longer wait on the previous step's env latency. Each step numbers its call by its
+request, so episode ids and reset seeds are those of one step at a time, and each samples from a random stream of its
+own (seeded by the run's seed, the process and the call): what a step samples does not depend on which steps ran
+beside it.
+
 Which prompts come next: :class:`LookAhead` draws the trainer's batches from its epoch iterator ``K`` steps early and
 hands each step's prompts to the generator as it draws them (TRL's dataloader and sampler stay TRL's, checkpoints
 included). At an epoch boundary the look-ahead stops at the epoch's last batch: the next epoch's order exists only
@@ -42,22 +50,20 @@ from __future__ import annotations
 
 import copy
 import os
-import queue
-import signal
-import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rllm_gym.engine.seeds import episode_seed
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
 from rllm_gym.policies.tokens import TokenHistory
+from rllm_gym.train.async_worker import Turns, run_worker, sandbox_runs
 from rllm_gym.train.generation import Generation
 from rllm_gym.train.look_ahead import LookAhead
 from rllm_gym.train.rollout import EpisodeRollout, RolloutBatch
@@ -68,6 +74,7 @@ __all__ = [
     "AsyncGenerator",
     "GeneratorDied",
     "GeneratorProcess",
+    "LaneCall",
     "LocalWeights",
     "LookAhead",
     "WorkerGeneration",
@@ -88,7 +95,10 @@ class WorkerSettings:
     from it), the filler token of padding rows, the policies' chat settings, the torch threads it may use, the
     training process it generates for (episode ids and reset seeds name it), and ``env_calls``: the env calls it runs
     at once (its env thread pool, where the rollout sets none of its own, and its process's sandbox runs, where
-    ``RLLM_GYM_SANDBOX_MAX_PARALLEL`` is unset, as many as fit in half the machine's memory: :func:`sandbox_runs`).
+    ``RLLM_GYM_SANDBOX_MAX_PARALLEL`` is unset, as many as fit in half the machine's memory: :func:`sandbox_runs`),
+    and ``rollouts``: the steps' rollouts it runs at once (the trainer gives ``max_staleness + 1``, every step it
+    may have been handed; each further one runs where its backend can give a second policy on the same weights:
+    :meth:`WorkerGeneration.another`, the CPU worker's).
 
     ``env_calls`` is larger than the trainer's own default (:func:`~rllm_gym.engine.common.default_env_workers`):
     the worker's env calls overlap the trainer's step, and those of a latency-bound env (Code-v0's sandboxed tests)
@@ -104,19 +114,24 @@ class WorkerSettings:
     threads: int = 1
     process_index: int = 0
     env_calls: int = 32
+    rollouts: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.env_calls, bool) or not isinstance(self.env_calls, int) or not 1 <= self.env_calls <= 256:
             raise ValueError(f"WorkerSettings env_calls must be an int in [1, 256], got {self.env_calls!r}")
+        if isinstance(self.rollouts, bool) or not isinstance(self.rollouts, int) or self.rollouts < 1:
+            raise ValueError(f"WorkerSettings rollouts must be an int >= 1, got {self.rollouts!r}")
 
 
 class LocalWeights:
     """The worker's own copy of the weights (``model``, in this process's memory) and the version it holds, loaded
     from the trainer's shared copy (``shared``) under ``lock`` when the trainer published a newer ``version``: a
-    publish waits at most for such a copy, never for a generation."""
+    publish waits at most for such a copy, never for a generation. The worker's concurrent rollouts take
+    :attr:`turns` on :attr:`model` for each batch (loading the newest weights included)."""
 
     def __init__(self, model: torch.nn.Module, shared: torch.nn.Module, lock: Any, version: Any):
         self.model, self.shared, self.lock, self.version = model, shared, lock, version
+        self.turns = Turns()
         self.loaded: int | None = None  # none yet: the first batch loads the shared weights
 
     @torch.no_grad()
@@ -131,18 +146,49 @@ class LocalWeights:
         return version
 
 
+@dataclass
+class LaneCall:
+    """The rollout call a policy's batches belong to: its ``number`` (their turn on the shared model, the oldest call
+    first) and its ``sampler``, the random stream they draw from (see :meth:`seed`)."""
+
+    number: int = 0
+    sampler: torch.Generator = field(default_factory=torch.Generator)
+
+    def seed(self, number: int, run_seed: int, process_index: int) -> None:
+        """Start call ``number``: its stream seeded by the run's seed, the process and the call, so that what a call
+        samples does not depend on the calls that ran beside it."""
+        self.number = number
+        self.sampler.manual_seed(episode_seed(run_seed, "worker sampling", (number, process_index)))
+
+    def next_batch(self) -> None:
+        """Move the stream on to the call's next batch: reseeded by a draw from it, whatever the batch did to the
+        process's random state (HFPolicy restores the state it found, so the next batch would draw the same numbers
+        again)."""
+        self.sampler.manual_seed(int(torch.randint(2**62, (1,), generator=self.sampler)))
+
+
 class VersionedHFPolicy(HFPolicy):
     """HFPolicy on the worker's own weights (:class:`LocalWeights`): before each batch the newest published weights
     are loaded, so every batch is sampled by one version, and its outputs are stamped with it. The worker builds it
-    with ``logprobs_mode="temperature"``: the behaviour log-probabilities are those the loss scores."""
+    with ``logprobs_mode="temperature"``: the behaviour log-probabilities are those the loss scores. With ``call``
+    (a :class:`LaneCall`) each batch waits for its call's turn on the model and samples from the call's stream; the
+    process's own random state is left as it was."""
 
-    def __init__(self, weights: LocalWeights, **kwargs: Any):
+    def __init__(self, weights: LocalWeights, call: LaneCall | None = None, **kwargs: Any):
         super().__init__(weights.model, **kwargs)
-        self._weights = weights
+        self._weights, self._call = weights, call
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
-        version = self._weights.current()
-        outputs = super()._generate_batch(prompts, params)
+        call = self._call
+        with self._weights.turns.turn(0 if call is None else call.number):
+            version = self._weights.current()
+            if call is None:
+                outputs = super()._generate_batch(prompts, params)
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.set_rng_state(call.sampler.get_state())
+                    outputs = super()._generate_batch(prompts, params)
+                call.next_batch()
         return [output.model_copy(update={"policy_version": version}) for output in outputs]
 
 
@@ -176,6 +222,16 @@ class WorkerGeneration(Generation):
         """Why the backend failed during the last call (then the worker stops the run with it), or None."""
         return None
 
+    def begin_call(self, number: int) -> None:
+        """Called before each rollout call with its number (nothing here)."""
+
+    def end_call(self, number: int) -> None:
+        """Called after each rollout call with its number (nothing here)."""
+
+    def another(self) -> WorkerGeneration | None:
+        """A second backend on the same weights, for one more rollout at once; None (this one): one at a time."""
+        return None
+
 
 class _WorkerGeneration(WorkerGeneration):
     """The CPU worker's backend: its policy on its own copy of the shared weights."""
@@ -183,13 +239,23 @@ class _WorkerGeneration(WorkerGeneration):
     def __init__(self, settings: WorkerSettings, weights: LocalWeights, tokenizer: Any):
         super().__init__(settings)
         self.weights, self.tokenizer = weights, tokenizer
+        self.call = LaneCall()
         self._kept: tuple[int, VersionedHFPolicy] | None = None
+
+    def begin_call(self, number: int) -> None:
+        self.call.seed(number, self.settings.run_seed, self.settings.process_index)
+
+    def end_call(self, number: int) -> None:
+        self.weights.turns.done(number)
+
+    def another(self) -> _WorkerGeneration:
+        return _WorkerGeneration(self.settings, self.weights, self.tokenizer)
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:
         if self._kept is None or self._kept[0] != count:
             policy = VersionedHFPolicy(
-                self.weights, tokenizer=self.tokenizer, device="cpu",
+                self.weights, self.call, tokenizer=self.tokenizer, device="cpu",
                 chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history,
                 max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True, logprobs_mode="temperature",
             )  # fmt: skip
@@ -200,8 +266,9 @@ class _WorkerGeneration(WorkerGeneration):
 @dataclass
 class WorkerLink:
     """What a worker process is given of its generator: the rollout it runs, the tokenizer, the settings, the lock
-    and version number of the shared weights, the requests queue, the results pipe's writing end and the trainer's
-    process id (a worker whose trainer is gone stops)."""
+    and version number of the shared weights, the requests queue, the results pipe's writing end, the trainer's
+    process id (a worker whose trainer is gone stops) and the call number of ticket 0 (``first_call``: the request
+    with ticket ``t`` numbers its episodes as call ``first_call + t``)."""
 
     rollout: EpisodeRollout
     tokenizer: Any
@@ -211,95 +278,7 @@ class WorkerLink:
     requests: Any
     results: Any
     parent: int
-
-
-RUN_MEMORY_BYTES = 512 * 2**20  # a sandbox run's default memory limit (SandboxLimits.memory_mb)
-
-
-def sandbox_runs(env_calls: int, memory_bytes: int | None) -> int:
-    """The worker's sandbox runs at once: ``env_calls``, but no more than fit in half the machine's memory at a run's
-    default limit (each may hold 512 MB: a policy that writes code filling it in every run must not exhaust the
-    host), and never fewer than the sandbox's own default (:class:`~rllm_gym.sandbox.Sandbox`'s ``max_parallel``)."""
-    floor = max(4, 2 * (os.cpu_count() or 1))
-    if memory_bytes is None:  # unknown: the sandbox's default
-        return min(env_calls, floor)
-    return max(min(floor, env_calls), min(env_calls, memory_bytes // (2 * RUN_MEMORY_BYTES)))
-
-
-def _memory_bytes() -> int | None:
-    """This machine's physical memory, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def run_worker(link: WorkerLink, start: Callable[[], WorkerGeneration]) -> None:
-    """The body of every worker process: its generation backend from ``start()`` (a failure answered ``(None, None,
-    traceback)``), then :func:`_serve` the requests, then stop at once (see below)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; close() stops this process
-    settings = link.settings
-    torch.set_num_threads(settings.threads)
-    # A spawned process starts from torch's fixed default seed: the run's seed and the rank make each run's samples
-    # its own (seeds 0, 1, 2 sampled the same stream before) and each rank's different.
-    torch.manual_seed(settings.run_seed * 1_000_003 + settings.process_index)
-    # This process's own env concurrency (its env pool, its sandbox), unless the user set them (see WorkerSettings).
-    if link.rollout.env_workers is None:
-        link.rollout.env_workers = settings.env_calls
-    os.environ.setdefault("RLLM_GYM_SANDBOX_MAX_PARALLEL", str(sandbox_runs(settings.env_calls, _memory_bytes())))
-    # The answers go out from a thread of their own (a large batch fills the pipe until the trainer reads it), so
-    # that the next step's generation starts at once.
-    outbox: queue.Queue[Any] = queue.Queue()
-    sender = threading.Thread(target=_send, args=(outbox, link.results), name="rllm-gym-generator-send", daemon=True)
-    sender.start()
-    try:
-        try:
-            generation = start()
-        except Exception:
-            outbox.put((None, None, traceback.format_exc()))
-        else:
-            _serve(link.rollout, generation, link.requests, outbox, link.parent)
-    finally:
-        link.rollout.close()
-    # A clean stop ends here once the answers are sent: the interpreter's own teardown (native, after torch and
-    # the tokenizers, or vLLM's) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
-    outbox.put(None)
-    sender.join()
-    os._exit(0)
-
-
-def _send(outbox: queue.Queue[Any], results: Any) -> None:
-    """Send each answer of ``outbox`` through the ``results`` pipe until ``None`` (or a trainer that is gone)."""
-    while (answer := outbox.get()) is not None:
-        try:
-            results.send(answer)
-        except OSError:
-            return
-
-
-def _serve(rollout: EpisodeRollout, generation: WorkerGeneration, requests: Any, results: Any, parent: int) -> None:
-    """Each request ``(ticket, prompts)`` answered with ``(ticket, RolloutBatch, None)``, or ``(ticket, None,
-    reason)`` after which it returns (the rollout raised, or the backend failed: :meth:`WorkerGeneration.failure`);
-    ``None``, or a parent that is gone, makes it return."""
-    while True:
-        try:
-            request = requests.get(timeout=1.0)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return
-            continue
-        if request is None:
-            return
-        ticket, prompts = request
-        try:
-            batch = rollout.collect(prompts, generation)
-        except Exception:
-            results.put((ticket, None, traceback.format_exc()))
-            return
-        failure = generation.failure()  # infrastructure, not the episodes' fault: never trained on
-        results.put((ticket, None, failure) if failure else (ticket, batch, None))
-        if failure:
-            return
+    first_call: int = 0
 
 
 def _work(link: WorkerLink, model: Any) -> None:
@@ -378,7 +357,7 @@ class GeneratorProcess:
         self._requests = context.Queue()
         self._results, writer = context.Pipe(duplex=False)
         link = WorkerLink(self._rollout, self._tokenizer, self._settings, self._lock, self._version, self._requests,
-                          writer, os.getpid())  # fmt: skip
+                          writer, os.getpid(), self._first_call)  # fmt: skip
         target, args = self._worker()
         self.process = context.Process(target=target, args=(link, *args), name="rllm-gym-generator", daemon=True)
         self.process.start()
@@ -403,8 +382,6 @@ class GeneratorProcess:
         self.restarts += 1
         self._restarted_after = self._taken
         self._close_channels()
-        if self._pending:
-            self._rollout.calls = self._first_call + self._pending[0][0]
         self._start()
         for ticket, prompts in self._pending:
             self._requests.put((ticket, prompts))

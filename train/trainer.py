@@ -245,7 +245,7 @@ class RLLMGRPOTrainer(GRPOAdapter):
         settings = WorkerSettings(
             self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
-            self.accelerator.process_index,
+            self.accelerator.process_index, rollouts=self.max_staleness + 1,  # every step it may be handed, at once
         )  # fmt: skip
         with self.whole_weights() as model:
             if self.vllm_engine is not None:
