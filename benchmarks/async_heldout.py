@@ -3,8 +3,8 @@
 number of samples (every run trains 220 steps of 8 lakes x 8 rollouts), so that K >= 1 can be compared with the
 seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
-    nice -n 19 python benchmarks/async_heldout.py                      # all 9 runs, 2 at a time (~5 min each idle)
-    nice -n 19 python benchmarks/async_heldout.py --staleness 1 2 --seeds 0   # some runs, merged into the results
+    nice -n 19 python benchmarks/async_heldout.py                      # K = 1, 2: 6 runs, 2 at a time (~5 min each)
+    nice -n 19 python benchmarks/async_heldout.py --staleness 2 --seeds 0     # some runs, merged into the results
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
     python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
 
@@ -13,9 +13,10 @@ finish into ``benchmarks/results/async_heldout.json`` one by one, merged with th
 the same K and seed replaces the kept one), each with the commit it ran (``git describe --dirty``: the async code may
 change after it), its wall time, the machine and its load average at the start and the end: with two runs side by
 side the seconds are not a speed figure (``bench_async.py`` measures speed); the held-out success is the figure.
-Until K = 0 has runs of its own here, the comparison takes K = 0's seeds from ``demo_cpu_summary.json`` (the same
-command, kept by ``demo_cpu.py``) and names that source. A run that fails or times out is said and left out, and the
-command then exits 1.
+K = 0 is not run here: ``max_staleness: 0`` is the synchronous trainer unchanged, so its runs are the main job's own,
+which ``demo_cpu.py`` keeps for the same seeds in ``demo_cpu_summary.json``; the comparison takes them from there and
+names that source (run ``demo_cpu.py`` first after a change of the recipe or the trainer). A run that fails or times
+out is said and left out, and the command then exits 1.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (t
 from run_all import machine, run_training  # noqa: E402
 
 RESULTS = HERE / "results" / "async_heldout.json"
-STALENESS = (0, 1, 2)
+STALENESS = (1, 2)  # K = 0 is the main job itself: demo_cpu.py's runs (kept_synchronous)
 SEEDS = (0, 1, 2)
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")
 # Per logged step, what shows a collapse as it happens: the reward, the entropy and the bonus TRL's adaptive control
@@ -130,15 +131,12 @@ def kept_synchronous() -> dict[str, Any]:
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per K the held-out successes after training (seed order), and whether each K >= 1 lies within K = 0's
-    seed-to-seed range (min to max over its seeds): K = 0's runs kept here, else those ``demo_cpu.py`` kept."""
-    after: dict[int, dict[int, float]] = {}
+    seed-to-seed range (min to max over its seeds), K = 0's being the runs ``demo_cpu.py`` kept."""
+    synchronous = kept_synchronous()
+    after: dict[int, dict[int, float]] = {0: synchronous["heldout_after"]}
     for run in runs:
         after.setdefault(run["max_staleness"], {})[run["seed"]] = run["heldout_after"]
-    table: dict[str, Any] = {}
-    if 0 not in after:
-        synchronous = kept_synchronous()
-        after[0] = synchronous["heldout_after"]
-        table["K=0 source"] = synchronous["source"]
+    table: dict[str, Any] = {"K=0 source": synchronous["source"]}
     baseline = sorted(after[0].values())
     for staleness, by_seed in sorted(after.items()):
         values = [by_seed[seed] for seed in sorted(by_seed)]
@@ -172,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if min(args.staleness) < 1:
+        parser.error(
+            f"--staleness takes K >= 1, got {args.staleness}: K = 0 is the main job itself, whose seeds "
+            "`python benchmarks/demo_cpu.py` runs and keeps, and the comparison takes from there"
+        )
     if not args.report:
         lock = threading.Lock()
         grid = [(staleness, seed) for staleness in args.staleness for seed in args.seeds]

@@ -25,10 +25,22 @@ def run(staleness: int, seed: int, heldout: float) -> dict:
     return {"max_staleness": staleness, "seed": seed, "heldout_after": heldout, "commit": "abc"}
 
 
-def test_k1_is_within_k0s_range_only_when_every_seed_is():
+def demo_summary(path: Path, heldout: list[float]) -> Path:
+    """A demo_cpu_summary.json holding what compare() reads: per seed the held-out success after training."""
+    runs = [
+        {"seed": seed, "summary": {"heldout_after": {"rllm/FrozenLake-v0": value}}}
+        for seed, value in enumerate(heldout)
+    ]
+    path.write_text(
+        json.dumps({"measured_by": "`python benchmarks/demo_cpu.py`", "machine": {"date": "D"}, "runs": runs})
+    )
+    return path
+
+
+def test_k1_is_within_k0s_range_only_when_every_seed_is(tmp_path, monkeypatch):
     script = heldout_script()
-    k0 = [run(0, 0, 0.60), run(0, 1, 0.70), run(0, 2, 0.65)]
-    table = script.compare([*k0, run(1, 0, 0.62), run(1, 1, 0.69), run(2, 0, 0.50)])
+    monkeypatch.setattr(script, "SUMMARY", demo_summary(tmp_path / "demo.json", [0.60, 0.70, 0.65]))
+    table = script.compare([run(1, 0, 0.62), run(1, 1, 0.69), run(2, 0, 0.50)])
     assert table["K=0"]["heldout_after"] == [0.60, 0.70, 0.65]
     assert table["K=1"] == {
         "seeds": [0, 1], "heldout_after": [0.62, 0.69], "mean": pytest.approx(0.655),
@@ -36,7 +48,15 @@ def test_k1_is_within_k0s_range_only_when_every_seed_is():
     }  # fmt: skip
     assert table["K=2"]["within_k0_range"] is False
     assert table["K=2"]["at_or_above_k0_min"] is False
-    assert "K=0 source" not in table
+    assert table["K=0 source"] == "benchmarks/results/demo.json, `python benchmarks/demo_cpu.py` on D"
+
+
+def test_k0_is_never_run_here_but_taken_from_the_main_jobs_kept_runs(capsys):
+    script = heldout_script()
+    assert script.STALENESS == (1, 2)
+    with pytest.raises(SystemExit):
+        script.main(["--staleness", "0", "1"])
+    assert "--staleness takes K >= 1, got [0, 1]: K = 0 is the main job itself" in capsys.readouterr().err
 
 
 def test_without_k0_runs_the_kept_demo_seeds_are_the_baseline_and_named():

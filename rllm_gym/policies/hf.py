@@ -18,6 +18,7 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,8 +294,16 @@ class HFPolicy(BatchingPolicy):
         config = self._generation_config(params)
         temperature = params.temperature if self.logprobs_mode == "temperature" and not params.greedy else 1.0
         sampled = SampledLogprobs(temperature)
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            if params.seed is not None:
+        # A seeded request samples from its own seed and leaves the global generator as it was; an unseeded one draws
+        # from the global generator and advances it, so the next batch gets fresh noise (restoring it here made every
+        # batch of the same shape sample with the same draws).
+        seeded = params.seed is not None
+        with (
+            torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+            if seeded
+            else nullcontext()
+        ):
+            if seeded:
                 torch.manual_seed(params.seed)
             sequences = self.model.generate(
                 input_ids=input_ids,

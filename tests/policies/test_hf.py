@@ -306,3 +306,21 @@ async def test_a_batching_backend_whose_batches_take_no_callbacks_ignores_on_tok
     seen = []
     out = await policy.generate(prompt_ids=[3, 4], on_token=seen.append)
     assert not policy.streams_tokens and out.completion_ids == [1, 2] and seen == []
+
+
+async def test_unseeded_sampling_draws_fresh_noise_and_a_seeded_call_leaves_the_global_generator_alone(policy):
+    import torch
+
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    torch.manual_seed(0)
+    first = await asyncio.gather(*(policy.generate(chat, params) for chat in CHATS))
+    second = await asyncio.gather(*(policy.generate(chat, params) for chat in CHATS))
+    # The same batch sampled twice: fresh draws, not the first batch's again (the generator advanced).
+    assert [o.completion_ids for o in first] != [o.completion_ids for o in second]
+    torch.manual_seed(0)
+    again = await asyncio.gather(*(policy.generate(chat, params) for chat in CHATS))
+    assert [o.completion_ids for o in again] == [o.completion_ids for o in first]  # reproducible from the seed
+    state = torch.random.get_rng_state()
+    seeded = await policy.generate(CHATS[0], SamplingParams(temperature=1.0, max_tokens=12, seed=5))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert (await policy.generate(CHATS[0], SamplingParams(temperature=1.0, max_tokens=12, seed=5))) == seeded
