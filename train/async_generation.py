@@ -228,6 +228,8 @@ class WorkerGeneration(Generation):
     def end_call(self, number: int) -> None:
         """Called after each rollout call with its number (nothing here)."""
 
+    concurrent = False  # whether another() gives backends for rollouts at once (then each runs in a thread of its own)
+
     def another(self) -> WorkerGeneration | None:
         """A second backend on the same weights, for one more rollout at once; None (this one): one at a time."""
         return None
@@ -247,6 +249,8 @@ class _WorkerGeneration(WorkerGeneration):
 
     def end_call(self, number: int) -> None:
         self.weights.turns.done(number)
+
+    concurrent = True
 
     def another(self) -> _WorkerGeneration:
         return _WorkerGeneration(self.settings, self.weights, self.tokenizer)

@@ -170,17 +170,46 @@ class Turns:
 
 
 class Lane:
-    """A thread that runs one step's rollout at a time (requests put in :attr:`inbox`) with its own ``rollout`` and
-    ``generation``; each answer goes to ``done`` as ``(lane, ticket, batch, error)``. ``None`` in the inbox stops it
-    (its rollout's loop and env pool closed by its own thread)."""
+    """A thread that runs one step's rollout at a time (requests given to :meth:`put`) with its own ``rollout`` and
+    ``generation``; each answer goes to ``done`` as ``(lane, ticket, batch, error)``; :meth:`stop` stops it (its
+    rollout's loop and env pool closed by its own thread). An ``inline`` lane has no thread: :meth:`put` runs the
+    rollout in the caller's thread, for a backend that runs one step at a time (vLLM's engine, started in the worker's
+    main thread, hangs when driven from another)."""
 
-    def __init__(self, rollout: EpisodeRollout, generation: WorkerGeneration, first_call: int, done: queue.Queue):
+    def __init__(
+        self,
+        rollout: EpisodeRollout,
+        generation: WorkerGeneration,
+        first_call: int,
+        done: queue.Queue,
+        *,
+        inline: bool = False,
+    ):
         self.rollout, self.generation, self.first_call, self._done = rollout, generation, first_call, done
         self.inbox: queue.Queue[tuple[int, list[Any]] | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="rllm-gym-generator-lane", daemon=True)
-        self.thread.start()
+        # torch's thread count is each thread's own (OpenMP's): a lane generates with the worker's, not the default of
+        # every core (which took the trainer's core).
+        self.threads = torch.get_num_threads()
+        self.thread: threading.Thread | None = None
+        if not inline:
+            self.thread = threading.Thread(target=self._run, name="rllm-gym-generator-lane", daemon=True)
+            self.thread.start()
+
+    def put(self, request: tuple[int, list[Any]]) -> None:
+        """Run ``request`` (ticket, prompts): in the lane's thread, or here for an inline lane."""
+        if self.thread is None:
+            self._done.put((self, *self._collect(*request)))
+        else:
+            self.inbox.put(request)
+
+    def stop(self) -> None:
+        if self.thread is None:
+            self.rollout.close()
+        else:
+            self.inbox.put(None)
 
     def _run(self) -> None:
+        torch.set_num_threads(self.threads)
         try:
             while (request := self.inbox.get()) is not None:
                 self._done.put((self, *self._collect(*request)))
@@ -219,7 +248,8 @@ def serve(
                               daemon=True)  # fmt: skip
     reader.start()
     template = copy.deepcopy(rollout)  # the settings each further lane copies (a rollout's loop and pool stay its own)
-    lanes = [Lane(rollout, generation, first_call, events)]
+    inline = rollouts == 1 or not generation.concurrent  # one step at a time: in this thread, as the backend started
+    lanes = [Lane(rollout, generation, first_call, events, inline=inline)]
     idle = [lanes[0]]
     waiting: deque[tuple[int, list[Any]]] = deque()  # requests no lane was free for yet
     unanswered: deque[int] = deque()  # tickets received, in order
@@ -247,12 +277,13 @@ def serve(
                         break
                     lanes.append(Lane(copy.deepcopy(template), another, first_call, events))
                     idle.append(lanes[-1])
-                idle.pop().inbox.put(waiting.popleft())
+                idle.pop().put(waiting.popleft())
     finally:
         for lane in lanes:
-            lane.inbox.put(None)
+            lane.stop()
         for lane in idle:  # a busy lane may wait on a hung env call: the worker's exit ends it
-            lane.thread.join(5.0)
+            if lane.thread is not None:
+                lane.thread.join(5.0)
 
 
 def _read(requests: Any, parent: int, events: queue.Queue) -> None:
