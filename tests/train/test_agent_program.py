@@ -34,22 +34,24 @@ def reward(task, output):
 def test_grpo_trains_an_agent_program(tmp_path):
     SEEN.clear()
     flags = ["--config", str(TINY), "--output_dir", str(tmp_path / "run"), "--max_steps", "2", "--eval_greedy", "true"]
-    flags += ["--eval_limit", "2"]
+    flags += ["--eval_limit", "2", "--num_generations", "4"]  # 4 replies a group: their rewards rarely all agree
     flags += ["--agent_program", f"{__name__}:program", "--reward_fn", f"{__name__}:reward"]
     summary = main(flags)
     assert summary["config"]["agent_program"] == f"{__name__}:program"
-    assert summary["termination_reasons"] == {"env_done": 2 * 2 * 2} and not summary["errors"]
-    # 8 training episodes, and the greedy evaluations (2 training tasks, at step 0 and step 2) ran the program too.
-    assert len(SEEN) == 8 + 2 * 2 and all(isinstance(task, dict) for task in SEEN)  # the env's task dicts
+    assert summary["termination_reasons"] == {"env_done": 2 * 2 * 4} and not summary["errors"]
+    # 16 training episodes, and the greedy evaluations (2 training tasks, at step 0 and step 2) ran the program too.
+    assert len(SEEN) == 16 + 2 * 2 and all(isinstance(task, dict) for task in SEEN)  # the env's task dicts
     assert "evaluation_before" in summary and "evaluation_after" in summary
     assert (tmp_path / "run" / "final" / "config.json").is_file()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     steps = [record for record in map(json.loads, lines) if "grad_norm" in record]  # the training steps' records
     assert len(steps) == 2
     for step in steps:
-        # Both calls of an episode are one training row (the second continued the first's tokens), and they trained.
+        # Both calls of an episode are one training row (the second continued the first's tokens).
         assert step["rollout/rows_per_trajectory"] == 1.0 and step["rollout/prefix_mismatch"] == 0.0
-        assert step["rollout/turns"] == 2.0 and step["advantages/std"] > 0 and step["grad_norm"] > 0
+        assert step["rollout/turns"] == 2.0
+    # They trained (sampled replies: a step whose groups all agree by chance has nothing to learn from).
+    assert any(step["advantages/std"] > 0 and step["grad_norm"] > 0 for step in steps)
 
 
 def test_agent_program_settings_are_checked(tmp_path):
