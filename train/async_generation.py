@@ -161,9 +161,8 @@ class LaneCall:
         self.sampler.manual_seed(episode_seed(run_seed, "worker sampling", (number, process_index)))
 
     def next_batch(self) -> None:
-        """Move the stream on to the call's next batch: reseeded by a draw from it, whatever the batch did to the
-        process's random state (HFPolicy restores the state it found, so the next batch would draw the same numbers
-        again)."""
+        """Move the stream on to the call's next batch: reseeded by a draw from it (the batch drew from the process's
+        generator, set from this stream inside a fork that restores it, so the stream itself has not moved)."""
         self.sampler.manual_seed(int(torch.randint(2**62, (1,), generator=self.sampler)))
 
 

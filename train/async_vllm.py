@@ -103,9 +103,9 @@ def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:
 def visible_device(index: int, visible: str | None) -> str:
     """``CUDA_VISIBLE_DEVICES`` for an engine on the ``index``-th GPU of those ``visible`` (the variable's value, all
     GPUs when unset): vLLM's single-process engine takes the first GPU it sees."""
-    entries = [entry.strip() for entry in (visible or "").split(",") if entry.strip()]
     if visible is None or not visible.strip():
         return str(index)
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
     if index >= len(entries):
         raise ValueError(f"GPU {index} of CUDA_VISIBLE_DEVICES={visible!r} does not exist: it names {len(entries)}")
     return entries[index]
