@@ -66,13 +66,16 @@ class EngineSettings:
 
     def llm_kwargs(self, on_cpu: bool) -> dict[str, Any]:
         """``vllm.LLM`` keyword arguments (on vLLM's CPU build, :func:`cpu_engine_defaults` fill in the rest)."""
-        kwargs: dict[str, Any] = {"model": self.model, "dtype": self.dtype, "seed": self.seed}
+        kwargs: dict[str, Any] = {"model": self.model, "seed": self.seed}
         kwargs["logprobs_mode"] = "processed_logprobs"  # after temperature: what the trainer's log-probabilities are
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         if on_cpu:
-            return cpu_engine_defaults(kwargs, checkpoint_dtype=self.dtype)
-        return kwargs | {"gpu_memory_utilization": self.gpu_memory_utilization}
+            return cpu_engine_defaults(kwargs | {"dtype": self.dtype}, checkpoint_dtype=self.dtype)
+        # On a GPU as TRL's colocated engine (K = 0) starts: in the checkpoint's dtype (fp32 master weights with bf16
+        # autocast sample in bf16, cast as they load, not in an fp32 engine twice the size without FlashAttention),
+        # with TRL's token budget per engine step.
+        return kwargs | {"gpu_memory_utilization": self.gpu_memory_utilization, "max_num_batched_tokens": 4096}
 
 
 def engine_settings(args: Any, model: torch.nn.Module) -> EngineSettings:

@@ -150,7 +150,8 @@ class Staleness:
         return [i for i, row in enumerate(rows) if row.source >= 0 and self.version - row.policy_version > self.limit]
 
     def metrics(self, rows: Sequence[TrainingSequence], dropped: int) -> dict[str, float]:
-        """``async/staleness_mean`` and ``_max`` over the trained rows, and the share of them ``dropped``."""
+        """``async/staleness_mean`` and ``_max`` over the step's rows (the dropped ones too: a max above the limit
+        says rows were dropped), and the share of them ``dropped``."""
         ages = [self.version - row.policy_version for row in rows if row.source >= 0]
         return {
             "async/staleness_mean": sum(ages) / max(len(ages), 1),

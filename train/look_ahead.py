@@ -23,19 +23,27 @@ class LookAhead:
         self.depth, self.submit, self.generate_every = depth, submit, generate_every
         self._iterator: Iterator[Any] | None = None
         self._drawn: deque[Any] = deque()
-        self._count = 0
+        self._count = 0  # batches drawn from the epoch iterator
+        self._taken = 0  # batches the trainer took
 
     def batches(self, epoch_iterator: Iterator[Any]) -> Iterator[Any]:
         if epoch_iterator is not self._iterator:
-            self._iterator, self._count = epoch_iterator, 0
+            self._iterator, self._count, self._taken = epoch_iterator, 0, 0
             self._drawn.clear()
         return self._next_batches()
 
     def _next_batches(self) -> Iterator[Any]:
         while True:
-            self._fill()
+            # Drawn ahead only as a step starts (its first batch of ``generate_every``), when the weights it trains
+            # are the newest published: then the step ``depth`` ahead is sampled by weights at most ``depth``
+            # versions older than the ones that train it. Drawing again at each of a step's other batches handed
+            # over a step one further ahead, whose rows were all too old to train (dropped) with gradient
+            # accumulation.
+            if self._taken % self.generate_every == 0:
+                self._fill()
             if not self._drawn:
                 return
+            self._taken += 1
             yield self._drawn.popleft()
 
     def _fill(self) -> None:

@@ -19,7 +19,7 @@ from rllm_gym.policies.base import PolicyRequest, SamplingParams, build_model_ou
 from rllm_gym.policies.hf import BatchingPolicy
 from rllm_gym.policies.tokens import TokenHistory
 from rllm_gym.train.trl_adapter import mark_vllm_weights_asleep, vllm_weights_asleep
-from rllm_gym.train.vllm_server import prompt_too_long, sampled_logprobs
+from rllm_gym.train.vllm_server import indexed_cuda_device, prompt_too_long, sampled_logprobs
 from rllm_gym.types import ModelOutput
 
 __all__ = ["TrainerVLLMPolicy", "awake_for_rollout", "vllm_context_length"]
@@ -61,7 +61,7 @@ class TrainerVLLMPolicy(BatchingPolicy):
         template_kwargs = dict(chat_template_kwargs or {})
         super().__init__(trainer.processing_class, template_kwargs, max_batch_size, batch_wait_s, token_history)
         self.generation = generation
-        self.device = torch.device(trainer.accelerator.device)
+        self.device = indexed_cuda_device(trainer.accelerator.device)  # resolved here, in the training's thread
         self.eos_token_ids = {trainer.processing_class.eos_token_id, *trainer.eos_token_ids}
         context = vllm_context_length(generation)
         self.max_prompt_tokens: int | None = None if context is None else context - 1

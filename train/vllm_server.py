@@ -26,7 +26,7 @@ The trainer finds a server on its own machine at TRL's default address (port 800
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,6 +71,16 @@ def sampled_logprobs(
         value = candidates[pick] if candidates else None
         sampled[position] = float(value) if value is not None else 0.0
     return sampled
+
+
+def indexed_cuda_device(device: torch.device | str, current: Callable[[], int] | None = None) -> torch.device:
+    """``device`` with its GPU index: accelerate names a lone GPU ``cuda`` (no ``accelerate launch``), which
+    ``torch.cuda.set_device`` refuses; that is the calling thread's current GPU (``current``, by default
+    ``torch.cuda.current_device``). Call it in the thread whose GPU is meant (the training's), not a worker's."""
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    return torch.device("cuda", (current or torch.cuda.current_device)())
 
 
 def prompt_too_long(length: int, limit: int, context: str) -> TerminationEvent:

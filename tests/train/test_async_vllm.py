@@ -39,6 +39,7 @@ def test_the_engine_takes_the_trainers_dtype_and_vllm_settings_and_refuses_what_
     engine = EngineSettings(str(tiny_model_dir), "float32", max_model_len=512, gpu_memory_utilization=0.5, seed=7)
     on_gpu = engine.llm_kwargs(on_cpu=False)
     assert on_gpu["gpu_memory_utilization"] == 0.5 and on_gpu["logprobs_mode"] == "processed_logprobs"
+    assert "dtype" not in on_gpu and on_gpu["max_num_batched_tokens"] == 4096  # as TRL's colocated engine
     on_cpu = engine.llm_kwargs(on_cpu=True)  # the CPU build's defaults; the trainer's dtype, not bfloat16
     assert "gpu_memory_utilization" not in on_cpu and on_cpu["dtype"] == "float32" and on_cpu["enforce_eager"]
     if NO_VLLM:

@@ -20,10 +20,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from trl.generation.vllm_client import VLLMClient
 
 from rllm_gym.policies.base import PolicyError
-from rllm_gym.train.vllm_server import ServerVLLMPolicy
+from rllm_gym.train.vllm_server import ServerVLLMPolicy, indexed_cuda_device
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER_PATH = Path(__file__).with_name("lockstep_worker.py")
@@ -385,3 +386,11 @@ def test_a_prompt_too_long_for_the_server_ends_its_episode_and_not_the_round(tin
     assert [len(p) for call in client.calls for p in call["prompts"]] == [lengths[0], lengths[0]]
     assert batch.metrics["vllm_server/prompts_too_long"] == 1
     rollout.close()
+
+
+def test_a_lone_gpu_named_cuda_gets_the_calling_threads_index_for_set_device():
+    # accelerate names the one GPU of a run without `accelerate launch` "cuda"; torch.cuda.set_device refuses a device
+    # without an index (the colocated vLLM policy failed every episode on an H200 with it).
+    assert indexed_cuda_device("cuda", current=lambda: 3) == torch.device("cuda", 3)
+    assert indexed_cuda_device(torch.device("cuda", 1), current=lambda: 3) == torch.device("cuda", 1)
+    assert indexed_cuda_device("cpu", current=lambda: 3) == torch.device("cpu")
