@@ -72,6 +72,15 @@ VLLM = [
     "blake3==1.0.11",
     "pybase64==1.5.1",
     "openai==3.54.0",
+    # openai 3.x moved to httpx2 (seen on an H200 image, 2026-11-28: `import openai` failed without it, and with it
+    # TRL's GRPOTrainer and vLLM's entry points); httpcore2 and truststore are httpx2's, and h11 >= 0.16, idna >= 3.18
+    # and anyio >= 4.10 what they ask for (the image's versions were not read).
+    "httpx2==2.16.2",
+    "httpcore2==2.16.2",
+    "truststore==0.10.5",
+    "h11==0.16.0",
+    "idna==3.20",
+    "anyio==4.16.0",
     "jiter==0.19.0",
     "sniffio==1.3.1",
     "distro",
