@@ -97,8 +97,8 @@ BENCHMARKS = (
     Benchmark("bench_gateway", ("--policy", "vllm", "--max-tokens", "16"), needs_vllm=True, key="bench_gateway_vllm"),
 )
 # Scripts that need a CUDA GPU: never run here; each writes its own results file on a GPU machine
-# (bench_gpu.py: benchmarks/results/gpu.json and the README's GPU table).
-GPU_ONLY = ("bench_gpu",)
+# (bench_gpu.py: benchmarks/results/gpu.json and the README's GPU table; bench_async_gpu.py: results/async_gpu.json).
+GPU_ONLY = ("bench_gpu", "bench_async_gpu")
 
 
 # Running
