@@ -17,7 +17,8 @@ learning comparison needs the real model: ``--model /path/to/Qwen2.5-0.5B-Instru
     python benchmarks/bench_async_gpu.py --model /path/to/Qwen2.5-0.5B-Instruct --steps 20
     python benchmarks/bench_async_gpu.py --dry-run --json /tmp/a.json      # the plumbing on vLLM's CPU build
 
-``--dry-run`` runs the tiny embedded model on the CPU (vLLM's CPU build: run it from that venv), 3 steps per K.
+``--dry-run`` runs the tiny embedded model on the CPU (vLLM's CPU build: run it from that venv), 4 steps per K, with
+gradient accumulation over 2 micro-batches as the GPU config accumulates over 4.
 Without a CUDA GPU (and without ``--dry-run``) it says so and exits with status 2.
 """
 
@@ -63,7 +64,7 @@ def command(k: int, model: str, output: Path, arguments: argparse.Namespace) -> 
         "--max_completion_length": str(arguments.max_completion_length),
     }  # fmt: skip
     if arguments.dry_run:
-        flags |= {"--prompts_per_step": "2", "--num_generations": "2", "--gradient_accumulation_steps": "1",
+        flags |= {"--prompts_per_step": "2", "--num_generations": "2", "--gradient_accumulation_steps": "2",
                   "--bf16": "false", "--gradient_checkpointing": "false",
                   "--vllm_max_model_length": "512"}  # fmt: skip
     return [sys.executable, "-m", "rllm_gym.train.grpo", *(x for pair in flags.items() for x in pair)]
