@@ -43,16 +43,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "async_gpu.json"
 CONFIG = ROOT / "train" / "configs" / "qwen_math_1gpu.yaml"
+sys.path.insert(0, str(HERE))
+from bench_async import steps_per_second  # noqa: E402  (the CPU benchmark's timing, shared)
+
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped",
                  "async/mismatch")  # fmt: skip
-
-
-def steps_per_second(elapsed: list[float], skip: int) -> float:
-    """Steps per second from the elapsed seconds at the end of each step, the first ``skip`` steps left out."""
-    timed = elapsed[skip:]
-    if len(timed) < 2:
-        raise ValueError(f"need at least {skip + 2} logged steps to time, got {len(elapsed)}")
-    return (len(timed) - 1) / (timed[-1] - timed[0])
 
 
 def command(k: int, model: str, output: Path, arguments: argparse.Namespace) -> list[str]:
