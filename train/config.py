@@ -295,20 +295,25 @@ class TrainConfig:
     async_is_cap: float = field(
         default=2.0,
         metadata={
-            "help": "With max_staleness >= 1: the cap C of the importance weights pi_theta / pi_behaviour (truncated "
-            "to at most C, or masked above C; 2.0 as in TRL's vLLM correction)."
+            "help": "With max_staleness >= 1 and async_is_mode truncate or mask: the cap C of the importance weights "
+            "pi_theta / pi_behaviour (truncated to at most C, or masked above C; 2.0 as in TRL's vLLM correction)."
         },
     )
     async_is_level: str = field(
         default="token",
-        metadata={"help": "With max_staleness >= 1: importance weights per 'token' (recommended) or per 'sequence'."},
+        metadata={
+            "help": "With max_staleness >= 1 and async_is_mode truncate or mask: importance weights per 'token' "
+            "(recommended) or per 'sequence' (with clip, the ratio's level is trl_args' importance_sampling_level)."
+        },
     )
     async_is_mode: str = field(
-        default="truncate",
+        default="clip",
         metadata={
-            "help": "With max_staleness >= 1: 'truncate' (min(w, cap), recommended; truncated IS as in IMPALA and "
-            "TRL's vLLM correction) or 'mask' (w above the cap trains nothing), or 'off' (no correction: the "
-            "stale rows train as if on-policy, for comparison only)."
+            "help": "With max_staleness >= 1: 'clip' (recommended: GRPO's clipped ratio measured against the "
+            "behaviour log-probabilities, PPO's trust region around the policy that sampled each row), 'truncate' "
+            "(weights min(pi_theta / pi_behaviour, cap), as in IMPALA and TRL's vLLM correction), 'mask' (weights "
+            "above the cap train nothing), or 'off' (no correction: the stale rows train as if on-policy, for "
+            "comparison only)."
         },
     )
 

@@ -209,8 +209,13 @@ def async_problems(config: Any) -> list[str]:
         problems.append(f"async_is_cap must be > 1 (2.0 recommended), got {config.async_is_cap}")
     if config.async_is_level not in ("token", "sequence"):
         problems.append(f"async_is_level must be 'token' or 'sequence', got {config.async_is_level!r}")
-    if config.async_is_mode not in ("truncate", "mask", "off"):
-        problems.append(f"async_is_mode must be 'truncate', 'mask' or 'off', got {config.async_is_mode!r}")
+    if config.async_is_mode not in ("clip", "truncate", "mask", "off"):
+        problems.append(f"async_is_mode must be 'clip', 'truncate', 'mask' or 'off', got {config.async_is_mode!r}")
+    elif config.async_is_mode == "clip" and config.async_is_level == "sequence":
+        problems.append(
+            "async_is_level: sequence applies to async_is_mode truncate and mask: with clip the ratio's level is the "
+            "loss's (set trl_args: {importance_sampling_level: sequence})"
+        )
     if config.max_staleness < 1:
         return problems
     refusal = f"max_staleness: {config.max_staleness} (asynchronous generation) is not supported"

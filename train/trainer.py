@@ -51,7 +51,7 @@ from rllm_gym.train.sequences import (
     placeholder_sequence,
     trajectory_to_sequences,
 )
-from rllm_gym.train.trl_adapter import GRPOAdapter
+from rllm_gym.train.trl_adapter import SUPPORTED_TRL, GRPOAdapter, available
 from rllm_gym.train.vllm_colocate import TrainerVLLMPolicy
 from rllm_gym.types import Episode
 
@@ -105,10 +105,11 @@ class RLLMGRPOTrainer(GRPOAdapter):
     ``max_staleness`` (K, default 0: every step generates its own episodes with the weights it trains) starts a
     :class:`~rllm_gym.train.async_generation.AsyncGenerator` when training starts, hands it the weights after each
     optimizer step and the next K steps' prompts as TRL's batches are drawn (:meth:`get_batch_samples`), drops rows
-    sampled more than K versions before the step's weights and weighs the rest with ``off_policy`` (default
-    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: token level, truncated at 2). With ``use_vllm`` in
-    ``args`` (given by keyword) the worker is a :class:`~rllm_gym.train.async_vllm.VLLMGenerator` with a vLLM engine
-    of its own (``vllm_engine``), and TRL's lock-step engine is not started (``self.args.use_vllm`` is False).
+    sampled more than K versions before the step's weights and corrects the rest with ``off_policy`` (default
+    :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: GRPO's clipped ratio against the behaviour
+    log-probabilities). With ``use_vllm`` in ``args`` (given by keyword) the worker is a
+    :class:`~rllm_gym.train.async_vllm.VLLMGenerator` with a vLLM engine of its own (``vllm_engine``), and TRL's
+    lock-step engine is not started (``self.args.use_vllm`` is False).
     """
 
     def __init__(
@@ -143,6 +144,11 @@ class RLLMGRPOTrainer(GRPOAdapter):
         if max_staleness:
             self._check_async(rollout)
             self.off_policy = off_policy or OffPolicyCorrection()
+            if self.off_policy.in_the_loss and not available("old_per_token_logps"):
+                raise ValueError(
+                    f"max_staleness={max_staleness} with the off-policy correction 'clip' needs TRL's loss to read "
+                    f"old_per_token_logps from its inputs (TRL {SUPPORTED_TRL}): use async_is_mode truncate"
+                )
             self.add_callback(_PublishWeights(self))
         self.advantage_config = advantage_config
         self.max_error_steps = max_error_steps

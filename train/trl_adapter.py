@@ -154,6 +154,12 @@ INTERNALS: dict[str, Internal] = {
         "a forward of their own before the loss, in each asynchronous step",
         _scores_before_advantages,
     ),
+    "old_per_token_logps": Internal(
+        "trl.GRPOTrainer._compute_loss (a key of its inputs)",
+        "async_is_mode clip: the behaviour log-probabilities as the old ones of GRPO's clipped ratio",
+        "none: async_is_mode clip is refused with the supported TRL range (truncate and mask still run)",
+        lambda: 'inputs.get("old_per_token_logps")' in inspect.getsource(GRPOTrainer._compute_loss),
+    ),
     "_use_triton": Internal(
         "trl.trainer.utils",
         "the fused LM head scoring completion positions only, off CUDA too",
@@ -410,6 +416,9 @@ class GRPOAdapter(GRPOTrainer):
         metrics = batch.metrics
         if self.off_policy is not None:
             behaviour = torch.as_tensor(batch.behaviour_logprobs, device=device, dtype=torch.float32)  # (B, C)
+            if self.off_policy.in_the_loss:  # GRPO's ratio against the sampling policy (train/off_policy.py)
+                trained = output["completion_mask"] * output["tool_mask"]  # (B, C)
+                output["old_per_token_logps"] = self.off_policy.old_logps(behaviour, trained)
             if available("_compute_loss"):  # weighed by the loss's own forward (compute_loss), split with its rows
                 output[BEHAVIOUR_KEY] = behaviour
             else:

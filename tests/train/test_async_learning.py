@@ -1,21 +1,23 @@
 """Asynchronous GRPO learns with rows two versions old, and degrades without the off-policy correction.
 
-The real trainer with ``max_staleness=2`` and its default correction (token-level weights truncated at 2) learns the
-digit bandit (tests/train/digit_bandit.py: the reward is the share of digits in the reply) with rows really sampled
-two versions back. That the same trainer run WITHOUT the correction degrades did not hold over seeds in CI time: with
-4-token replies, 32 rows and a learning rate of 3e-2 it learned as well (seeds 0-2); with one-token replies, 512 rows
-and 2e-3 it fell from 0.73 to 0.31 (seed 0) and 0.68 to 0.40 (seed 1) while the corrected run rose, but seed 2
-learned; the worker's staleness in the first steps follows its timing (1, 1.5 or 2 on a loaded machine) and decides it.
+The real trainer with ``max_staleness=2`` and its default correction (``clip``: GRPO's ratio against the behaviour
+log-probabilities) learns the digit bandit (tests/train/digit_bandit.py: the reward is the share of digits in the
+reply) with rows really sampled two versions back. That the same trainer run WITHOUT the correction degrades did not
+hold over seeds in CI time: with 4-token replies, 32 rows and a learning rate of 3e-2 it learned as well (seeds 0-2);
+with one-token replies, 512 rows and 2e-3 it fell from 0.73 to 0.31 (seed 0) and 0.68 to 0.40 (seed 1) while the
+corrected run rose, but seed 2 learned; the worker's staleness in the first steps follows its timing (1, 1.5 or 2 on a
+loaded machine) and decides it.
 
 So the degradation is shown on the loss path with the staleness exact: rows sampled by the weights of two optimizer
-steps before, through our advantages, :class:`OffPolicyCorrection` and TRL's one-iteration loss, on the embedded model
-with one-token replies, whose expected reward is exact (every reply weighed by its probability). Why it degrades:
-with one iteration per batch TRL's ratio is 1, so an uncorrected step trains the current weights on replies of weights
-two steps old as if they were its own; a reply the current policy has already made rare still gets its full, stale
-advantage, and at a learning rate where each step moves the policy by 1-3 nats per reply token (``async/mismatch``)
-the update no longer points where the current policy's reward rises: measured on 4096 rows of the initial weights
-after two steps (learning rate 1e-3 and 3e-3, seeds 0-2), its cosine with the exact gradient of that reward was
--0.38 to 0.16 in five cases of six, against 0.47 to 0.90 with the correction.
+steps before, through our advantages, :class:`OffPolicyCorrection` and TRL's one-iteration loss (clipped at 0.8-1.2,
+against the behaviour log-probabilities with ``clip``), on the embedded model with one-token replies, whose expected
+reward is exact (every reply weighed by its probability). Why it degrades: with one iteration per batch TRL's ratio is
+1, so an uncorrected step trains the current weights on replies of weights two steps old as if they were its own; a
+reply the current policy has already made rare still gets its full, stale advantage, and at a learning rate where each
+step moves the policy by 1-3 nats per reply token (``async/mismatch``) the update no longer points where the current
+policy's reward rises: measured on 4096 rows of the initial weights after two steps (learning rate 1e-3 and 3e-3, seeds
+0-2), its cosine with the exact gradient of that reward was -0.38 to 0.16 in five cases of six, against 0.47 to 0.90
+with the correction (truncated weights).
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ def test_k2_with_the_correction_learns_from_rows_two_versions_old(tiny_model_dir
     assert max(entry["async/staleness_max"] for entry in logged) == 2
     assert max(entry["async/mismatch"] for entry in logged) > 0.01
     assert all(entry["async/dropped_rows"] == 0 for entry in logged)
+    # The default correction (clip) measures GRPO's ratio against the behaviour log-probabilities, so its clipping
+    # sees the stale rows; with TRL's own old log-probabilities (one iteration a batch) the ratio is 1, never clipped.
+    assert max(entry["clip_ratio/region_mean"] for entry in logged) > 0
 
 
 # Rows two versions old, through the loss, without the worker: the trainer's staleness in its first steps follows the
 # worker's timing (1, 1.5 or 2 on a loaded machine), which decides whether its uncorrected run degrades; here it is
 # exactly two, as it is in steady state.
 VERSIONS = 8
+EPSILON = 0.2  # GRPO's clipping (TRL's epsilon; epsilon_high defaults to it)
 ROWS = 512  # 64 groups of 8: a step's mean reward moves by ~0.02 from sampling noise, the effect below by 0.2 and more
 
 
@@ -116,10 +122,11 @@ def async_grpo_rewards(tiny_model_dir: Path, correction: OffPolicyCorrection, se
         groups = rewards[replies].reshape(-1, 8).tolist()  # (B / 8, 8)
         advantages = torch.tensor([a for group in groups for a in group_advantages(group)])  # (B,)
         trained = current_policy(model, prompt_ids)[replies].unsqueeze(-1)  # (B, 1)
-        weighted, _ = correction.weigh_advantages(
-            advantages, trained.detach(), behaviour[replies].unsqueeze(-1), torch.ones_like(trained)
-        )  # (B, 1)
-        loss = -(weighted * torch.exp(trained - trained.detach())).sum() / trained.numel()
+        sampled, mask = behaviour[replies].unsqueeze(-1), torch.ones_like(trained)  # (B, 1)
+        weighted, _ = correction.weigh_advantages(advantages, trained.detach(), sampled, mask)  # (B, 1)
+        old = correction.old_logps(sampled, mask) if correction.in_the_loss else trained.detach()  # (B, 1)
+        ratio = torch.exp(trained - old)  # TRL's coef_1: 1 in value unless the correction is the loss's (clip)
+        loss = -torch.min(ratio * weighted, ratio.clamp(1 - EPSILON, 1 + EPSILON) * weighted).sum() / trained.numel()
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -135,14 +142,16 @@ def largest_fall(rewards: list[float]) -> float:
 
 
 @pytest.mark.slow
-def test_rows_two_versions_old_learn_with_the_correction_and_degrade_without_it(tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("mode", ["clip", "truncate"])
+def test_rows_two_versions_old_learn_with_the_correction_and_degrade_without_it(tiny_model_dir, monkeypatch, mode):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
-    corrected = async_grpo_rewards(tiny_model_dir, OffPolicyCorrection(), seed=0)
+    corrected = async_grpo_rewards(tiny_model_dir, OffPolicyCorrection(mode=mode), seed=0)
     uncorrected = async_grpo_rewards(tiny_model_dir, OffPolicyCorrection(mode="off"), seed=0)
-    # Seeds 0-6: with the correction the reward rose at every version (0.45 to 0.95-1.0 by version 6); without it,
-    # after the same first update (weights 1 on rows of the weights they train), it fell 0.26-0.42 below its best so
-    # far, under the untrained model's 0.45 (to 0.32-0.42), and was still below the corrected run at version 8.
-    assert corrected[6] >= 0.9, corrected
+    # Seeds 0-6: with the correction the reward rose at (almost) every version, from 0.45 to 0.89-0.94 by version 6
+    # with clip (falls of at most 0.02), to 0.97-1.0 with truncate; without it, after the same first update (weights 1
+    # on rows of the weights they train), it fell 0.26-0.44 below its best so far, under the untrained model's 0.45
+    # (to 0.32-0.45), and was still below the corrected run at version 8.
+    assert corrected[6] >= 0.85, corrected
     assert largest_fall(corrected) <= 0.05, corrected
     assert largest_fall(uncorrected) >= 0.2, uncorrected
     assert min(uncorrected[2:]) < uncorrected[0], uncorrected

@@ -173,7 +173,10 @@ def test_the_generation_workers_copy_has_no_training_hooks_and_pickles(tiny_mode
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), copied.parameters(), strict=True))
 
 
-def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their_own_does(tiny_model_dir, tmp_path):
+def async_trainer_and_step(tiny_model_dir, tmp_path, correction):
+    """A trainer with ``max_staleness=1`` and ``correction`` (its worker starts with train() only), a micro-batch of
+    4 random rows of 3 completion tokens, and behaviour log-probabilities 1 nat apart from the trained ones on average
+    (some weights above the cap of 2)."""
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig
@@ -184,10 +187,11 @@ def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=4,
                       num_generations=4, beta=0.0, bf16=False)  # fmt: skip
-    trainer = RLLMGRPOTrainer(  # max_staleness=1: the correction on (its worker starts with train() only)
+    trainer = RLLMGRPOTrainer(
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=args, processing_class=tokenizer,
         train_dataset=Dataset.from_list([{"prompt": encode_prompt("rllm/FrozenLake-v0", 0)}] * 4),
         rollout=EpisodeRollout([EnvSetup("rllm/FrozenLake-v0")]), advantage_config=AdvantageConfig(), max_staleness=1,
+        off_policy=correction,
     )  # fmt: skip
     generator = torch.Generator().manual_seed(0)
     ones = torch.ones(4, 3, dtype=torch.long)
@@ -201,7 +205,15 @@ def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their
             trainer.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
             torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), 3,
         )  # fmt: skip
-    behaviour = trained + torch.randn(4, 3, generator=generator)  # (B, C) some weights above the cap of 2
+    behaviour = trained + torch.randn(4, 3, generator=generator)  # (B, C)
+    return trainer, inputs, trained, behaviour
+
+
+def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their_own_does(tiny_model_dir, tmp_path):
+    from rllm_gym.train.off_policy import OffPolicyCorrection
+
+    correction = OffPolicyCorrection(mode="truncate")
+    trainer, inputs, _, behaviour = async_trainer_and_step(tiny_model_dir, tmp_path, correction)
     weighed, _ = trainer._off_policy_advantages(inputs, behaviour)  # a forward of their own (TRL moved its loss)
     own_forward = trainer.compute_loss(trainer.model, {**inputs, "advantages": weighed})
     in_the_loss = trainer.compute_loss(trainer.model, {**inputs, trl_adapter.BEHAVIOUR_KEY: behaviour})
@@ -210,3 +222,21 @@ def test_the_loss_weighs_its_advantages_by_its_own_forward_as_a_forward_of_their
     assert not torch.allclose(in_the_loss, unweighed, atol=1e-4)
     mode = "train" if trainer.model.training else "eval"
     assert trainer._metrics[mode]["async/is_clipped"][-1] > 0  # its metrics logged with the step's
+
+
+def test_with_clip_the_loss_measures_grpos_ratio_against_the_behaviour_log_probabilities(tiny_model_dir, tmp_path):
+    from rllm_gym.train.off_policy import OffPolicyCorrection
+
+    trainer, inputs, trained, behaviour = async_trainer_and_step(tiny_model_dir, tmp_path, OffPolicyCorrection())
+    mask = inputs["completion_mask"] * inputs["tool_mask"]
+    old = trainer.off_policy.old_logps(behaviour, mask)  # what the adapter puts in TRL's batch (clip mode)
+    step = {**inputs, "old_per_token_logps": old, trl_adapter.BEHAVIOUR_KEY: behaviour}
+    in_the_loss = trainer.compute_loss(trainer.model, step)
+    ratio = torch.exp(trained - old)  # (B, C) the clipped objective of TRL's dapo loss, written out
+    advantages = inputs["advantages"].unsqueeze(-1)
+    expected = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).sum() / 12
+    torch.testing.assert_close(in_the_loss, expected, rtol=1e-5, atol=1e-6)
+    mode = "train" if trainer.model.training else "eval"
+    assert trainer._metrics[mode]["clip_ratio/region_mean"][-1] > 0  # GRPO's clipping saw the stale tokens
+    assert trainer._metrics[mode]["async/mismatch"][-1] > 0.5  # and the correction's metrics are logged
+    assert not torch.allclose(in_the_loss, trainer.compute_loss(trainer.model, inputs), atol=1e-4)  # TRL's own ratio
