@@ -5,18 +5,20 @@ seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
     nice -n 19 python benchmarks/async_heldout.py                      # K = 1, 2: 6 runs, 2 at a time (~5 min each)
     nice -n 19 python benchmarks/async_heldout.py --staleness 2 --seeds 0     # some runs, merged into the results
+    nice -n 19 python benchmarks/async_heldout.py --modes truncate off   # other corrections (async_is_mode)
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
     python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
 
 Each run is a fresh interpreter (``run_all.run_training``: the command a user types, in a temporary folder). Runs
-finish into ``benchmarks/results/async_heldout.json`` one by one, merged with the runs already kept there (a run of
-the same K and seed replaces the kept one), each with the commit it ran (``git describe --dirty``: the async code may
-change after it), its wall time, the machine and its load average at the start and the end: with two runs side by
-side the seconds are not a speed figure (``bench_async.py`` measures speed); the held-out success is the figure.
-K = 0 is not run here: ``max_staleness: 0`` is the synchronous trainer unchanged, so its runs are the main job's own,
-which ``demo_cpu.py`` keeps for the same seeds in ``demo_cpu_summary.json``; the comparison takes them from there and
-names that source (run ``demo_cpu.py`` first after a change of the recipe or the trainer). A run that fails or times
-out is said and left out, and the command then exits 1.
+finish into ``benchmarks/results/async_heldout.json`` one by one, merged with the runs already kept there (a run of the
+same K, seed and correction replaces the kept one; runs kept before the correction was recorded ran ``truncate``), each
+with the commit its runs started from (:func:`commit`: the async code may change after it), its wall time, the machine
+and its load average at the start and the end: with two runs side by side the seconds are not a speed figure
+(``bench_async.py`` measures speed); the held-out success is the figure. K = 0 is not run here: ``max_staleness: 0`` is
+the synchronous trainer unchanged, so its runs are the main job's own, which ``demo_cpu.py`` keeps for the same seeds
+in ``demo_cpu_summary.json``; the comparison takes them from there and names that source (run ``demo_cpu.py`` first
+after a change of the recipe or the trainer). A run that fails or times out is said and left out, and the command then
+exits 1.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (t
 from run_all import machine, run_training  # noqa: E402
 
 RESULTS = HERE / "results" / "async_heldout.json"
+MODES = ("clip", "truncate", "mask", "off")  # train/config.py's async_is_mode
+DEFAULT_MODE = "clip"
 STALENESS = (1, 2)  # K = 0 is the main job itself: demo_cpu.py's runs (kept_synchronous)
 SEEDS = (0, 1, 2)
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")
@@ -53,25 +57,37 @@ TRACE_METRICS = {
 
 
 def commit() -> str:
-    """The checkout's commit, ``-dirty`` when its tracked files differ from it."""
-    done = subprocess.run(
-        ["git", "describe", "--always", "--dirty", "--abbrev=12"], cwd=ROOT, capture_output=True, text=True
+    """The checkout's commit, ``-dirty`` when its tracked files differ from it, the results under
+    ``benchmarks/results/`` aside (this script writes one of them after each run: its later runs ran the same code)."""
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
-    return done.stdout.strip() or "unknown"
+    name = head.stdout.strip() or "unknown"
+    return f"{name}-dirty" if changed.stdout.strip() else name
 
 
-def one_run(staleness: int, seed: int, timeout_s: float) -> dict[str, Any]:
-    """The main job with ``--max_staleness staleness --seed seed``: its held-out curve, result and async metrics."""
-    flags = ("--seed", str(seed), "--max_staleness", str(staleness))
-    summary, records, wall_s, about = run_training(CONFIG, timeout_s, None, f"the main job (K={staleness})", flags)
+def one_run(staleness: int, seed: int, mode: str, timeout_s: float, code: str) -> dict[str, Any]:
+    """The main job with ``--max_staleness staleness --seed seed --async_is_mode mode``: its held-out curve, result
+    and async metrics, with ``code`` (:func:`commit` as the runs started) as its commit."""
+    flags = ("--seed", str(seed), "--max_staleness", str(staleness), "--async_is_mode", mode)
+    label = f"the main job (K={staleness}, {mode})"
+    summary, records, wall_s, about = run_training(CONFIG, timeout_s, None, label, flags)
     config = summary["config"]
-    if (config["seed"], config["max_staleness"]) != (seed, staleness):
-        raise SystemExit(f"the main job ran with seed {config['seed']}, max_staleness {config['max_staleness']}")
+    if (config["seed"], config["max_staleness"], config["async_is_mode"]) != (seed, staleness, mode):
+        raise SystemExit(
+            f"the main job ran with seed {config['seed']}, max_staleness {config['max_staleness']}, "
+            f"async_is_mode {config['async_is_mode']}"
+        )
     logged = [record for record in records if "async/staleness_mean" in record]
     return {
         "max_staleness": staleness,
         "seed": seed,
-        "commit": commit(),
+        "async_is_mode": mode,
+        "commit": code,
         "wall_s": round(wall_s, 1),
         "train_seconds": summary["train_seconds"],
         "machine": about,
@@ -99,20 +115,23 @@ def trace(records: list[dict[str, Any]]) -> list[dict[str, float]]:
     ]
 
 
+def mode_of(run: dict[str, Any]) -> str:
+    """A kept run's correction: runs kept before the field was recorded ran the default of then, ``truncate``."""
+    return run.get("async_is_mode", "truncate")
+
+
 def kept() -> dict[str, Any]:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": [], "comparison": compare([])}
 
 
 def keep(run: dict[str, Any], lock: threading.Lock) -> None:
-    """Merge one finished run into the results file (replacing a kept run of the same K and seed) and re-summarise."""
+    """Merge one finished run into the results file (replacing a kept run of the same K, seed and correction) and
+    re-summarise."""
+    key = (run["max_staleness"], run["seed"], mode_of(run))
     with lock:
         results = kept()
-        runs = [
-            old
-            for old in results["runs"]
-            if (old["max_staleness"], old["seed"]) != (run["max_staleness"], run["seed"])
-        ]
-        runs = sorted([*runs, run], key=lambda entry: (entry["max_staleness"], entry["seed"]))
+        runs = [old for old in results["runs"] if (old["max_staleness"], old["seed"], mode_of(old)) != key]
+        runs = sorted([*runs, run], key=lambda entry: (mode_of(entry), entry["max_staleness"], entry["seed"]))
         results = {"measured_by": "`nice -n 19 python benchmarks/async_heldout.py`", "config": CONFIG, "runs": runs}
         results["comparison"] = compare(runs)
         RESULTS.parent.mkdir(exist_ok=True)
@@ -130,21 +149,21 @@ def kept_synchronous() -> dict[str, Any]:
 
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per K the held-out successes after training (seed order), and whether each K >= 1 lies within K = 0's
-    seed-to-seed range (min to max over its seeds), K = 0's being the runs ``demo_cpu.py`` kept."""
+    """Per K and correction the held-out successes after training (seed order), and whether each K >= 1 lies within
+    K = 0's seed-to-seed range (min to max over its seeds), K = 0's being the runs ``demo_cpu.py`` kept."""
     synchronous = kept_synchronous()
-    after: dict[int, dict[int, float]] = {0: synchronous["heldout_after"]}
+    after: dict[str, dict[int, float]] = {"K=0": synchronous["heldout_after"]}
     for run in runs:
-        after.setdefault(run["max_staleness"], {})[run["seed"]] = run["heldout_after"]
+        after.setdefault(f"K={run['max_staleness']} {mode_of(run)}", {})[run["seed"]] = run["heldout_after"]
     table: dict[str, Any] = {"K=0 source": synchronous["source"]}
-    baseline = sorted(after[0].values())
-    for staleness, by_seed in sorted(after.items()):
+    baseline = sorted(after["K=0"].values())
+    for name, by_seed in sorted(after.items()):
         values = [by_seed[seed] for seed in sorted(by_seed)]
         row: dict[str, Any] = {"seeds": sorted(by_seed), "heldout_after": values, "mean": sum(values) / len(values)}
-        if staleness > 0 and len(baseline) >= 2:
+        if name != "K=0" and len(baseline) >= 2:
             row["within_k0_range"] = all(baseline[0] <= value <= baseline[-1] for value in values)
             row["at_or_above_k0_min"] = all(value >= baseline[0] for value in values)
-        table[f"K={staleness}"] = row
+        table[name] = row
     return table
 
 
@@ -164,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS), help="K values (default 0 1 2)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds (default 0 1 2)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=[DEFAULT_MODE],
+        choices=MODES,
+        help=f"async_is_mode values (default {DEFAULT_MODE})",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs side by side (default 2)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
     parser.add_argument("--report", action="store_true", help="print the comparison of the kept results, run nothing")
@@ -177,21 +203,23 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.report:
         lock = threading.Lock()
-        grid = [(staleness, seed) for staleness in args.staleness for seed in args.seeds]
-        print(f"{len(grid)} runs, {args.jobs} at a time, commit {commit()}, {machine()}", flush=True)
+        grid = [(k, seed, mode) for mode in args.modes for k in args.staleness for seed in args.seeds]
+        code = commit()  # the code every run starts from
+        print(f"{len(grid)} runs, {args.jobs} at a time, commit {code}, {machine()}", flush=True)
 
-        def run_and_keep(staleness: int, seed: int) -> bool:
+        def run_and_keep(staleness: int, seed: int, mode: str) -> bool:
+            name = f"K={staleness} {mode} seed {seed}"
             try:
-                run = one_run(staleness, seed, args.timeout)
+                run = one_run(staleness, seed, mode, args.timeout, code)
             except (SystemExit, subprocess.TimeoutExpired) as error:  # the others go on; this one is said, not kept
-                print(f"K={staleness} seed {seed} failed: {error}", flush=True)
+                print(f"{name} failed: {error}", flush=True)
                 return False
             keep(run, lock)
-            print(f"K={staleness} seed {seed}: held-out {run['heldout_after']:.3f} in {run['wall_s']} s", flush=True)
+            print(f"{name}: held-out {run['heldout_after']:.3f} in {run['wall_s']} s", flush=True)
             return True
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            finished = [future.result() for future in [pool.submit(run_and_keep, k, seed) for k, seed in grid]]
+            finished = [future.result() for future in [pool.submit(run_and_keep, *run) for run in grid]]
     print(report(kept()))
     return 0 if args.report or all(finished) else 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import subprocess
 import threading
 from pathlib import Path
 
@@ -21,8 +22,8 @@ def heldout_script():
     return module
 
 
-def run(staleness: int, seed: int, heldout: float) -> dict:
-    return {"max_staleness": staleness, "seed": seed, "heldout_after": heldout, "commit": "abc"}
+def run(staleness: int, seed: int, heldout: float, mode: str = "clip") -> dict:
+    return {"max_staleness": staleness, "seed": seed, "async_is_mode": mode, "heldout_after": heldout, "commit": "abc"}
 
 
 def demo_summary(path: Path, heldout: list[float]) -> Path:
@@ -40,14 +41,15 @@ def demo_summary(path: Path, heldout: list[float]) -> Path:
 def test_k1_is_within_k0s_range_only_when_every_seed_is(tmp_path, monkeypatch):
     script = heldout_script()
     monkeypatch.setattr(script, "SUMMARY", demo_summary(tmp_path / "demo.json", [0.60, 0.70, 0.65]))
-    table = script.compare([run(1, 0, 0.62), run(1, 1, 0.69), run(2, 0, 0.50)])
+    table = script.compare([run(1, 0, 0.62), run(1, 1, 0.69), run(2, 0, 0.50), run(2, 0, 0.9, "truncate")])
     assert table["K=0"]["heldout_after"] == [0.60, 0.70, 0.65]
-    assert table["K=1"] == {
+    assert table["K=1 clip"] == {
         "seeds": [0, 1], "heldout_after": [0.62, 0.69], "mean": pytest.approx(0.655),
         "within_k0_range": True, "at_or_above_k0_min": True,
     }  # fmt: skip
-    assert table["K=2"]["within_k0_range"] is False
-    assert table["K=2"]["at_or_above_k0_min"] is False
+    assert table["K=2 clip"]["within_k0_range"] is False
+    assert table["K=2 clip"]["at_or_above_k0_min"] is False
+    assert table["K=2 truncate"]["heldout_after"] == [0.9]  # each correction compared on its own
     assert table["K=0 source"] == "benchmarks/results/demo.json, `python benchmarks/demo_cpu.py` on D"
 
 
@@ -68,14 +70,17 @@ def test_without_k0_runs_the_kept_demo_seeds_are_the_baseline_and_named():
     assert table["K=0 source"].startswith(
         "benchmarks/results/demo_cpu_summary.json, `python benchmarks/demo_cpu.py` on "
     )
-    assert table["K=1"]["within_k0_range"] is False  # above K=0's best is outside the range, not below it
-    assert table["K=1"]["at_or_above_k0_min"] is True
+    assert table["K=1 clip"]["within_k0_range"] is False  # above K=0's best is outside the range, not below it
+    assert table["K=1 clip"]["at_or_above_k0_min"] is True
     assert "K=0 source: benchmarks/results/demo_cpu_summary.json" in script.report({"comparison": table})
 
 
-def test_a_finished_run_is_merged_into_the_kept_file_replacing_the_same_k_and_seed(tmp_path, monkeypatch):
+def test_a_finished_run_is_merged_into_the_kept_file_replacing_the_same_k_seed_and_correction(tmp_path, monkeypatch):
     script = heldout_script()
     monkeypatch.setattr(script, "RESULTS", tmp_path / "results" / "async_heldout.json")
+    script.RESULTS.parent.mkdir()
+    older = {key: value for key, value in run(2, 0, 0.1).items() if key != "async_is_mode"}  # kept before the field
+    script.RESULTS.write_text(json.dumps({"runs": [older]}))
     lock = threading.Lock()
     script.keep(run(2, 0, 0.5), lock)
     script.keep(run(1, 1, 0.6), lock)
@@ -84,8 +89,10 @@ def test_a_finished_run_is_merged_into_the_kept_file_replacing_the_same_k_and_se
     assert [(entry["max_staleness"], entry["seed"], entry["heldout_after"]) for entry in kept["runs"]] == [
         (1, 1, 0.6),
         (2, 0, 0.7),
+        (2, 0, 0.1),  # truncate's, the default of then: kept beside clip's
     ]
-    assert kept["comparison"]["K=2"]["heldout_after"] == [0.7]
+    assert kept["comparison"]["K=2 clip"]["heldout_after"] == [0.7]
+    assert kept["comparison"]["K=2 truncate"]["heldout_after"] == [0.1]
 
 
 def test_a_bad_jobs_count_is_named(capsys):
@@ -111,3 +118,21 @@ def test_the_trace_keeps_each_training_steps_collapse_signs_and_skips_evaluation
         {"step": 5, "reward": 0.25, "entropy": 0.1235, "entropy_coef": 0.0, "mismatch": 0.2},
         {"step": 10, "reward": 0.0, "entropy": 0.5, "too_long": 1.0},
     ]
+
+
+def test_the_commit_is_dirty_by_code_but_not_by_the_results_the_script_writes(tmp_path, monkeypatch):
+    script = heldout_script()
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "async_heldout.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    clean = script.commit()
+    assert re.fullmatch(r"[0-9a-f]{12}", clean)
+    (tmp_path / "benchmarks" / "results" / "async_heldout.json").write_text('{"runs": []}')  # a run kept
+    assert script.commit() == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert script.commit() == f"{clean}-dirty"

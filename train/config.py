@@ -288,8 +288,9 @@ class TrainConfig:
             "help": "K: how many policy versions (optimizer steps) generation may run ahead of training. 0 "
             "(recommended on one process) is the synchronous trainer; K >= 1 generates the next K steps' episodes in "
             "a worker process with its own copy of the weights while a step trains, drops any row sampled more than "
-            "K versions before the weights it trains and corrects the rest with importance weights (async_is_*). "
-            "CPU path, one process, no DeepSpeed, single-agent envs only."
+            "K versions before the weights it trains and corrects the rest for being off-policy (async_is_*). "
+            "The worker is a process with its own weights (CPU) or, with use_vllm, a vLLM engine of its own; "
+            "several processes, DeepSpeed ZeRO-2/3, multi-agent envs and LoRA run too (README: Asynchronous GRPO)."
         },
     )
     async_is_cap: float = field(

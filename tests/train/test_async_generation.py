@@ -27,6 +27,7 @@ from rllm_gym.train.async_generation import (
     WorkerSettings,
     sandbox_runs,
 )
+from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.trainer import EnvSetup, EpisodeRollout, RLLMGRPOTrainer, encode_prompt
 
 LAKE = "rllm/FrozenLake-v0"
@@ -234,6 +235,26 @@ def test_combinations_it_cannot_run_are_refused_by_the_trainer(tiny_model_dir, t
     with pytest.raises(ValueError, match=re.escape("max_staleness=1 is not supported with num_iterations > 1 yet")):
         RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
                         advantage_config=AdvantageConfig(), max_staleness=1)  # fmt: skip
+
+
+def test_clip_is_refused_where_trls_loss_no_longer_reads_the_old_log_probabilities(tiny_model_dir, tmp_path):
+    from rllm_gym.train import trainer as trainer_module
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                      num_generations=4)  # fmt: skip
+    dataset = Dataset.from_list([{"prompt": encode_prompt(LAKE, 0)}] * 4)
+    moved = {"old_per_token_logps"}  # as train/trl_adapter.py's check answers for a TRL that moved it
+    with patch.object(trainer_module, "available", lambda name: name not in moved):
+        with pytest.raises(ValueError, match=re.escape("use async_is_mode truncate")):
+            RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset,
+                            rollout=lake_rollout(), advantage_config=AdvantageConfig(), max_staleness=1)  # fmt: skip
+        truncated = RLLMGRPOTrainer(
+            model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
+            advantage_config=AdvantageConfig(), max_staleness=1, off_policy=OffPolicyCorrection(mode="truncate"),
+        )  # fmt: skip
+    assert truncated.off_policy.mode == "truncate"
 
 
 def group_ends(group: int, within_s: float) -> bool:
