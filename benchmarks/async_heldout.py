@@ -39,9 +39,10 @@ sys.path.insert(0, str(HERE))
 from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (the main job's command and curve)
 from run_all import machine, run_training  # noqa: E402
 
+from rllm_gym.train.off_policy import MODES, OffPolicyCorrection  # noqa: E402  (async_is_mode's values)
+
 RESULTS = HERE / "results" / "async_heldout.json"
-MODES = ("clip", "truncate", "mask", "off")  # train/config.py's async_is_mode
-DEFAULT_MODE = "clip"
+DEFAULT_MODE = OffPolicyCorrection.mode  # the default of train/config.py's async_is_mode too
 STALENESS = (1, 2)  # K = 0 is the main job itself: demo_cpu.py's runs (kept_synchronous)
 SEEDS = (0, 1, 2)
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")

@@ -14,6 +14,8 @@ from rllm_gym.policies.base import check_model_source
 from rllm_gym.registry import UnknownEnvError, env_spec
 from rllm_gym.tiny_model import SHAPES
 from rllm_gym.train.advantages import ESTIMATORS, MODES, AdvantageConfig
+from rllm_gym.train.off_policy import LEVELS as IS_LEVELS
+from rllm_gym.train.off_policy import MODES as IS_MODES
 from rllm_gym.types import TerminationReason
 
 __all__ = ["DTYPES", "JSON_OBJECT_FIELDS", "check_config", "closest", "json_object"]
@@ -199,6 +201,12 @@ def _problems(config: Any, trl_fields: tuple[str, ...]) -> list[str]:
     return problems + async_problems(config)
 
 
+def one_of(values: tuple[str, ...]) -> str:
+    """``'a', 'b' or 'c'``: the values a field takes, as its error names them."""
+    quoted = [repr(value) for value in values]
+    return " or ".join([", ".join(quoted[:-1]), quoted[-1]]) if len(quoted) > 1 else quoted[0]
+
+
 def async_problems(config: Any) -> list[str]:
     """The problems of the asynchronous-generation fields, and the combinations ``max_staleness >= 1`` does not
     support yet, each refused with its reason rather than half-run."""
@@ -207,10 +215,10 @@ def async_problems(config: Any) -> list[str]:
         problems.append(f"max_staleness must be >= 0 (0 = synchronous), got {config.max_staleness}")
     if not config.async_is_cap > 1:
         problems.append(f"async_is_cap must be > 1 (2.0 recommended), got {config.async_is_cap}")
-    if config.async_is_level not in ("token", "sequence"):
-        problems.append(f"async_is_level must be 'token' or 'sequence', got {config.async_is_level!r}")
-    if config.async_is_mode not in ("clip", "truncate", "mask", "off"):
-        problems.append(f"async_is_mode must be 'clip', 'truncate', 'mask' or 'off', got {config.async_is_mode!r}")
+    if config.async_is_level not in IS_LEVELS:
+        problems.append(f"async_is_level must be {one_of(IS_LEVELS)}, got {config.async_is_level!r}")
+    if config.async_is_mode not in IS_MODES:
+        problems.append(f"async_is_mode must be {one_of(IS_MODES)}, got {config.async_is_mode!r}")
     elif config.async_is_mode == "clip" and config.async_is_level == "sequence":
         problems.append(
             "async_is_level: sequence applies to async_is_mode truncate and mask: with clip the ratio's level is the "
