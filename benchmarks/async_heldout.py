@@ -3,7 +3,7 @@
 number of samples (every run trains 220 steps of 8 lakes x 8 rollouts), so that K >= 1 can be compared with the
 seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
-    nice -n 19 python benchmarks/async_heldout.py                      # K = 1, 2: 6 runs, 2 at a time (~5 min each)
+    nice -n 19 python benchmarks/async_heldout.py                      # K = 0, 1: 6 runs, 2 at a time (~5 min each)
     nice -n 19 python benchmarks/async_heldout.py --staleness 2 --seeds 0     # some runs, merged into the results
     nice -n 19 python benchmarks/async_heldout.py --modes truncate off   # other corrections (async_is_mode)
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
@@ -14,11 +14,12 @@ finish into ``benchmarks/results/async_heldout.json`` one by one, merged with th
 same K, seed and correction replaces the kept one; runs kept before the correction was recorded ran ``truncate``), each
 with the commit its runs started from (:func:`commit`: the async code may change after it), its wall time, the machine
 and its load average at the start and the end: with two runs side by side the seconds are not a speed figure
-(``bench_async.py`` measures speed); the held-out success is the figure. K = 0 is not run here: ``max_staleness: 0`` is
-the synchronous trainer unchanged, so its runs are the main job's own, which ``demo_cpu.py`` keeps for the same seeds
-in ``demo_cpu_summary.json``; the comparison takes them from there and names that source (run ``demo_cpu.py`` first
-after a change of the recipe or the trainer). A run that fails or times out is said and left out, and the command then
-exits 1.
+(``bench_async.py`` measures speed); the held-out success is the figure (a run samples and trains the same whatever
+runs beside it: each step is sampled by the weights it was handed over with). The main job's own K (``MAIN``: its
+config's ``max_staleness`` with the default correction) is not run here: its runs are the main job's, which
+``demo_cpu.py`` keeps for the same seeds in ``demo_cpu_summary.json``; the comparison takes them from there and names
+that source (run ``demo_cpu.py`` first after a change of the recipe or the trainer). K = 0 runs once, whatever
+``--modes`` (nothing to correct). A run that fails or times out is said and left out, and the command then exits 1.
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ sys.path.insert(0, str(HERE))
 from demo_cpu import CONFIG, ENV_ID, SUMMARY, evaluation_curve  # noqa: E402  (the main job's command and curve)
 from run_all import machine, run_training  # noqa: E402
 
+from rllm_gym.train.config import load_config  # noqa: E402
 from rllm_gym.train.off_policy import MODES, OffPolicyCorrection  # noqa: E402  (async_is_mode's values)
 
 RESULTS = HERE / "results" / "async_heldout.json"
 DEFAULT_MODE = OffPolicyCorrection.mode  # the default of train/config.py's async_is_mode too
-STALENESS = (1, 2)  # K = 0 is the main job itself: demo_cpu.py's runs (kept_synchronous)
+MAIN = load_config(["--config", str(ROOT / CONFIG)])[0].max_staleness  # the main job's K: demo_cpu.py's (kept_main)
+STALENESS = tuple(k for k in (0, 1, 2) if k != MAIN)
 SEEDS = (0, 1, 2)
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/dropped_rows", "async/is_clipped")
 # Per logged step, what shows a collapse as it happens: the reward, the entropy and the bonus TRL's adaptive control
@@ -139,11 +142,20 @@ def keep(run: dict[str, Any], lock: threading.Lock) -> None:
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
 
 
-def kept_synchronous() -> dict[str, Any]:
-    """K = 0's held-out results after training per seed as ``demo_cpu.py`` kept them (the synchronous trainer, which
-    ``max_staleness: 0`` leaves unchanged), with the date and command that measured them."""
+def row_name(staleness: int, mode: str) -> str:
+    """A comparison row's name: ``K=0`` (nothing to correct), else K and the correction."""
+    return "K=0" if staleness == 0 else f"K={staleness} {mode}"
+
+
+def kept_main() -> dict[str, Any]:
+    """The main job's held-out results after training per seed as ``demo_cpu.py`` kept them, its row's name (its K
+    and correction, from the runs' own configs) and the date and command that measured them."""
     demo = json.loads(SUMMARY.read_text())
+    [(staleness, mode)] = {
+        (run["summary"]["config"]["max_staleness"], run["summary"]["config"]["async_is_mode"]) for run in demo["runs"]
+    }
     return {
+        "name": row_name(staleness, mode),
         "source": f"benchmarks/results/{SUMMARY.name}, {demo['measured_by']} on {demo['machine']['date']}",
         "heldout_after": {run["seed"]: run["summary"]["heldout_after"][ENV_ID] for run in demo["runs"]},
     }
@@ -151,13 +163,14 @@ def kept_synchronous() -> dict[str, Any]:
 
 def compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per K and correction the held-out successes after training (seed order), and whether each K >= 1 lies within
-    K = 0's seed-to-seed range (min to max over its seeds), K = 0's being the runs ``demo_cpu.py`` kept."""
-    synchronous = kept_synchronous()
-    after: dict[str, dict[int, float]] = {"K=0": synchronous["heldout_after"]}
+    K = 0's seed-to-seed range (min to max over its seeds); the main job's row is the runs ``demo_cpu.py`` kept."""
+    main = kept_main()
+    after: dict[str, dict[int, float]] = {}
     for run in runs:
-        after.setdefault(f"K={run['max_staleness']} {mode_of(run)}", {})[run["seed"]] = run["heldout_after"]
-    table: dict[str, Any] = {"K=0 source": synchronous["source"]}
-    baseline = sorted(after["K=0"].values())
+        after.setdefault(row_name(run["max_staleness"], mode_of(run)), {})[run["seed"]] = run["heldout_after"]
+    after[main["name"]] = main["heldout_after"]  # a kept run of the main job's own K and correction: superseded
+    table: dict[str, Any] = {f"{main['name']} source": main["source"]}
+    baseline = sorted(after.get("K=0", {}).values())
     for name, by_seed in sorted(after.items()):
         values = [by_seed[seed] for seed in sorted(by_seed)]
         row: dict[str, Any] = {"seeds": sorted(by_seed), "heldout_after": values, "mean": sum(values) / len(values)}
@@ -182,7 +195,9 @@ def report(results: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--staleness", type=int, nargs="+", default=list(STALENESS), help="K values (default 0 1 2)")
+    parser.add_argument(
+        "--staleness", type=int, nargs="+", default=list(STALENESS), help=f"K values (default {STALENESS})"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds (default 0 1 2)")
     parser.add_argument(
         "--modes",
@@ -197,14 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    if min(args.staleness) < 1:
+    if min(args.staleness) < 0:
+        parser.error(f"--staleness takes K >= 0, got {args.staleness}")
+    if MAIN in args.staleness and DEFAULT_MODE in args.modes:
         parser.error(
-            f"--staleness takes K >= 1, got {args.staleness}: K = 0 is the main job itself, whose seeds "
+            f"--staleness {MAIN} with --modes {DEFAULT_MODE} is the main job itself ({CONFIG}), whose seeds "
             "`python benchmarks/demo_cpu.py` runs and keeps, and the comparison takes from there"
         )
     if not args.report:
         lock = threading.Lock()
+        # K = 0 once, with the default correction recorded: it corrects nothing.
         grid = [(k, seed, mode) for mode in args.modes for k in args.staleness for seed in args.seeds]
+        grid = [(k, seed, mode) for k, seed, mode in grid if k > 0 or mode == args.modes[0]]
         code = commit()  # the code every run starts from
         print(f"{len(grid)} runs, {args.jobs} at a time, commit {code}, {machine()}", flush=True)
 

@@ -1,27 +1,28 @@
 """Asynchronous generation (``max_staleness: K >= 1``): the episodes of the next ``K`` steps run in a worker process
 while a step trains.
 
-:class:`AsyncGenerator` starts one worker process (``torch.multiprocessing``, spawn) next to a copy of the trainer's
-model in shared memory: after each optimizer step the trainer copies its weights into that copy in place
-(:meth:`AsyncGenerator.publish`, no file round trip) under a lock, with the new version number. The worker generates
-with weights of its own (:class:`LocalWeights`), which it reloads from the shared copy under the same lock before an
-LLM batch when the version moved: a publish never waits for a generation (it waited up to a whole batch when the
-worker generated on the shared copy, holding the lock), and every batch is sampled by exactly one version of the
-weights, recorded in each Step's ``ModelOutput.policy_version`` (the trainer's ``global_step`` when they were
-published). An episode in flight across
-an update keeps each Step's own version and behaviour log-probabilities. The worker runs the trainer's own
+:class:`AsyncGenerator` starts one worker process (``torch.multiprocessing``, spawn) next to ``K + 1`` copies of the
+trainer's model in shared memory (:class:`SharedWeights`). After each optimizer step the trainer copies its weights in
+place (:meth:`AsyncGenerator.publish`, no file round trip) into a copy no step in flight is pinned to, with the new
+version number (the trainer's ``global_step``). Each step handed to the worker is pinned to the newest version then:
+with the look-ahead below, step ``t`` is sampled by version ``t - K`` (by ``t`` at a run's or an epoch's first steps,
+see below), however fast or slow the worker is. Every batch of the step, every turn of its episodes included, is
+sampled by that copy and recorded in each Step's ``ModelOutput.policy_version``, with its behaviour
+log-probabilities. So a publish never waits for a generation, and what a run samples does not depend on the worker's
+timing: an async run, like a synchronous one, is the same on every rerun of its seed on the same machine. (Loading
+the newest weights before each batch instead gave fresher rows, but which version sampled a row followed the
+worker's timing, and a seed's figures moved from one run to the next.) The worker runs the trainer's own
 :class:`~rllm_gym.train.rollout.EpisodeRollout` (same envs, agents, engine, reset seeds and episode ids as the
 synchronous trainer) and sends each step's :class:`~rllm_gym.train.rollout.RolloutBatch` back through a pipe. The
-trainer's side of a worker (requests, results, the weights' lock, restarts, stopping) is :class:`GeneratorProcess`,
+trainer's side of a worker (requests, results, the shared copies, restarts, stopping) is :class:`GeneratorProcess`,
 which the vLLM generator (train/async_vllm.py) shares; :func:`run_worker` is the body of either worker process.
 
 The CPU worker runs up to ``K + 1`` steps' rollouts at once (``WorkerSettings.rollouts``; train/async_worker.py),
-each in a thread of its own with its own copy of the rollout: their LLM batches take turns on the worker's one copy
-of the weights (the oldest step's first, the weights reloaded only between two batches), while their env calls
-overlap, so a step's episodes no longer wait on the previous step's env latency. Each step numbers its call by its
-request, so episode ids and reset seeds are those of one step at a time, and each samples from a random stream of its
-own (seeded by the run's seed, the process and the call): what a step samples does not depend on which steps ran
-beside it.
+each in a thread of its own with its own copy of the rollout: their LLM batches take turns on the cores (the oldest
+step's first, each on its own version's copy), while their env calls overlap, so a step's episodes no longer wait on
+the previous step's env latency. Each step numbers its call by its request, so episode ids and reset seeds are those
+of one step at a time, and each samples from a random stream of its own (seeded by the run's seed, the process and
+the call): what a step samples does not depend on which steps ran beside it.
 
 Which prompts come next: :class:`LookAhead` draws the trainer's batches from its epoch iterator ``K`` steps early and
 hands each step's prompts to the generator as it draws them (TRL's dataloader and sampler stay TRL's, checkpoints
@@ -38,8 +39,8 @@ per rank rather than one for all: generation scales with the ranks (as synchrono
 on another's generator, and no episodes or prompts travel between processes outside TRL's own gathers.
 
 Every wait has a bound: the trainer polls the worker's results and its liveness each second. A worker that crashed
-(killed, out of memory: no traceback) is restarted once with the same shared weights, a fresh lock and queues, and the
-steps it had in flight are generated again (numbered as before, so their episode ids and reset seeds are the same),
+(killed, out of memory: no traceback) is restarted once with the same shared weights and fresh queues, and the
+steps it had in flight are generated again (numbered and pinned as before, so they come out the same),
 counted in ``restarts``; one that crashes again before the next step's episodes arrive stops the run with its exit
 code. A worker whose rollout raised stops the run with the traceback (it would fail again), and one that sends nothing
 for ``timeout_s`` stops it too. The worker ignores Ctrl-C (the trainer's own handler finishes the step and saves a
@@ -48,7 +49,6 @@ checkpoint); :meth:`AsyncGenerator.close` asks it to stop, joins it, and termina
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections import deque
@@ -75,8 +75,8 @@ __all__ = [
     "GeneratorDied",
     "GeneratorProcess",
     "LaneCall",
-    "LocalWeights",
     "LookAhead",
+    "SharedWeights",
     "WorkerGeneration",
     "WorkerLink",
     "WorkerSettings",
@@ -123,35 +123,36 @@ class WorkerSettings:
             raise ValueError(f"WorkerSettings rollouts must be an int >= 1, got {self.rollouts!r}")
 
 
-class LocalWeights:
-    """The worker's own copy of the weights (``model``, in this process's memory) and the version it holds, loaded
-    from the trainer's shared copy (``shared``) under ``lock`` when the trainer published a newer ``version``: a
-    publish waits at most for such a copy, never for a generation. The worker's concurrent rollouts take
-    :attr:`turns` on :attr:`model` for each batch (loading the newest weights included)."""
+class SharedWeights:
+    """The copies of the weights the trainer shares with a worker (``copies``, each in shared memory) and the version
+    each holds (``held``, a shared array: -1 while a copy is being written). :meth:`of` gives the copy of a version;
+    the trainer writes a new version only into a copy no step in flight was pinned to
+    (:meth:`GeneratorProcess.publish`), so a copy is never written while it samples."""
 
-    def __init__(self, model: torch.nn.Module, shared: torch.nn.Module, lock: Any, version: Any):
-        self.model, self.shared, self.lock, self.version = model, shared, lock, version
-        self.turns = Turns()
-        self.loaded: int | None = None  # none yet: the first batch loads the shared weights
+    def __init__(self, copies: list[Any], held: Any):
+        self.copies, self.held = copies, held
 
-    @torch.no_grad()
-    def current(self) -> int:
-        """Load the newest published weights if :attr:`model` does not hold them; their version."""
-        with self.lock:
-            version = int(self.version.value)
-            if version != self.loaded:
-                for mine, shared in zip(self.model.parameters(), self.shared.parameters(), strict=True):
-                    mine.copy_(shared)
-                self.loaded = version
-        return version
+    def of(self, version: int) -> Any:
+        """The copy that holds ``version``; a RuntimeError where none does (a step pinned to a version the trainer
+        overwrote: a bug, never a silent sample by other weights)."""
+        for weights, held in zip(self.copies, self.held, strict=True):
+            if held == version:
+                return weights
+        raise RuntimeError(f"the weights of version {version} are no longer held (held: {list(self.held)})")
+
+    def newest(self) -> int:
+        """The newest version held."""
+        return max(self.held)
 
 
 @dataclass
 class LaneCall:
-    """The rollout call a policy's batches belong to: its ``number`` (their turn on the shared model, the oldest call
-    first) and its ``sampler``, the random stream they draw from (see :meth:`seed`)."""
+    """The rollout call a policy's batches belong to: its ``number`` (their turn on the cores, the oldest call first),
+    the ``version`` of the weights it was pinned to, and its ``sampler``, the random stream they draw from (see
+    :meth:`seed`)."""
 
     number: int = 0
+    version: int = 0
     sampler: torch.Generator = field(default_factory=torch.Generator)
 
     def seed(self, number: int, run_seed: int, process_index: int) -> None:
@@ -167,28 +168,25 @@ class LaneCall:
 
 
 class VersionedHFPolicy(HFPolicy):
-    """HFPolicy on the worker's own weights (:class:`LocalWeights`): before each batch the newest published weights
-    are loaded, so every batch is sampled by one version, and its outputs are stamped with it. The worker builds it
-    with ``logprobs_mode="temperature"``: the behaviour log-probabilities are those the loss scores. With ``call``
-    (a :class:`LaneCall`) each batch waits for its call's turn on the model and samples from the call's stream; the
-    process's own random state is left as it was."""
+    """HFPolicy on the trainer's shared weights (:class:`SharedWeights`): each batch of ``call`` (a
+    :class:`LaneCall`) is sampled by the copy of the version the call was pinned to, waits for the call's turn on the
+    cores (``turns``, shared by the worker's concurrent rollouts) and draws from the call's stream (the process's own
+    random state is left as it was); its outputs are stamped with that version. The worker builds it with
+    ``logprobs_mode="temperature"``: the behaviour log-probabilities are those the loss scores."""
 
-    def __init__(self, weights: LocalWeights, call: LaneCall | None = None, **kwargs: Any):
-        super().__init__(weights.model, **kwargs)
-        self._weights, self._call = weights, call
+    def __init__(self, weights: SharedWeights, call: LaneCall, turns: Turns, **kwargs: Any):
+        super().__init__(weights.copies[0], **kwargs)
+        self._weights, self._call, self._turns = weights, call, turns
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
         call = self._call
-        with self._weights.turns.turn(0 if call is None else call.number):
-            version = self._weights.current()
-            if call is None:
+        with self._turns.turn(call.number):
+            self.model = self._weights.of(call.version)
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(call.sampler.get_state())
                 outputs = super()._generate_batch(prompts, params)
-            else:
-                with torch.random.fork_rng(devices=[]):
-                    torch.set_rng_state(call.sampler.get_state())
-                    outputs = super()._generate_batch(prompts, params)
-                call.next_batch()
-        return [output.model_copy(update={"policy_version": version}) for output in outputs]
+            call.next_batch()
+        return [output.model_copy(update={"policy_version": call.version}) for output in outputs]
 
 
 class WorkerGeneration(Generation):
@@ -221,8 +219,9 @@ class WorkerGeneration(Generation):
         """Why the backend failed during the last call (then the worker stops the run with it), or None."""
         return None
 
-    def begin_call(self, number: int) -> None:
-        """Called before each rollout call with its number (nothing here)."""
+    def begin_call(self, number: int, version: int) -> None:
+        """Called before each rollout call with its number and the version of the weights it is pinned to (the
+        newest the trainer had published when it handed the step over): every batch of the call samples with it."""
 
     def end_call(self, number: int) -> None:
         """Called after each rollout call with its number (nothing here)."""
@@ -235,30 +234,32 @@ class WorkerGeneration(Generation):
 
 
 class _WorkerGeneration(WorkerGeneration):
-    """The CPU worker's backend: its policy on its own copy of the shared weights."""
+    """The CPU worker's backend: its policy on the trainer's shared weights, each call on the copy it was pinned to."""
 
-    def __init__(self, settings: WorkerSettings, weights: LocalWeights, tokenizer: Any):
+    def __init__(self, settings: WorkerSettings, weights: SharedWeights, tokenizer: Any, turns: Turns | None = None):
         super().__init__(settings)
         self.weights, self.tokenizer = weights, tokenizer
+        self.turns = Turns() if turns is None else turns  # one batch at a time on the cores, for every rollout
         self.call = LaneCall()
         self._kept: tuple[int, VersionedHFPolicy] | None = None
 
-    def begin_call(self, number: int) -> None:
+    def begin_call(self, number: int, version: int) -> None:
         self.call.seed(number, self.settings.run_seed, self.settings.process_index)
+        self.call.version = version
 
     def end_call(self, number: int) -> None:
-        self.weights.turns.done(number)
+        self.turns.done(number)
 
     concurrent = True
 
     def another(self) -> _WorkerGeneration:
-        return _WorkerGeneration(self.settings, self.weights, self.tokenizer)
+        return _WorkerGeneration(self.settings, self.weights, self.tokenizer, self.turns)
 
     @contextmanager
     def _policy(self, count: int) -> Iterator[Any]:
         if self._kept is None or self._kept[0] != count:
             policy = VersionedHFPolicy(
-                self.weights, self.call, tokenizer=self.tokenizer, device="cpu",
+                self.weights, self.call, self.turns, tokenizer=self.tokenizer, device="cpu",
                 chat_template_kwargs=self.chat_template_kwargs, token_history=self.token_history,
                 max_batch_size=count, batch_wait_s=0.1, generate_on_loop=True, logprobs_mode="temperature",
             )  # fmt: skip
@@ -268,41 +269,42 @@ class _WorkerGeneration(WorkerGeneration):
 
 @dataclass
 class WorkerLink:
-    """What a worker process is given of its generator: the rollout it runs, the tokenizer, the settings, the lock
-    and version number of the shared weights, the requests queue, the results pipe's writing end, the trainer's
-    process id (a worker whose trainer is gone stops) and the call number of ticket 0 (``first_call``: the request
-    with ticket ``t`` numbers its episodes as call ``first_call + t``)."""
+    """What a worker process is given of its generator: the rollout it runs, the tokenizer, the settings, the shared
+    copies of the weights and the version each holds (``weights``, a :class:`SharedWeights`), the requests queue, the
+    results pipe's writing end, the trainer's process id (a worker whose trainer is gone stops) and the call number of
+    ticket 0 (``first_call``: the request with ticket ``t`` numbers its episodes as call ``first_call + t``)."""
 
     rollout: EpisodeRollout
     tokenizer: Any
     settings: WorkerSettings
-    lock: Any
-    version: Any
+    weights: SharedWeights
     requests: Any
     results: Any
     parent: int
     first_call: int = 0
 
 
-def _work(link: WorkerLink, model: Any) -> None:
-    """The CPU worker process: its policy on its own copy of the shared ``model`` (:class:`LocalWeights`)."""
-
-    def start() -> _WorkerGeneration:
-        weights = LocalWeights(copy.deepcopy(model), model, link.lock, link.version)  # in this process's memory
-        weights.current()
-        return _WorkerGeneration(link.settings, weights, link.tokenizer)
-
-    run_worker(link, start)
+def _work(link: WorkerLink) -> None:
+    """The CPU worker process: its policy on the trainer's shared copies of the weights."""
+    run_worker(link, lambda: _WorkerGeneration(link.settings, link.weights, link.tokenizer))
 
 
 class GeneratorProcess:
-    """A generation worker process and the trainer's side of it: requests in, results out in submission order, the
-    shared weights' lock and version of ``model``. Subclasses keep the shared weights (:meth:`_share`), give the
-    worker function (:meth:`_worker`) and copy new weights into them (:meth:`_copy_weights`).
+    """A generation worker process and the trainer's side of it: requests in, results out in submission order, and
+    ``versions`` copies of ``model``'s weights in shared memory (:class:`SharedWeights`). Subclasses make a shared
+    copy (:meth:`_share`), give the worker function (:meth:`_worker`) and copy new weights into a copy
+    (:meth:`_copy_weights`).
 
-    :meth:`submit` hands the worker a step's prompts, :meth:`result` waits (bounded) for that step's
-    :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights, :meth:`close` stops it.
-    ``restarts`` counts the workers started again after a crash (never, where ``restart_on_crash`` is False)."""
+    :meth:`submit` hands the worker a step's prompts, pinned to the newest version published, :meth:`result` waits
+    (bounded) for that step's :class:`~rllm_gym.train.rollout.RolloutBatch`, :meth:`publish` hands it new weights,
+    :meth:`close` stops it. ``restarts`` counts the workers started again after a crash (never, where
+    ``restart_on_crash`` is False).
+
+    Each step is sampled by the version it was pinned to, whenever the worker gets to it, so what a run's steps
+    sample does not depend on the worker's timing. ``versions`` bounds the versions steps in flight may be pinned to:
+    a publish writes a copy no step in flight is pinned to, and refuses where there is none. The trainer, ``K`` steps
+    ahead, gives ``K + 1``: when it publishes version ``v`` the steps in flight were handed over at versions
+    ``v - K`` to ``v - 1``."""
 
     name = "generator"  # how messages name the generator, and its worker
     label = "generation worker"
@@ -318,16 +320,20 @@ class GeneratorProcess:
         settings: WorkerSettings,
         *,
         version: int = 0,
+        versions: int = 1,
         timeout_s: float = 1800.0,
     ):
-        self._share(model)
+        if isinstance(versions, bool) or not isinstance(versions, int) or versions < 1:
+            raise ValueError(f"{type(self).__name__} versions must be an int >= 1, got {versions!r}")
         self._context = torch.multiprocessing.get_context("spawn")
+        held = self._context.Array("q", [version] + [-1] * (versions - 1), lock=False)
+        self.weights = SharedWeights([self._share(model) for _ in range(versions)], held)
         self.timeout_s = timeout_s
         self.restarts = 0
         self._rollout, self._tokenizer, self._settings = rollout, tokenizer, settings
         self._first_call = rollout.calls  # the worker numbers its calls from here, one per ticket
-        self._version = self._context.Value("q", version, lock=False)
-        self._pending: deque[tuple[int, list[Any]]] = deque()
+        self._version = version
+        self._pending: deque[tuple[int, list[Any], int]] = deque()  # (ticket, prompts, version)
         self._tickets = 0
         self._taken = 0  # results taken: a second crash before the next one stops the run
         self._restarted_after: int | None = None
@@ -338,29 +344,28 @@ class GeneratorProcess:
         self._threads = torch.get_num_threads()
         torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
 
-    def _share(self, model: torch.nn.Module) -> None:
-        """Keep a copy of ``model``'s weights in shared memory, for the worker."""
+    def _share(self, model: torch.nn.Module) -> Any:
+        """A copy of ``model``'s weights in shared memory, for the worker."""
         raise NotImplementedError
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
         """The worker function and its arguments after the :class:`WorkerLink`."""
         raise NotImplementedError
 
-    def _copy_weights(self, model: torch.nn.Module) -> None:
-        """Copy ``model``'s parameters into the shared weights (the lock held)."""
+    def _copy_weights(self, model: torch.nn.Module, weights: Any) -> None:
+        """Copy ``model``'s parameters into ``weights``, one of the shared copies."""
         raise NotImplementedError
 
     def _start(self) -> None:
-        """A new worker process with a new lock and queues (a crashed worker may have died holding the lock or
-        halfway through a message), on the same shared weights."""
+        """A new worker process with new queues (a crashed worker may have died halfway through a message), on the
+        same shared weights."""
         context = self._context
-        self._lock = context.Lock()
         # Results come through a pipe whose writing end only the worker holds: a worker that dies halfway through an
         # answer leaves the trainer an end of file, where a queue's reader would wait for the rest for ever.
         self._requests = context.Queue()
         self._results, writer = context.Pipe(duplex=False)
-        link = WorkerLink(self._rollout, self._tokenizer, self._settings, self._lock, self._version, self._requests,
-                          writer, os.getpid(), self._first_call)  # fmt: skip
+        link = WorkerLink(self._rollout, self._tokenizer, self._settings, self.weights, self._requests, writer,
+                          os.getpid(), self._first_call)  # fmt: skip
         target, args = self._worker()
         self.process = context.Process(target=target, args=(link, *args), name="rllm-gym-generator", daemon=True)
         self.process.start()
@@ -386,13 +391,13 @@ class GeneratorProcess:
         self._restarted_after = self._taken
         self._close_channels()
         self._start()
-        for ticket, prompts in self._pending:
-            self._requests.put((ticket, prompts))
+        for request in self._pending:
+            self._requests.put(request)
 
     @property
     def version(self) -> int:
         """The version of the newest weights published."""
-        return int(self._version.value)
+        return self._version
 
     @property
     def pending(self) -> int:
@@ -401,23 +406,31 @@ class GeneratorProcess:
 
     @torch.no_grad()
     def publish(self, model: torch.nn.Module, version: int) -> None:
-        """Copy ``model``'s parameters into the worker's shared weights in place as ``version``, never while the
-        worker loads them (a worker that died holding the lock is restarted first)."""
-        while not self._lock.acquire(timeout=1.0):
-            if not self.process.is_alive():
-                self._restart()
-        try:
-            self._copy_weights(model)
-            self._version.value = version
-        finally:
-            self._lock.release()
+        """Copy ``model``'s parameters as ``version`` into the oldest shared copy that no step in flight is pinned
+        to (the worker never reads it meanwhile: nothing waits on a generation); a RuntimeError where every copy is
+        (more steps in flight at distinct versions than ``versions`` allows)."""
+        held = self.weights.held
+        pinned = {pin for _, _, pin in self._pending}
+        free = [index for index, kept in enumerate(held) if kept not in pinned]
+        if not free:
+            raise RuntimeError(
+                f"the {self.name} holds {len(held)} versions of the weights and steps in flight are pinned to each of "
+                f"them ({sorted(pinned)}): version {version} has no copy to go to (give it more versions)"
+            )
+        index = min(free, key=lambda i: held[i])
+        held[index] = -1  # no version while it is written
+        self._copy_weights(model, self.weights.copies[index])
+        held[index] = version
+        self._version = version
 
     def submit(self, prompts: list[Any]) -> None:
-        """Start generating the episodes of a step's ``prompts`` (after every step submitted before)."""
+        """Start generating the episodes of a step's ``prompts`` (after every step submitted before), sampled by the
+        newest weights published now."""
         if not self.process.is_alive():
             self._restart()
-        self._requests.put((self._tickets, list(prompts)))
-        self._pending.append((self._tickets, list(prompts)))
+        request = (self._tickets, list(prompts), self._version)
+        self._requests.put(request)
+        self._pending.append(request)
         self._tickets += 1
 
     def result(self, prompts: list[Any]) -> RolloutBatch:
@@ -483,17 +496,23 @@ class GeneratorProcess:
 
 
 class AsyncGenerator(GeneratorProcess):
-    """A CPU generation worker process and a shared-memory copy of ``model`` (see the module's docstring), which
-    :meth:`publish` overwrites in place; the worker loads it into weights of its own before its next LLM batch."""
+    """A CPU generation worker process and ``versions`` shared-memory copies of ``model`` (see the module's
+    docstring), which :meth:`publish` overwrites in place; the worker samples each step with the copy of the version
+    it was pinned to."""
 
-    def _share(self, model: torch.nn.Module) -> None:
-        self.model = copy_without_hooks(model).requires_grad_(False).eval()
-        self.model.share_memory()
+    def _share(self, model: torch.nn.Module) -> torch.nn.Module:
+        shared = copy_without_hooks(model).requires_grad_(False).eval()
+        return shared.share_memory()
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
-        return _work, (self.model,)
+        return _work, ()
 
-    def _copy_weights(self, model: torch.nn.Module) -> None:
+    def _copy_weights(self, model: torch.nn.Module, weights: torch.nn.Module) -> None:
         source = dict(model.named_parameters())
-        for name, parameter in self.model.named_parameters():
+        for name, parameter in weights.named_parameters():
             parameter.copy_(source[name])
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The shared copy of the newest version published."""
+        return self.weights.of(self.version)

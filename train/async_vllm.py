@@ -9,15 +9,17 @@ own :class:`~rllm_gym.train.rollout.EpisodeRollout`, one request per step, the a
 train/async_generation.py's CPU worker does (same envs, agents, reset seeds and episode ids; the trainer's
 :class:`~rllm_gym.train.async_generation.LookAhead` hands it the coming steps' prompts).
 
-The weights travel through shared memory, never a file: the trainer's checkpoint-named parameters have a copy in
-shared memory, which :meth:`VLLMGenerator.publish` overwrites in place under a lock after each optimizer step, with
-the new version number (the trainer's ``global_step``). Before each LLM batch the worker compares that number with
-the version its engine holds; when it moved, it loads the shared weights into the engine under the same lock
-(:func:`~rllm_gym.train.vllm_cpu.load_weights_on_cpu` on vLLM's CPU build, the model's ``load_weights`` elsewhere;
-the model reached through train/trl_adapter.py), clears the prefix cache, and generates the batch with them. So a
-publish never waits for a generation, every batch is sampled by exactly one version, and each Step records it in
-``ModelOutput.policy_version`` with vLLM's log-probabilities of the sampled tokens (``processed_logprobs``: after
-temperature, as the trainer scores them), which train/off_policy.py's correction weighs against the trained policy.
+The weights travel through shared memory, never a file: the trainer's checkpoint-named parameters have ``K + 1``
+copies in shared memory, one per version a step in flight may be pinned to; after each optimizer step
+:meth:`VLLMGenerator.publish` overwrites one that no step in flight is pinned to, with the new version number (the
+trainer's ``global_step``), and each step handed over is pinned to the newest version then (as the CPU worker's, see
+:class:`~rllm_gym.train.async_generation.GeneratorProcess`). Before a step's first LLM batch the worker loads the copy
+of its version into the engine where it holds another (:func:`~rllm_gym.train.vllm_cpu.load_weights_on_cpu` on
+vLLM's CPU build, the model's ``load_weights`` elsewhere; the model reached through train/trl_adapter.py) and clears
+the prefix cache. So a publish never waits for a generation, every step is sampled by the one version it was pinned
+to, and each Step records it in ``ModelOutput.policy_version`` with vLLM's log-probabilities of the sampled tokens
+(``processed_logprobs``: after temperature, as the trainer scores them), which train/off_policy.py's correction
+weighs against the trained policy.
 
 A dead engine stops the run with its reason: a failed start or batch sends its traceback, a crash is seen as the
 process's exit code, and no answer within ``timeout_s`` stops it too (the trainer polls each second).
@@ -41,7 +43,14 @@ from tqdm import tqdm
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import BatchingPolicy
 from rllm_gym.policies.vllm import cpu_engine_defaults, model_output_from_vllm, vllm_sampling_kwargs
-from rllm_gym.train.async_generation import GeneratorProcess, WorkerGeneration, WorkerLink, WorkerSettings, run_worker
+from rllm_gym.train.async_generation import (
+    GeneratorProcess,
+    SharedWeights,
+    WorkerGeneration,
+    WorkerLink,
+    WorkerSettings,
+    run_worker,
+)
 from rllm_gym.train.generation import Generation
 from rllm_gym.train.rollout import EpisodeRollout
 from rllm_gym.train.vllm_server import prompt_too_long
@@ -121,45 +130,45 @@ def _on_cpu() -> bool:
 
 
 class _Engine:
-    """The worker's ``vllm.LLM`` and the version of the weights it holds, reloaded from the shared copy when the
-    trainer published newer ones."""
+    """The worker's ``vllm.LLM`` and the version of the weights it holds, loaded from the trainer's shared copies
+    (:class:`~rllm_gym.train.async_generation.SharedWeights`) when a step pinned to another comes (``pinned``)."""
 
-    def __init__(self, settings: EngineSettings, weights: dict[str, torch.Tensor], lock: Any, version: Any):
+    def __init__(self, settings: EngineSettings, weights: SharedWeights):
         import vllm
 
         self.vllm, self.on_cpu = vllm, _on_cpu()
         self.llm = vllm.LLM(**settings.llm_kwargs(self.on_cpu))
         self.max_prompt_tokens = int(self.llm.llm_engine.model_config.max_model_len) - 1
-        self.weights, self.lock, self.version = weights, lock, version
+        self.weights = weights
         self.loaded: int | None = None  # none yet: the folder's weights are not the trainer's (warm start, resume)
+        self.pinned = weights.newest()  # the version the current step samples with (begin_call sets it)
         self.failure: str | None = None  # why a batch failed, once one did
 
-    def current(self) -> int:
-        """Load the newest published weights if the engine does not hold them; their version."""
-        with self.lock:
-            version = int(self.version.value)
-            if version != self.loaded:
-                self._load()
-                self.loaded = version
+    def load(self, version: int) -> int:
+        """Load the weights of ``version`` if the engine does not hold them; the version."""
+        if version != self.loaded:
+            self._load(self.weights.of(version))
+            self.loaded = version
         return version
 
     @torch.no_grad()
-    def _load(self) -> None:
+    def _load(self, weights: dict[str, torch.Tensor]) -> None:
         from rllm_gym.train.trl_adapter import colocated_vllm_model
         from rllm_gym.train.vllm_cpu import load_weights_on_cpu
 
         model = colocated_vllm_model(self.llm)
         if self.on_cpu:
-            load_weights_on_cpu(model, self.weights.items())
+            load_weights_on_cpu(model, weights.items())
         else:
-            model.load_weights(self.weights.items())
+            model.load_weights(weights.items())
         self.llm.reset_prefix_cache()  # its cached keys and values were computed by the old weights
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[ModelOutput]:
-        """One batch, sampled by one version of the weights; each output stamped with it. A failure is kept in
-        :attr:`failure`: the episodes would only end in ERROR, so the worker stops the run with it instead."""
+        """One batch, sampled by the version of the weights the step was pinned to; each output stamped with it. A
+        failure is kept in :attr:`failure`: the episodes would only end in ERROR, so the worker stops the run with it
+        instead."""
         try:
-            version = self.current()
+            version = self.load(self.pinned)
             sampling = self.vllm.SamplingParams(**vllm_sampling_kwargs(params))
             finished = self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], sampling, use_tqdm=False)
         except Exception:
@@ -204,11 +213,14 @@ class _EngineGeneration(WorkerGeneration):
             self._kept = (count, _EnginePolicy(self.engine, self.tokenizer, self, count))
         yield self._kept[1]
 
+    def begin_call(self, number: int, version: int) -> None:
+        self.engine.pinned = version
+
     def failure(self) -> str | None:
         return self.engine.failure
 
 
-def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: EngineSettings) -> None:
+def _work(link: WorkerLink, engine_settings: EngineSettings) -> None:
     """The vLLM worker process: its engine started on the trainer's weights of now, before the first request."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where its weights can be loaded
     # vLLM's progress bars (loading weights) would make tqdm's lock a multiprocessing semaphore, which this process,
@@ -220,9 +232,8 @@ def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: E
         )
 
     def start() -> _EngineGeneration:
-        generation = _EngineGeneration(link.settings, _Engine(engine_settings, weights, link.lock, link.version),
-                                       link.tokenizer)  # fmt: skip
-        generation.engine.current()
+        generation = _EngineGeneration(link.settings, _Engine(engine_settings, link.weights), link.tokenizer)
+        generation.engine.load(generation.engine.pinned)
         return generation
 
     run_worker(link, start)
@@ -231,8 +242,8 @@ def _work(link: WorkerLink, weights: dict[str, torch.Tensor], engine_settings: E
 class VLLMGenerator(GeneratorProcess):
     """A worker process with a vLLM engine of its own and the trainer's weights in shared memory (see the module's
     docstring); the interface of :class:`~rllm_gym.train.async_generation.GeneratorProcess`. :meth:`publish`
-    overwrites the shared weights, never waiting for a generation (the engine loads them before its next batch); a
-    worker that dies stops the run (an engine is not restarted)."""
+    overwrites a shared copy no step in flight is pinned to, never waiting for a generation (the engine loads a step's
+    version before its first batch); a worker that dies stops the run (an engine is not restarted)."""
 
     name, label, backend = "vLLM generator", "vLLM generation worker", "engine"
     restart_on_crash = False
@@ -247,22 +258,24 @@ class VLLMGenerator(GeneratorProcess):
         engine: EngineSettings,
         *,
         version: int = 0,
+        versions: int = 1,
         timeout_s: float = 1800.0,
     ):
         self.engine = engine
-        super().__init__(rollout, model, tokenizer, settings, version=version, timeout_s=timeout_s)
+        super().__init__(rollout, model, tokenizer, settings, version=version, versions=versions, timeout_s=timeout_s)
 
-    def _share(self, model: torch.nn.Module) -> None:
-        self.weights = {name: weight.to("cpu", copy=True) for name, weight in engine_weights(model)}
-        for tensor in self.weights.values():
+    def _share(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        weights = {name: weight.to("cpu", copy=True) for name, weight in engine_weights(model)}
+        for tensor in weights.values():
             tensor.share_memory_()
+        return weights
 
     def _worker(self) -> tuple[Callable[..., None], tuple[Any, ...]]:
-        return _work, (self.weights, self.engine)
+        return _work, (self.engine,)
 
-    def _copy_weights(self, model: torch.nn.Module) -> None:
+    def _copy_weights(self, model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
         for name, weight in engine_weights(model):
-            self.weights[name].copy_(weight)
+            weights[name].copy_(weight)
 
 
 @torch.no_grad()

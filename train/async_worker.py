@@ -11,12 +11,11 @@ How: a lane is a thread with its own copy of the worker's :class:`~rllm_gym.trai
 asyncio loop, env thread pool and engines) and its own generation backend on the worker's one model
 (:meth:`~rllm_gym.train.async_generation.WorkerGeneration.another`). The lanes' LLM batches take turns on that model
 (:class:`Turns`: one batch at a time, the oldest step's first and kept by it for a moment after each of its
-batches, the newest published weights loaded between two batches only, so each batch is sampled by one version),
-while each lane's env calls run in its own pool. A request
-``(ticket, prompts)`` goes to an idle lane, or to a new one while fewer than ``rollouts`` exist; a lane numbers its
-call ``first_call + ticket``, so episode ids and reset seeds are those a one-step-at-a-time worker gives, also after a
-restart (which submits the steps in flight again with their tickets). Answers go out in ticket order; a failure goes
-out at once, and the worker stops.
+batches, each batch sampled by the version of the weights its step was pinned to), while each lane's env calls run
+in its own pool. A request ``(ticket, prompts, version)`` goes to an idle lane, or to a new one while fewer than
+``rollouts`` exist; a lane numbers its call ``first_call + ticket``, so episode ids and reset seeds are those a
+one-step-at-a-time worker gives, also after a restart (which submits the steps in flight again with their tickets
+and versions). Answers go out in ticket order; a failure goes out at once, and the worker stops.
 
 Why threads rather than several steps on one event loop: a rollout call owns its loop's run (``collect`` is
 synchronous: its engines and its batching policy's "every episode in flight has asked" rule are per call), so one
@@ -186,7 +185,7 @@ class Lane:
         inline: bool = False,
     ):
         self.rollout, self.generation, self.first_call, self._done = rollout, generation, first_call, done
-        self.inbox: queue.Queue[tuple[int, list[Any]] | None] = queue.Queue()
+        self.inbox: queue.Queue[tuple[int, list[Any], int] | None] = queue.Queue()
         # torch's thread count is each thread's own (OpenMP's): a lane generates with the worker's, not the default of
         # every core (which took the trainer's core).
         self.threads = torch.get_num_threads()
@@ -195,8 +194,8 @@ class Lane:
             self.thread = threading.Thread(target=self._run, name="rllm-gym-generator-lane", daemon=True)
             self.thread.start()
 
-    def put(self, request: tuple[int, list[Any]]) -> None:
-        """Run ``request`` (ticket, prompts): in the lane's thread, or here for an inline lane."""
+    def put(self, request: tuple[int, list[Any], int]) -> None:
+        """Run ``request`` (ticket, prompts, version): in the lane's thread, or here for an inline lane."""
         if self.thread is None:
             self._done.put((self, *self._collect(*request)))
         else:
@@ -216,10 +215,10 @@ class Lane:
         finally:
             self.rollout.close()
 
-    def _collect(self, ticket: int, prompts: list[Any]) -> Answer:
+    def _collect(self, ticket: int, prompts: list[Any], version: int) -> Answer:
         call = self.first_call + ticket
         self.rollout.calls = call  # episode ids and reset seeds number the call
-        self.generation.begin_call(call)
+        self.generation.begin_call(call, version)
         try:
             batch = self.rollout.collect(prompts, self.generation)
         except Exception:
@@ -240,7 +239,7 @@ def serve(
     first_call: int,
     rollouts: int,
 ) -> None:
-    """Answer each request ``(ticket, prompts)`` of ``requests`` through ``answer`` in ticket order, up to
+    """Answer each request ``(ticket, prompts, version)`` of ``requests`` through ``answer`` in ticket order, up to
     ``rollouts`` of them running at once (fewer where ``generation.another()`` gives no second backend); return after
     a failed one (answered at once), at ``None``, or once the trainer (process ``parent``) is gone."""
     events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -251,15 +250,15 @@ def serve(
     inline = rollouts == 1 or not generation.concurrent  # one step at a time: in this thread, as the backend started
     lanes = [Lane(rollout, generation, first_call, events, inline=inline)]
     idle = [lanes[0]]
-    waiting: deque[tuple[int, list[Any]]] = deque()  # requests no lane was free for yet
+    waiting: deque[tuple[int, list[Any], int]] = deque()  # requests no lane was free for yet
     unanswered: deque[int] = deque()  # tickets received, in order
     finished: dict[int, RolloutBatch] = {}
     try:
         while (event := events.get())[0] != "stop":
             if event[0] == "request":
-                _, ticket, prompts = event
+                _, ticket, prompts, version = event
                 unanswered.append(ticket)
-                waiting.append((ticket, prompts))
+                waiting.append((ticket, prompts, version))
             else:
                 lane, ticket, batch, error = event
                 idle.append(lane)

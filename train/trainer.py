@@ -253,16 +253,19 @@ class RLLMGRPOTrainer(GRPOAdapter):
             self.generation.chat_template_kwargs, self.generation.token_history, threads,
             self.accelerator.process_index, rollouts=self.max_staleness + 1,  # every step it may be handed, at once
         )  # fmt: skip
+        # The steps in flight when version v is published were handed over at v - K .. v - 1: K + 1 copies.
+        versions = self.max_staleness + 1
         with self.whole_weights() as model:
             if self.vllm_engine is not None:
                 self.generator = VLLMGenerator(
                     self.rollout, model, self.processing_class, settings, self.vllm_engine,
-                    version=self.state.global_step,
+                    version=self.state.global_step, versions=versions,
                 )  # fmt: skip
             else:
                 self.generator = AsyncGenerator(
-                    self.rollout, model, self.processing_class, settings, version=self.state.global_step
-                )
+                    self.rollout, model, self.processing_class, settings, version=self.state.global_step,
+                    versions=versions,
+                )  # fmt: skip
         self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
 
     @contextmanager

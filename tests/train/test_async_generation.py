@@ -2,7 +2,6 @@ import copy
 import dataclasses
 import importlib
 import json
-import multiprocessing
 import os
 import re
 import signal
@@ -22,8 +21,6 @@ from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import (
     AsyncGenerator,
     GeneratorDied,
-    LocalWeights,
-    VersionedHFPolicy,
     WorkerSettings,
     sandbox_runs,
 )
@@ -86,21 +83,26 @@ def test_a_killed_worker_is_restarted_once_and_its_steps_in_flight_are_generated
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     steps = [[encode_prompt(LAKE, seed)] * 2 for seed in (0, 1)]
-    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), timeout_s=300)
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), versions=2, timeout_s=300)
     try:
         first = generator.process
         for prompts in steps:
             generator.submit(prompts)
-        os.kill(first.pid, signal.SIGKILL)  # whatever it was doing: loading, generating under the lock, answering
+        os.kill(first.pid, signal.SIGKILL)  # whatever it was doing: generating, answering
         first.join(30)
-        generator.publish(model, 1)  # a dead worker may hold the weights' lock: this must not hang
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.5)
+        generator.publish(model, 1)  # into the other copy: the steps in flight were handed over at version 0
         batches = [generator.result(prompts) for prompts in steps]
         assert generator.restarts == 1 and generator.process is not first and generator.process.is_alive()
-        # Both steps generated again by the new worker, numbered as the first worker numbered them.
+        # Both steps generated again by the new worker, numbered and pinned as the first worker had them.
         assert [[e.id for e in batch.episodes] for batch in batches] == [
             ["seed-0:p0s0e0", "seed-0:p0s0e1"],
             ["seed-1:p0s1e0", "seed-1:p0s1e1"],
         ]
+        steps = [s for batch in batches for e in batch.episodes for s in e.trajectories[0].steps]
+        assert {s.model_output.policy_version for s in steps} == {0}
     finally:
         generator.close()
 
@@ -179,17 +181,34 @@ def test_k2_trains_on_multi_turn_rows_at_most_two_versions_old_and_logs_the_corr
         trainer.train()
     assert trainer.generator is None  # stopped with the training
     assert len(recorded.batches) == 4
-    for step, batch in enumerate(recorded.batches):
-        versions = [s.model_output.policy_version for e in batch.episodes for s in e.trajectories[0].steps]
-        assert all(step - 2 <= version <= step for version in versions), (step, versions)
-    # Steps 0-2 were drawn before any optimizer step; step 3's when step 1 began, after version 1 was published.
-    last = recorded.batches[3].episodes
-    assert min(s.model_output.policy_version for e in last for s in e.trajectories[0].steps) >= 1
+    # Steps 0-2 were handed over before any optimizer step; step 3 when step 1 began, after version 1 was published.
+    steps = [[s for e in b.episodes for s in e.trajectories[0].steps] for b in recorded.batches]
+    versions = [{s.model_output.policy_version for s in batch} for batch in steps]
+    assert versions == [{0}, {0}, {0}, {1}]
     logged = [entry for entry in trainer.state.log_history if "async/staleness_max" in entry]
     assert [entry["async/staleness_max"] for entry in logged] == [0, 1, 2, 2]
     assert all(entry["async/dropped_rows"] == 0 for entry in logged)
     assert all(0 <= entry["async/is_clipped"] <= 1 and entry["async/mismatch"] >= 0 for entry in logged)
     assert all(entry["rollout/turns"] > 1 for entry in logged)
+
+
+def test_a_k2_run_samples_and_trains_the_same_whether_its_worker_runs_ahead_or_behind(tiny_model_dir, tmp_path):
+    class SlowSteps(TrainerCallback):  # the trainer waits after each step: the worker is done long before it asks
+        def on_step_end(self, args, state, control, **kwargs):
+            time.sleep(1.0)
+
+    runs = []
+    for slow in (False, True):
+        trainer = trainer_for(tiny_model_dir, tmp_path / str(slow), max_steps=4, max_staleness=2)
+        if slow:
+            trainer.add_callback(SlowSteps())
+        with _Recorded() as recorded:
+            trainer.train()
+        sampled = [[(s.response_ids, s.model_output.logprobs) for e in b.episodes for s in e.trajectories[0].steps]
+                   for b in recorded.batches]  # fmt: skip
+        runs.append((sampled, [p.detach().clone() for p in trainer.model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
 
 
 def test_with_gradient_accumulation_k1_trains_every_row_at_most_one_version_old(tiny_model_dir, tmp_path):
@@ -347,41 +366,37 @@ def test_after_a_publish_the_worker_samples_from_the_trainers_policy(tiny_model_
         generator.close()
 
 
-def test_a_publish_goes_through_while_the_worker_generates_and_each_batch_keeps_the_version_it_started_with(
-    tiny_model_dir,
-):
+def pinned_run(tiny_model_dir, publish_while_generating: bool) -> list:
+    """Two steps through a worker holding two versions: step A handed over at version 0, version 1 published (while
+    A generates, or once it is back), step B handed over at version 1; each step's (version, reply ids, log-probs)."""
+    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    shared = copy.deepcopy(model).requires_grad_(False)  # the copy the trainer publishes into
-    lock, version = threading.Lock(), multiprocessing.Value("q", 0, lock=False)
-    weights = LocalWeights(copy.deepcopy(shared), shared, lock, version)
-    policy = VersionedHFPolicy(weights, tokenizer=tokenizer, device="cpu", max_batch_size=1, batch_wait_s=0.0)
-    params = SamplingParams(temperature=1.0, max_tokens=2)
-    inside, release, outputs = threading.Event(), threading.Event(), []
-
-    def hold(*_):  # each forward of the batch waits until the publish is done
-        inside.set()
-        release.wait(120)
-
-    hook = weights.model.register_forward_pre_hook(hold)
-    batch = threading.Thread(target=lambda: outputs.extend(policy._generate_batch([[1, 2, 3]], params)))
-    batch.start()
+    generator = AsyncGenerator(lake_rollout(), model, tokenizer, settings(tokenizer), versions=2, timeout_s=300)
+    steps = [[encode_prompt(LAKE, seed)] * 4 for seed in (0, 1)]
     try:
-        assert inside.wait(120)  # the batch is generating
-        assert lock.acquire(timeout=120)  # the trainer's publish does not wait for it
-        with torch.no_grad():
-            for parameter in shared.parameters():
-                parameter.add_(0.5)
-        version.value = 1
-        lock.release()
+        generator.submit(steps[0])
+        batches = [] if publish_while_generating else [generator.result(steps[0])]
+        with torch.no_grad():  # an "optimizer step" that changes the policy a lot
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+        generator.publish(model, 1)
+        generator.submit(steps[1])
+        if publish_while_generating:  # A (version 0) and B (version 1) in flight: neither copy may be overwritten
+            with pytest.raises(RuntimeError, match=re.escape("version 2 has no copy to go to")):
+                generator.publish(model, 2)
+        batches = batches + [generator.result(prompts) for prompts in steps[len(batches) :]]
     finally:
-        release.set()
-        batch.join(120)
-        hook.remove()
-    assert [output.policy_version for output in outputs] == [0]  # sampled by the weights it started with
-    assert not any(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
-    assert [output.policy_version for output in policy._generate_batch([[1, 2, 3]], params)] == [1]
-    assert all(torch.equal(a, b) for a, b in zip(weights.model.parameters(), shared.parameters(), strict=True))
+        generator.close()
+    steps = [[s for e in batch.episodes for s in e.trajectories[0].steps] for batch in batches]
+    return [[(s.model_output.policy_version, s.response_ids, s.model_output.logprobs) for s in b] for b in steps]
+
+
+def test_each_step_samples_with_the_version_it_was_handed_over_at_whenever_the_worker_gets_to_it(tiny_model_dir):
+    eager = pinned_run(tiny_model_dir, publish_while_generating=True)
+    waited = pinned_run(tiny_model_dir, publish_while_generating=False)
+    assert [{version for version, _, _ in batch} for batch in eager] == [{0}, {1}]
+    assert eager == waited  # a publish during step A's generation changes nothing of what it samples
 
 
 @pytest.mark.slow  # ~30 s on 2 cores

@@ -5,8 +5,8 @@ log-probabilities) learns the digit bandit (tests/train/digit_bandit.py: the rew
 reply) with rows really sampled two versions back. That the same trainer run WITHOUT the correction degrades did not
 hold over seeds in CI time: with 4-token replies, 32 rows and a learning rate of 3e-2 it learned as well (seeds 0-2);
 with one-token replies, 512 rows and 2e-3 it fell from 0.73 to 0.31 (seed 0) and 0.68 to 0.40 (seed 1) while the
-corrected run rose, but seed 2 learned; the worker's staleness in the first steps follows its timing (1, 1.5 or 2 on a
-loaded machine) and decides it.
+corrected run rose, but seed 2 learned (measured when the worker loaded the newest weights before each batch, so that
+its staleness in the first steps followed its timing: 1, 1.5 or 2 on a loaded machine).
 
 So the degradation is shown on the loss path with the staleness exact: rows sampled by the weights of two optimizer
 steps before, through our advantages, :class:`OffPolicyCorrection` and TRL's one-iteration loss (clipped at 0.8-1.2,
@@ -81,9 +81,8 @@ def test_k2_with_the_correction_learns_from_rows_two_versions_old(tiny_model_dir
     assert max(entry["clip_ratio/region_mean"] for entry in logged) > 0
 
 
-# Rows two versions old, through the loss, without the worker: the trainer's staleness in its first steps follows the
-# worker's timing (1, 1.5 or 2 on a loaded machine), which decides whether its uncorrected run degrades; here it is
-# exactly two, as it is in steady state.
+# Rows two versions old, through the loss, without the worker: many rows and exact expected rewards, so that the
+# uncorrected run's fall shows within a few steps; the staleness is two, as the trainer's is in steady state.
 VERSIONS = 8
 EPSILON = 0.2  # GRPO's clipping (TRL's epsilon; epsilon_high defaults to it)
 ROWS = 512  # 64 groups of 8: a step's mean reward moves by ~0.02 from sampling noise, the effect below by 0.2 and more

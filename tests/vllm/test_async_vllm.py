@@ -114,31 +114,40 @@ def test_a_lora_runs_engine_samples_with_the_merged_weights_of_each_published_ve
         generator.close()
 
 
-def test_the_engine_reloads_published_weights_before_a_batch_and_keeps_a_failure(vllm_model_dir, monkeypatch):
+def test_the_engine_loads_the_pinned_version_before_a_batch_and_keeps_a_failure(vllm_model_dir, monkeypatch):
     import multiprocessing
-    import threading
 
     from vllm.exceptions import VLLMValidationError
 
     from rllm_gym.policies.base import SamplingParams
+    from rllm_gym.train.async_generation import SharedWeights
     from rllm_gym.train.async_vllm import _Engine
     from rllm_gym.train.trl_adapter import colocated_vllm_model
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the worker runs it: the model in this process
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32)
-    weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
-    version = multiprocessing.Value("q", 0, lock=False)
+    copies = [{name: parameter.detach().clone() for name, parameter in model.named_parameters()} for _ in range(2)]
+    held = multiprocessing.Array("q", [0, -1], lock=False)
     settings = EngineSettings(str(vllm_model_dir), "float32", max_model_len=128)
-    engine = _Engine(settings, weights, threading.Lock(), version)
+    engine = _Engine(settings, SharedWeights(copies, held))
+    assert engine.pinned == 0  # the newest held, until a step pins another
     name = "model.embed_tokens.weight"  # not repacked by the CPU backend: comparable as it is
     engine_weight = colocated_vllm_model(engine.llm).get_parameter(name)
     with torch.no_grad():
-        weights[name].add_(0.5)  # what VLLMGenerator.publish does to the shared copy, then the version
-    version.value = 1
-    assert not torch.equal(engine_weight, weights[name])
+        copies[1][name].add_(0.5)  # what VLLMGenerator.publish does to a free copy, then its version
+    held[1] = 1
+    assert not torch.equal(engine_weight, copies[1][name])
+    engine.pinned = 1  # a step handed over at version 1 (begin_call)
     outputs = engine.generate([[5, 6, 7]] * 2, SamplingParams(max_tokens=3))
     assert [output.policy_version for output in outputs] == [1, 1] and engine.loaded == 1
-    assert torch.equal(colocated_vllm_model(engine.llm).get_parameter(name), weights[name])
+    assert torch.equal(colocated_vllm_model(engine.llm).get_parameter(name), copies[1][name])
+    engine.pinned = 0
+    assert [output.policy_version for output in engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3))] == [0]
+    assert torch.equal(colocated_vllm_model(engine.llm).get_parameter(name), copies[0][name])
+    engine.pinned = 2  # a version no copy holds: never sampled by other weights
+    with pytest.raises(RuntimeError, match=re.escape("the weights of version 2 are no longer held")):
+        engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3))
+    engine.pinned = 0
     vocabulary = int(engine.llm.llm_engine.model_config.get_vocab_size())
     with pytest.raises(VLLMValidationError, match="out of vocabulary"):  # vLLM refuses the batch
         engine.generate([[vocabulary + 10]], SamplingParams(max_tokens=3))
@@ -191,9 +200,8 @@ def test_k1_with_use_vllm_trains_on_rows_the_published_weights_sampled(vllm_mode
         trainer.train()
     assert trainer.generator is None  # stopped with the training
     versions = [{step.model_output.policy_version for step in steps_of(batch)} for batch in batches]
-    assert versions[0] == {0} and versions[1] <= {0, 1}
-    # Step 2's prompts were drawn when step 1 began, after version 1 was published: sampled by updated weights.
-    assert versions[2] <= {1, 2} and versions[2]
+    # Steps 0 and 1 were handed over before any optimizer step, step 2 as step 1 began, after version 1 was published.
+    assert versions == [{0}, {0}, {1}]
     logged = [entry for entry in trainer.state.log_history if "async/staleness_max" in entry]
     assert len(logged) == 3 and logged[0]["async/staleness_max"] == 0
     assert all(entry["async/staleness_max"] <= 1 and entry["async/dropped_rows"] == 0 for entry in logged)
