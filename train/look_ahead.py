@@ -35,7 +35,7 @@ class LookAhead:
     def _next_batches(self) -> Iterator[Any]:
         while True:
             # Drawn ahead only as a step starts (its first batch of ``generate_every``), when the weights it trains
-            # are the newest published: then the step ``depth`` ahead is sampled by weights at most ``depth``
+            # are the newest published: then the step ``depth`` ahead is pinned to weights exactly ``depth``
             # versions older than the ones that train it. Drawing again at each of a step's other batches handed
             # over a step one further ahead, whose rows were all too old to train (dropped) with gradient
             # accumulation.
