@@ -29,7 +29,7 @@ hands each step's prompts to the generator as it draws them (TRL's dataloader an
 included). At an epoch boundary the look-ahead stops at the epoch's last batch: the next epoch's order exists only
 once the trainer starts it, so its first steps are generated then (their staleness starts again from 0). A resume
 regenerates what was in flight: nothing of it is in a checkpoint, and the look-ahead draws the resumed epoch's
-batches again.
+batches again, pinned to the weights it resumes from (a resumed run is not bit for bit one never stopped).
 
 Several training processes (``accelerate launch``, DeepSpeed) each start a worker of their own, for their own share
 of the step's prompts (as each generates its own share synchronously), holding their own whole copy of the weights
