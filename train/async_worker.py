@@ -8,8 +8,8 @@ env calls. On Code-v0 (``benchmarks/bench_async.py``, every reply run by the san
 ~0.2 s generating and ~0.4 s waiting on sandbox runs, never idle, while the trainer waited for it at every step.
 
 How: a lane is a thread with its own copy of the worker's :class:`~rllm_gym.train.rollout.EpisodeRollout` (its own
-asyncio loop, env thread pool and engines) and its own generation backend on the worker's one model
-(:meth:`~rllm_gym.train.async_generation.WorkerGeneration.another`). The lanes' LLM batches take turns on that model
+asyncio loop, env thread pool and engines) and its own generation backend on the trainer's shared weights
+(:meth:`~rllm_gym.train.async_generation.WorkerGeneration.another`). The lanes' LLM batches take turns on the cores
 (:class:`Turns`: one batch at a time, the oldest step's first and kept by it for a moment after each of its
 batches, each batch sampled by the version of the weights its step was pinned to), while each lane's env calls run
 in its own pool. A request ``(ticket, prompts, version)`` goes to an idle lane, or to a new one while fewer than
@@ -114,7 +114,7 @@ def _send(outbox: queue.Queue[Any], results: Any) -> None:
 
 
 class Turns:
-    """Turns on one model for the LLM batches of several lanes: one batch at a time, and among those waiting the
+    """Turns on the cores for the LLM batches of several lanes: one batch at a time, and among those waiting the
     one with the lowest ``priority`` (its call number: the oldest step, which the trainer needs first) goes next.
 
     After a batch its call keeps the turn for ``hold_s`` against younger calls, or until :meth:`done`: a multi-turn
