@@ -3,8 +3,9 @@
 number of samples (every run trains 220 steps of 8 lakes x 8 rollouts), so that K >= 1 can be compared with the
 seed-to-seed spread of the synchronous trainer (K = 0), as issue 46 asks.
 
-    nice -n 19 python benchmarks/async_heldout.py                      # K = 0, 1: 6 runs, 2 at a time (~5 min each)
-    nice -n 19 python benchmarks/async_heldout.py --staleness 2 --seeds 0     # some runs, merged into the results
+    nice -n 19 python benchmarks/async_heldout.py --staleness 0 --jobs 1     # K = 0, one at a time (~3 min each)
+    nice -n 19 python benchmarks/async_heldout.py --staleness 1        # K = 1: 3 runs, 2 at a time (~6 min each)
+    nice -n 19 python benchmarks/async_heldout.py --staleness 1 --seeds 0     # some runs, merged into the results
     nice -n 19 python benchmarks/async_heldout.py --modes truncate off   # other corrections (async_is_mode)
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/async_heldout.py       # on cores other work shares
     python benchmarks/async_heldout.py --report                        # print the comparison of the kept results
@@ -19,7 +20,9 @@ runs beside it: each step is sampled by the weights it was handed over with). Th
 config's ``max_staleness`` with the default correction) is not run here: its runs are the main job's, which
 ``demo_cpu.py`` keeps for the same seeds in ``demo_cpu_summary.json``; the comparison takes them from there and names
 that source (run ``demo_cpu.py`` first after a change of the recipe or the trainer). K = 0 runs once, whatever
-``--modes`` (nothing to correct). A run that fails or times out is said and left out, and the command then exits 1.
+``--modes`` (nothing to correct); two K = 0 runs side by side crawl on 2 cores (each synchronous trainer's torch
+threads spin while the other's run: ~8 s a step against ~0.8 alone), so run them with ``--jobs 1``. A run that fails or
+times out is said and left out, and the command then exits 1.
 """
 
 from __future__ import annotations
@@ -221,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     if not args.report:
         lock = threading.Lock()
-        # K = 0 once, with the default correction recorded: it corrects nothing.
+        # K = 0 once, with the first of --modes recorded: it corrects nothing.
         grid = [(k, seed, mode) for mode in args.modes for k in args.staleness for seed in args.seeds]
         grid = [(k, seed, mode) for k, seed, mode in grid if k > 0 or mode == args.modes[0]]
         code = commit()  # the code every run starts from
         print(f"{len(grid)} runs, {args.jobs} at a time, commit {code}, {machine()}", flush=True)
 
         def run_and_keep(staleness: int, seed: int, mode: str) -> bool:
-            name = f"K={staleness} {mode} seed {seed}"
+            name = f"{row_name(staleness, mode)} seed {seed}"
             try:
                 run = one_run(staleness, seed, mode, args.timeout, code)
             except (SystemExit, subprocess.TimeoutExpired) as error:  # the others go on; this one is said, not kept
