@@ -332,7 +332,6 @@ class GeneratorProcess:
         self.restarts = 0
         self._rollout, self._tokenizer, self._settings = rollout, tokenizer, settings
         self._first_call = rollout.calls  # the worker numbers its calls from here, one per ticket
-        self._version = version
         self._pending: deque[tuple[int, list[Any], int]] = deque()  # (ticket, prompts, version)
         self._tickets = 0
         self._taken = 0  # results taken: a second crash before the next one stops the run
@@ -397,7 +396,7 @@ class GeneratorProcess:
     @property
     def version(self) -> int:
         """The version of the newest weights published."""
-        return self._version
+        return self.weights.newest()
 
     @property
     def pending(self) -> int:
@@ -421,14 +420,13 @@ class GeneratorProcess:
         held[index] = -1  # no version while it is written
         self._copy_weights(model, self.weights.copies[index])
         held[index] = version
-        self._version = version
 
     def submit(self, prompts: list[Any]) -> None:
         """Start generating the episodes of a step's ``prompts`` (after every step submitted before), sampled by the
         newest weights published now."""
         if not self.process.is_alive():
             self._restart()
-        request = (self._tickets, list(prompts), self._version)
+        request = (self._tickets, list(prompts), self.version)
         self._requests.put(request)
         self._pending.append(request)
         self._tickets += 1
