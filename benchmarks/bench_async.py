@@ -22,6 +22,7 @@ machine, CPU count and load average).
     python benchmarks/bench_async.py --quick        # what run_all.py runs: 10 + 8 steps per K
     python benchmarks/bench_async.py                # 24 + 16 steps per K
     python benchmarks/bench_async.py --quick --k 0 1 --rounds 3   # K = 0 and 1 alternating, 3 times each
+    python benchmarks/bench_async.py --quick --rounds 2 --trainer-threads fixed   # async_trainer_threads: fixed
 """
 
 from __future__ import annotations
@@ -65,24 +66,27 @@ def steps_per_second(elapsed: list[float], skip: int) -> float:
     return (len(timed) - 1) / (timed[-1] - timed[0])
 
 
-def main_job(k: int, steps: int, seed: int, folder: Path) -> dict[str, list[float]]:
-    """The main job bounded to ``steps`` steps with ``max_staleness`` ``k``: the elapsed seconds and the mean reward
-    at each step."""
+def main_job(k: int, steps: int, seed: int, folder: Path, threads: str = "share") -> dict[str, list[float]]:
+    """The main job bounded to ``steps`` steps with ``max_staleness`` ``k`` (and ``async_trainer_threads``
+    ``threads``): the elapsed seconds and the mean reward at each step."""
     from rllm_gym.train.grpo import main
 
     output = folder / f"main_job_k{k}"
     main([
         "--config", str(ROOT / "train/configs/demo_cpu.yaml"), "--output_dir", str(output), "--max_steps", str(steps),
         "--eval_greedy", "false", "--eval_steps", "0", "--logging_steps", "1", "--save_steps", str(steps + 1),
-        "--seed", str(seed), "--max_staleness", str(k), "--progress", "false",
+        "--seed", str(seed), "--max_staleness", str(k), "--progress", "false", "--async_trainer_threads", threads,
     ])  # fmt: skip
     lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     logged = [line for line in lines if line.get("step", 0) >= 1 and "loss" in line]
     return {"elapsed_s": [line["elapsed_s"] for line in logged], "reward": [line["reward"] for line in logged]}
 
 
-def latency_bound(k: int, steps: int, seed: int, folder: Path, skip: int = 2) -> dict[str, Any]:
-    """``steps`` steps on Code-v0 with the embedded model, each reply run by the sandbox: the seconds at the end of
+def latency_bound(
+    k: int, steps: int, seed: int, folder: Path, skip: int = 2, threads: str = "share"
+) -> dict[str, Any]:
+    """``steps`` steps on Code-v0 with the embedded model (``async_trainer_threads`` ``threads``), each reply run by
+    the sandbox: the seconds at the end of
     each step, and the CPU seconds per step after the first ``skip`` of this process and of those below it
     (:func:`cpu_per_step`)."""
     from datasets import Dataset
@@ -120,7 +124,7 @@ def latency_bound(k: int, steps: int, seed: int, folder: Path, skip: int = 2) ->
     clock = Clock()
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=rollout,
-        advantage_config=AdvantageConfig(), max_staleness=k, callbacks=[clock],
+        advantage_config=AdvantageConfig(), max_staleness=k, callbacks=[clock], async_trainer_threads=threads,
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     start = time.monotonic()
@@ -191,7 +195,8 @@ def summarize(rounds: list[dict[int, float]]) -> dict[int, dict[str, Any]]:
 def run(arguments: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "main_steps": arguments.main_steps, "latency_steps": arguments.latency_steps, "skip": arguments.skip,
-        "seed": arguments.seed, "rounds": arguments.rounds, "machine": platform.platform(), "cpus": os.cpu_count(),
+        "seed": arguments.seed, "rounds": arguments.rounds, "trainer_threads": arguments.trainer_threads,
+        "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average_start": round(os.getloadavg()[0], 2), "workloads": {},
     }  # fmt: skip
     # The trainer's own sandbox (K = 0 grades in this process) runs as many at once as the worker's.
@@ -199,9 +204,11 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     results["env_calls"] = ENV_CALLS
     with tempfile.TemporaryDirectory(prefix="bench_async_") as folder:
         workloads = {
-            "main_job": lambda k, out: main_job(k, arguments.main_steps, arguments.seed, out),
+            "main_job": lambda k, out: main_job(
+                k, arguments.main_steps, arguments.seed, out, arguments.trainer_threads
+            ),
             "latency_bound": lambda k, out: latency_bound(
-                k, arguments.latency_steps, arguments.seed, out, arguments.skip
+                k, arguments.latency_steps, arguments.seed, out, arguments.skip, arguments.trainer_threads
             ),
         }
         for name in arguments.workloads:
@@ -253,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values (0 first)")
     parser.add_argument("--workloads", nargs="+", default=["main_job", "latency_bound"])
     parser.add_argument("--rounds", type=int, default=1, help="runs of every K, interleaved (medians reported)")
+    parser.add_argument("--trainer-threads", choices=["share", "fixed"], default="share",
+                        help="async_trainer_threads of the K >= 1 runs (default share)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     arguments = parser.parse_args(argv)
     if arguments.rounds < 1:

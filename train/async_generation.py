@@ -282,6 +282,7 @@ class WorkerLink:
     results: Any
     parent: int
     first_call: int = 0
+    busy: Any = None  # a shared int: the requests the worker runs now (it writes, the trainer reads)
 
 
 def _work(link: WorkerLink) -> None:
@@ -304,7 +305,11 @@ class GeneratorProcess:
     sample does not depend on the worker's timing. ``versions`` bounds the versions steps in flight may be pinned to:
     a publish writes a copy no step in flight is pinned to, and refuses where there is none. The trainer, ``K`` steps
     ahead, gives ``K + 1``: when it publishes version ``v`` the steps in flight were handed over at versions
-    ``v - K`` to ``v - 1``."""
+    ``v - K`` to ``v - 1``.
+
+    The worker's torch threads (``settings.threads``) come out of this process's while it runs a step; with
+    ``share_threads`` (the default) and ``model`` on the CPU, this process takes them back while the worker waits for
+    one (:meth:`share_cores`, before each module's forward and backward), else it keeps to what the worker leaves."""
 
     name = "generator"  # how messages name the generator, and its worker
     label = "generation worker"
@@ -322,6 +327,7 @@ class GeneratorProcess:
         version: int = 0,
         versions: int = 1,
         timeout_s: float = 1800.0,
+        share_threads: bool = True,
     ):
         if isinstance(versions, bool) or not isinstance(versions, int) or versions < 1:
             raise ValueError(f"{type(self).__name__} versions must be an int >= 1, got {versions!r}")
@@ -336,12 +342,46 @@ class GeneratorProcess:
         self._tickets = 0
         self._taken = 0  # results taken: a second crash before the next one stops the run
         self._restarted_after: int | None = None
+        self._busy = self._context.Value("i", 1, lock=False)
         self._start()
-        # The worker's threads come out of this process's: torch's CPU threads spin while they wait for work, and a
-        # trainer that kept all of them beside a busy worker ran each step 5-10x slower on 2 cores
-        # (benchmarks/bench_async.py). Restored by close().
+        # The worker's threads come out of this process's while it runs a step: torch's CPU threads spin while they
+        # wait for work, and a trainer that kept all of them beside a busy worker ran each step 5-10x slower on 2
+        # cores (benchmarks/bench_async.py). While the worker waits for a step (it is ahead: the trainer is the
+        # slower), the trainer takes them back: a model on the CPU checks before each module's forward and backward
+        # (hooks, removed by close(), which restores the threads). On the main job that took K = 2 from 0.86x to
+        # 1.11x K = 0's steps per second (2 cores, bench_async.py --quick --rounds 2).
         self._threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads)))
+        self._shared_threads = max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads))
+        self._threads_now = self._shared_threads
+        torch.set_num_threads(self._shared_threads)
+        on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())
+        share = share_threads and on_cpu and self._shared_threads < self._threads
+        self._hooks = self._follow(model) if share else []
+
+    def _follow(self, model: torch.nn.Module) -> list[Any]:
+        """Hooks on each module of ``model`` that set this process's torch threads before its forward and before
+        its backward (:meth:`share_cores`)."""
+
+        def backward(_: torch.Tensor) -> None:
+            self.share_cores()
+
+        def forward(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(backward)
+
+        hooks = []
+        for module in model.modules():
+            hooks.append(module.register_forward_pre_hook(lambda *_: self.share_cores()))
+            hooks.append(module.register_forward_hook(forward))
+        return hooks
+
+    def share_cores(self) -> None:
+        """This process's torch threads for now: all it had while the worker waits for requests, the rest beside
+        the worker's while it runs one."""
+        threads = self._shared_threads if self.running else self._threads
+        if threads != self._threads_now:
+            torch.set_num_threads(threads)
+            self._threads_now = threads
 
     def _share(self, model: torch.nn.Module) -> Any:
         """A copy of ``model``'s weights in shared memory, for the worker."""
@@ -363,8 +403,9 @@ class GeneratorProcess:
         # answer leaves the trainer an end of file, where a queue's reader would wait for the rest for ever.
         self._requests = context.Queue()
         self._results, writer = context.Pipe(duplex=False)
+        self._busy.value = 1  # starting (and a dead worker may have left it at any count)
         link = WorkerLink(self._rollout, self._tokenizer, self._settings, self.weights, self._requests, writer,
-                          os.getpid(), self._first_call)  # fmt: skip
+                          os.getpid(), self._first_call, self._busy)  # fmt: skip
         target, args = self._worker()
         self.process = context.Process(target=target, args=(link, *args), name="rllm-gym-generator", daemon=True)
         self.process.start()
@@ -397,6 +438,11 @@ class GeneratorProcess:
     def version(self) -> int:
         """The version of the newest weights published."""
         return self.weights.newest()
+
+    @property
+    def running(self) -> int:
+        """Steps the worker is generating now (1 while it starts)."""
+        return self._busy.value
 
     @property
     def pending(self) -> int:
@@ -490,6 +536,9 @@ class GeneratorProcess:
             self.process.join(timeout_s)
         self._close_channels()
         self._pending.clear()
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         torch.set_num_threads(self._threads)
 
 

@@ -260,9 +260,11 @@ class VLLMGenerator(GeneratorProcess):
         version: int = 0,
         versions: int = 1,
         timeout_s: float = 1800.0,
+        share_threads: bool = True,
     ):
         self.engine = engine
-        super().__init__(rollout, model, tokenizer, settings, version=version, versions=versions, timeout_s=timeout_s)
+        super().__init__(rollout, model, tokenizer, settings, version=version, versions=versions, timeout_s=timeout_s,
+                         share_threads=share_threads)  # fmt: skip
 
     def _share(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         weights = {name: weight.to("cpu", copy=True) for name, weight in engine_weights(model)}

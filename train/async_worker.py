@@ -96,7 +96,7 @@ def run_worker(link: WorkerLink, start: Callable[[], WorkerGeneration]) -> None:
         outbox.put((None, None, traceback.format_exc()))
     else:  # each lane closes its own rollout's loop and env pool
         serve(link.rollout, generation, link.requests, outbox.put, parent=link.parent, first_call=link.first_call,
-              rollouts=settings.rollouts)  # fmt: skip
+              rollouts=settings.rollouts, busy=link.busy)  # fmt: skip
     # A clean stop ends here once the answers are sent: the interpreter's own teardown (native, after torch and
     # the tokenizers, or vLLM's) took 10-15 s on a loaded 2-core machine, which close() would otherwise wait out.
     outbox.put(None)
@@ -238,10 +238,12 @@ def serve(
     parent: int,
     first_call: int,
     rollouts: int,
+    busy: Any = None,
 ) -> None:
     """Answer each request ``(ticket, prompts, version)`` of ``requests`` through ``answer`` in ticket order, up to
     ``rollouts`` of them running at once (fewer where ``generation.another()`` gives no second backend); return after
-    a failed one (answered at once), at ``None``, or once the trainer (process ``parent``) is gone."""
+    a failed one (answered at once), at ``None``, or once the trainer (process ``parent``) is gone. ``busy`` (a shared
+    int, where given) counts the requests running now: the trainer takes the worker's cores while it is 0."""
     events: queue.Queue[tuple[Any, ...]] = queue.Queue()
     reader = threading.Thread(target=_read, args=(requests, parent, events), name="rllm-gym-generator-requests",
                               daemon=True)  # fmt: skip
@@ -250,6 +252,7 @@ def serve(
     inline = rollouts == 1 or not generation.concurrent  # one step at a time: in this thread, as the backend started
     lanes = [Lane(rollout, generation, first_call, events, inline=inline)]
     idle = [lanes[0]]
+    _count(busy, 0)  # started: the trainer had every core but the worker's while it did
     waiting: deque[tuple[int, list[Any], int]] = deque()  # requests no lane was free for yet
     unanswered: deque[int] = deque()  # tickets received, in order
     finished: dict[int, RolloutBatch] = {}
@@ -262,6 +265,7 @@ def serve(
             else:
                 lane, ticket, batch, error = event
                 idle.append(lane)
+                _count(busy, len(lanes) - len(idle))
                 if error is not None:
                     answer((ticket, None, error))
                     return
@@ -276,13 +280,21 @@ def serve(
                         break
                     lanes.append(Lane(copy.deepcopy(template), another, first_call, events))
                     idle.append(lanes[-1])
-                idle.pop().put(waiting.popleft())
+                lane = idle.pop()
+                _count(busy, len(lanes) - len(idle))
+                lane.put(waiting.popleft())
     finally:
+        _count(busy, 0)
         for lane in lanes:
             lane.stop()
         for lane in idle:  # a busy lane may wait on a hung env call: the worker's exit ends it
             if lane.thread is not None:
                 lane.thread.join(5.0)
+
+
+def _count(busy: Any, running: int) -> None:
+    if busy is not None:
+        busy.value = running
 
 
 def _read(requests: Any, parent: int, events: queue.Queue) -> None:

@@ -288,10 +288,22 @@ class TrainConfig:
             "help": "K: how many policy versions (optimizer steps) generation may run ahead of training. 0 "
             "is the synchronous trainer; K >= 1 generates the next K steps' episodes in a worker process while a "
             "step trains, each step with the weights of K steps before (K + 1 copies of the weights in shared "
-            "memory: a run is the same on every rerun of its seed), drops any row sampled more than K versions "
+            "memory: a run is the same on every rerun of its seed, see async_trainer_threads), drops any row sampled "
+            "more than K versions "
             "before the weights it trains and corrects the rest for being off-policy (async_is_*). "
             "The worker runs the model on the CPU or, with use_vllm, a vLLM engine of its own; "
             "several processes, DeepSpeed ZeRO-2/3, multi-agent envs and LoRA run too (README: Asynchronous GRPO)."
+        },
+    )
+    async_trainer_threads: str = field(
+        default="share",
+        metadata={
+            "help": "With max_staleness >= 1 and the model on the CPU: 'share' (the trainer gives up the worker's "
+            "torch threads while the worker runs a step and takes them back while it waits: faster) or 'fixed' "
+            "(the trainer keeps to the threads the worker leaves it). With 'share' the trainer's thread count "
+            "follows the worker's timing: a rerun of a seed is the same bit for bit only where torch's CPU kernels "
+            "give the same results at any thread count (they did for the main job and the tests' models; a sum over "
+            "some sizes does not); 'fixed' keeps every rerun the same whatever the kernels."
         },
     )
     async_is_cap: float = field(

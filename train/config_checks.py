@@ -38,6 +38,8 @@ JSON_OBJECT_FIELDS = {
     "trl_args": '{"max_grad_norm": 0.5}',
 }
 
+TRAINER_THREADS = ("share", "fixed")  # async_trainer_threads: train/async_generation.py's share_threads
+
 
 def closest(name: str, names: list[str], prefix: str = "") -> str:
     """`` (did you mean x?)`` for the closest of ``names`` to ``name`` (written after ``prefix``), or nothing."""
@@ -217,6 +219,10 @@ def async_problems(config: Any) -> list[str]:
         problems.append(f"async_is_cap must be > 1 (2.0 recommended), got {config.async_is_cap}")
     if config.async_is_level not in IS_LEVELS:
         problems.append(f"async_is_level must be {one_of(IS_LEVELS)}, got {config.async_is_level!r}")
+    if config.async_trainer_threads not in TRAINER_THREADS:
+        problems.append(
+            f"async_trainer_threads must be {one_of(TRAINER_THREADS)}, got {config.async_trainer_threads!r}"
+        )
     if config.async_is_mode not in IS_MODES:
         problems.append(f"async_is_mode must be {one_of(IS_MODES)}, got {config.async_is_mode!r}")
     elif config.async_is_mode == "clip" and config.async_is_level == "sequence":

@@ -422,7 +422,7 @@ def build_trainer(
     trainer = RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=dataset, peft_config=peft_config,
         rollout=rollout, advantage_config=advantage_config, max_error_steps=config.max_error_steps, **evaluation,
-        max_staleness=config.max_staleness,
+        max_staleness=config.max_staleness, async_trainer_threads=config.async_trainer_threads,
         off_policy=OffPolicyCorrection(config.async_is_cap, config.async_is_level, config.async_is_mode),
     )  # fmt: skip
     trainer.remove_callback(PrinterCallback)

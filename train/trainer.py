@@ -122,6 +122,7 @@ class RLLMGRPOTrainer(GRPOAdapter):
         evaluation_before: dict[str, float] | None = None,
         max_staleness: int = 0,
         off_policy: OffPolicyCorrection | None = None,
+        async_trainer_threads: str = "share",
         **kwargs: Any,
     ):
         kwargs.setdefault("reward_funcs", [episode_reward])
@@ -138,6 +139,7 @@ class RLLMGRPOTrainer(GRPOAdapter):
         self.rollout = rollout
         self.generation = rollout.generation_for(self)  # the backend, chosen once (train/generation.py)
         self.max_staleness = max_staleness
+        self.share_threads = async_trainer_threads == "share"
         # The worker of max_staleness >= 1, started with the training.
         self.generator: AsyncGenerator | VLLMGenerator | None = None
         self.look_ahead: LookAhead | None = None
@@ -259,12 +261,12 @@ class RLLMGRPOTrainer(GRPOAdapter):
             if self.vllm_engine is not None:
                 self.generator = VLLMGenerator(
                     self.rollout, model, self.processing_class, settings, self.vllm_engine,
-                    version=self.state.global_step, versions=versions,
+                    version=self.state.global_step, versions=versions, share_threads=self.share_threads,
                 )  # fmt: skip
             else:
                 self.generator = AsyncGenerator(
                     self.rollout, model, self.processing_class, settings, version=self.state.global_step,
-                    versions=versions,
+                    versions=versions, share_threads=self.share_threads,
                 )  # fmt: skip
         self.look_ahead = LookAhead(self.max_staleness, self.generator.submit, self.args.steps_per_generation)
 

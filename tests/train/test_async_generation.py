@@ -159,7 +159,7 @@ class _Recorded:
         self._patch.stop()
 
 
-def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness, temperature=1.0, accumulation=1):
+def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness, temperature=1.0, accumulation=1, threads="share"):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rows = [{"prompt": encode_prompt(LAKE, seed)} for seed in range(2 * max_steps)]
@@ -171,7 +171,7 @@ def trainer_for(tiny_model_dir, tmp_path, max_steps, max_staleness, temperature=
     )  # fmt: skip
     return RLLMGRPOTrainer(
         model, args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows), rollout=lake_rollout(),
-        advantage_config=AdvantageConfig(), max_staleness=max_staleness,
+        advantage_config=AdvantageConfig(), max_staleness=max_staleness, async_trainer_threads=threads,
     )  # fmt: skip
 
 
@@ -192,23 +192,41 @@ def test_k2_trains_on_multi_turn_rows_at_most_two_versions_old_and_logs_the_corr
     assert all(entry["rollout/turns"] > 1 for entry in logged)
 
 
-def test_a_k2_run_samples_and_trains_the_same_whether_its_worker_runs_ahead_or_behind(tiny_model_dir, tmp_path):
-    class SlowSteps(TrainerCallback):  # the trainer waits after each step: the worker is done long before it asks
-        def on_step_end(self, args, state, control, **kwargs):
-            time.sleep(1.0)
+def test_a_k2_run_samples_and_trains_the_same_whether_its_worker_runs_ahead_and_whatever_the_trainers_threads(
+    tiny_model_dir, tmp_path
+):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the trainer has no thread to give up")
 
+    class WorkerAhead(TrainerCallback):  # each step trains once the worker is done with what it was handed
+        def on_step_begin(self, args, state, control, **kwargs):
+            deadline = time.monotonic() + 120  # a bound on a broken worker's wait, not a timing assertion
+            while trainer.generator.running and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
     runs = []
-    for slow in (False, True):
-        trainer = trainer_for(tiny_model_dir, tmp_path / str(slow), max_steps=4, max_staleness=2)
-        if slow:
-            trainer.add_callback(SlowSteps())
-        with _Recorded() as recorded:
-            trainer.train()
-        sampled = [[(s.response_ids, s.model_output.logprobs) for e in b.episodes for s in e.trajectories[0].steps]
-                   for b in recorded.batches]  # fmt: skip
-        runs.append((sampled, [p.detach().clone() for p in trainer.model.parameters()]))
-    assert runs[0][0] == runs[1][0]
-    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+    try:
+        # Kept to the one thread the worker leaves, whenever it runs; then with both (the worker waits), shared.
+        for ahead, mode in ((False, "fixed"), (True, "share")):
+            trainer = trainer_for(tiny_model_dir, tmp_path / mode, max_steps=4, max_staleness=2, threads=mode)
+            if ahead:
+                trainer.add_callback(WorkerAhead())
+            seen = set()  # the trainer's torch threads in its forwards (after the generator's hooks set them)
+            embed = trainer.model.get_input_embeddings()
+            hook = embed.register_forward_hook(lambda *_, seen=seen: seen.add(torch.get_num_threads()))
+            with _Recorded() as recorded:
+                trainer.train()
+            hook.remove()
+            sampled = [[(s.response_ids, s.model_output.logprobs) for e in b.episodes for s in e.trajectories[0].steps]
+                       for b in recorded.batches]  # fmt: skip
+            runs.append((seen, sampled, [p.detach().clone() for p in trainer.model.parameters()]))
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[0][0] == {1} and 2 in runs[1][0]  # the loss's forwards (those before a step begins may share)
+    assert runs[0][1] == runs[1][1]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2], strict=True))
 
 
 def test_with_gradient_accumulation_k1_trains_every_row_at_most_one_version_old(tiny_model_dir, tmp_path):

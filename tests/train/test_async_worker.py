@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rllm_gym.train.async_generation import AsyncGenerator, GeneratorDied, WorkerSettings
@@ -143,6 +144,54 @@ def test_ctrl_c_leaves_the_worker_running_and_close_stops_it_with_two_rollouts_h
     finally:
         generator.close()
     assert generator.process.exitcode == 0  # it stopped when asked, not terminated, its env calls still held
+
+
+def test_the_trainer_gives_up_the_workers_threads_while_it_runs_a_step_and_takes_them_back_while_it_waits(
+    gate, tiny_model_dir, tmp_path
+):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the trainer has no thread to give up")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rollout = EpisodeRollout([EnvSetup(gate.ENV_ID, agent=gate.AGENT)], max_turns=1)
+    seen: list[int] = []  # the trainer's torch threads at each module's forward and backward
+
+    def backward(_):
+        seen.append(torch.get_num_threads())
+
+    def forward(_module, _args, output):
+        seen.append(torch.get_num_threads())
+        output.register_hook(backward)
+
+    def train_once() -> set[int]:
+        seen.clear()
+        model(torch.tensor([[1, 2, 3, 4]])).logits.sum().backward()
+        return set(seen)
+
+    generator = AsyncGenerator(rollout, model, tokenizer, settings(tokenizer), timeout_s=300)
+    hook = model.lm_head.register_forward_hook(forward)  # after the generator's: sees what they set
+    try:
+        wait_until(lambda: generator.running == 0, "the worker did not start")
+        assert train_once() == {2}  # the worker waits for a step: every thread is the trainer's
+        prompts = two_steps(gate, tmp_path)[0]
+        generator.submit(prompts)
+        wait_until(lambda: gate.started(tmp_path, ["a0", "a1"]), "the step did not start")
+        assert generator.running == 1
+        assert train_once() == {1}  # one thread is the worker's, forward and backward
+        (tmp_path / gate.OPEN).touch()
+        generator.result(prompts)
+        wait_until(lambda: generator.running == 0, "the worker did not count its step done")
+        assert train_once() == {2}
+    finally:
+        generator.close()
+        hook.remove()
+    assert torch.get_num_threads() == 2
+    torch.set_num_threads(1)
+    train_once()
+    assert torch.get_num_threads() == 1  # the generator's hooks are gone: nothing sets them any more
+    torch.set_num_threads(threads)
 
 
 def test_turns_go_one_at_a_time_to_the_lowest_priority_waiting():

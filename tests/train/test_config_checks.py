@@ -19,6 +19,7 @@ REFUSED = "max_staleness: 1 (asynchronous generation) is not supported"
         ({"async_is_cap": 1.0}, "async_is_cap must be > 1 (2.0 recommended), got 1.0"),
         ({"async_is_level": "row"}, "async_is_level must be 'token' or 'sequence', got 'row'"),
         ({"async_is_mode": "ppo"}, "async_is_mode must be 'clip', 'truncate', 'mask' or 'off', got 'ppo'"),
+        ({"async_trainer_threads": "all"}, "async_trainer_threads must be 'share' or 'fixed', got 'all'"),
         ({"async_is_level": "sequence"}, "async_is_level: sequence applies to async_is_mode truncate and mask"),
         ({"max_staleness": 1, "use_vllm": True, "vllm_mode": "server"}, f"{REFUSED} with vllm_mode: server"),
         ({"max_staleness": 1, "trl_args": {"num_iterations": 2}}, f"{REFUSED} with num_iterations > 1"),
@@ -45,6 +46,9 @@ def test_the_settings_are_flags_and_a_refusal_names_the_flag():
     config, _ = load_config(["--max_staleness", "2", "--async_is_mode", "truncate", "--async_is_level", "sequence"])
     assert (config.max_staleness, config.async_is_mode, config.async_is_level) == (2, "truncate", "sequence")
     assert TrainConfig(max_staleness=1).async_is_mode == "clip"  # the documented default
+    assert TrainConfig(max_staleness=1).async_trainer_threads == "share"
+    config, _ = load_config(["--max_staleness", "1", "--async_trainer_threads", "fixed"])
+    assert config.async_trainer_threads == "fixed"
     with pytest.raises(ConfigError, match=re.escape("max_staleness: 2 (asynchronous generation) is not supported")):
         load_config(["--max_staleness", "2", "--use_vllm", "true", "--vllm_mode", "server"])
     config, _ = load_config(["--max_staleness", "1", "--use_vllm", "true", "--lora", "true"])  # tests/vllm runs it
