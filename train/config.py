@@ -288,9 +288,9 @@ class TrainConfig:
             "help": "K: how many policy versions (optimizer steps) generation may run ahead of training. 0 "
             "is the synchronous trainer; K >= 1 generates the next K steps' episodes in a worker process while a "
             "step trains, each step with the weights of K steps before (K + 1 copies of the weights in shared "
-            "memory: a run is the same on every rerun of its seed, see async_trainer_threads), drops any row sampled "
-            "more than K versions "
-            "before the weights it trains and corrects the rest for being off-policy (async_is_*). "
+            "memory: a run is the same on every rerun of its seed, see async_trainer_threads), drops any row "
+            "sampled more than K versions before the weights it trains and corrects the rest for being off-policy "
+            "(async_is_*). "
             "The worker runs the model on the CPU or, with use_vllm, a vLLM engine of its own; "
             "several processes, DeepSpeed ZeRO-2/3, multi-agent envs and LoRA run too (README: Asynchronous GRPO)."
         },

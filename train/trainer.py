@@ -41,6 +41,7 @@ from rllm_gym.train.batch import (
     row_counts,
     training_view,
 )
+from rllm_gym.train.config_checks import TRAINER_THREADS, one_of
 from rllm_gym.train.look_ahead import LookAhead
 from rllm_gym.train.off_policy import OffPolicyCorrection
 from rllm_gym.train.rollout import EnvSetup, EpisodeRollout, RolloutBatch
@@ -109,7 +110,8 @@ class RLLMGRPOTrainer(GRPOAdapter):
     :class:`~rllm_gym.train.off_policy.OffPolicyCorrection`: GRPO's clipped ratio against the behaviour
     log-probabilities). With ``use_vllm`` in ``args`` (given by keyword) the worker is a
     :class:`~rllm_gym.train.async_vllm.VLLMGenerator` with a vLLM engine of its own (``vllm_engine``), and TRL's
-    lock-step engine is not started (``self.args.use_vllm`` is False).
+    lock-step engine is not started (``self.args.use_vllm`` is False). ``async_trainer_threads`` ('share' or
+    'fixed') is TrainConfig's: whether the trainer takes the worker's torch threads back while the worker waits.
     """
 
     def __init__(
@@ -125,6 +127,8 @@ class RLLMGRPOTrainer(GRPOAdapter):
         async_trainer_threads: str = "share",
         **kwargs: Any,
     ):
+        if async_trainer_threads not in TRAINER_THREADS:
+            raise ValueError(f"async_trainer_threads must be {one_of(TRAINER_THREADS)}, got {async_trainer_threads!r}")
         kwargs.setdefault("reward_funcs", [episode_reward])
         training_args = kwargs.get("args")
         async_vllm = bool(max_staleness and training_args is not None and training_args.use_vllm)

@@ -272,6 +272,9 @@ def test_combinations_it_cannot_run_are_refused_by_the_trainer(tiny_model_dir, t
     with pytest.raises(ValueError, match=re.escape("max_staleness=1 is not supported with num_iterations > 1 yet")):
         RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
                         advantage_config=AdvantageConfig(), max_staleness=1)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("async_trainer_threads must be 'share' or 'fixed', got 'fix'")):
+        RLLMGRPOTrainer(model, args=args, processing_class=tokenizer, train_dataset=dataset, rollout=lake_rollout(),
+                        advantage_config=AdvantageConfig(), max_staleness=1, async_trainer_threads="fix")  # fmt: skip
 
 
 def test_clip_is_refused_where_trls_loss_no_longer_reads_the_old_log_probabilities(tiny_model_dir, tmp_path):
