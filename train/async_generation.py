@@ -348,8 +348,8 @@ class GeneratorProcess:
         # wait for work, and a trainer that kept all of them beside a busy worker ran each step 5-10x slower on 2
         # cores (benchmarks/bench_async.py). While the worker waits for a step (it is ahead: the trainer is the
         # slower), the trainer takes them back: a model on the CPU checks before each module's forward and backward
-        # (hooks, removed by close(), which restores the threads). On the main job that took K = 2 from 0.86x to
-        # 1.11x K = 0's steps per second (2 cores, bench_async.py --quick --rounds 2).
+        # (hooks, removed by close(), which restores the threads). On the main job that took K = 2 from 0.91x to
+        # 1.11x K = 0's steps per second (2 cores, bench_async.py --quick --rounds 2, README).
         self._threads = torch.get_num_threads()
         self._shared_threads = max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads))
         self._threads_now = self._shared_threads
