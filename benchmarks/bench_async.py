@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm_gym.agents.code import CodeAgent
+from rllm_gym.train.config_checks import TRAINER_THREADS
 from rllm_gym.types import ModelOutput
 
 HERE = Path(__file__).resolve().parent
@@ -86,9 +87,8 @@ def latency_bound(
     k: int, steps: int, seed: int, folder: Path, skip: int = 2, threads: str = "share"
 ) -> dict[str, Any]:
     """``steps`` steps on Code-v0 with the embedded model (``async_trainer_threads`` ``threads``), each reply run by
-    the sandbox: the seconds at the end of
-    each step, and the CPU seconds per step after the first ``skip`` of this process and of those below it
-    (:func:`cpu_per_step`)."""
+    the sandbox: the seconds at the end of each step, and the CPU seconds per step after the first ``skip`` of this
+    process and of those below it (:func:`cpu_per_step`)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[0, 1, 2], help="max_staleness values (0 first)")
     parser.add_argument("--workloads", nargs="+", default=["main_job", "latency_bound"])
     parser.add_argument("--rounds", type=int, default=1, help="runs of every K, interleaved (medians reported)")
-    parser.add_argument("--trainer-threads", choices=["share", "fixed"], default="share",
+    parser.add_argument("--trainer-threads", choices=TRAINER_THREADS, default="share",
                         help="async_trainer_threads of the K >= 1 runs (default share)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the results go")
     arguments = parser.parse_args(argv)

@@ -59,6 +59,7 @@ from typing import Any
 
 import torch
 
+from rllm_gym.engine.common import usable_cpus
 from rllm_gym.engine.seeds import episode_seed
 from rllm_gym.policies.base import SamplingParams
 from rllm_gym.policies.hf import HFPolicy
@@ -96,9 +97,10 @@ class WorkerSettings:
     training process it generates for (episode ids and reset seeds name it), and ``env_calls``: the env calls it runs
     at once (its env thread pool, where the rollout sets none of its own, and its process's sandbox runs, where
     ``RLLM_GYM_SANDBOX_MAX_PARALLEL`` is unset, as many as fit in half the machine's memory: :func:`sandbox_runs`),
-    and ``rollouts``: the steps' rollouts it runs at once (the trainer gives ``max_staleness + 1``, every step it
+    ``rollouts``: the steps' rollouts it runs at once (the trainer gives ``max_staleness + 1``, every step it
     may have been handed; each further one runs where its backend can give a second policy on the same weights:
-    :meth:`WorkerGeneration.another`, the CPU worker's).
+    :meth:`WorkerGeneration.another`, the CPU worker's), and ``cores``: the CPU cores the training process and its
+    worker share (``None``: every one this process may run on; the trainer gives each of its processes its share).
 
     ``env_calls`` is larger than the trainer's own default (:func:`~rllm_gym.engine.common.default_env_workers`):
     the worker's env calls overlap the trainer's step, and those of a latency-bound env (Code-v0's sandboxed tests)
@@ -115,12 +117,16 @@ class WorkerSettings:
     process_index: int = 0
     env_calls: int = 32
     rollouts: int = 1
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.env_calls, bool) or not isinstance(self.env_calls, int) or not 1 <= self.env_calls <= 256:
             raise ValueError(f"WorkerSettings env_calls must be an int in [1, 256], got {self.env_calls!r}")
         if isinstance(self.rollouts, bool) or not isinstance(self.rollouts, int) or self.rollouts < 1:
             raise ValueError(f"WorkerSettings rollouts must be an int >= 1, got {self.rollouts!r}")
+        cores = self.cores
+        if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+            raise ValueError(f"WorkerSettings cores must be None or an int >= 1, got {self.cores!r}")
 
 
 class SharedWeights:
@@ -351,7 +357,8 @@ class GeneratorProcess:
         # (hooks, removed by close(), which restores the threads). On the main job that took K = 2 from 0.91x to
         # 1.11x K = 0's steps per second (2 cores, bench_async.py --quick --rounds 2, README).
         self._threads = torch.get_num_threads()
-        self._shared_threads = max(1, min(self._threads, (os.cpu_count() or 1) - settings.threads))
+        cores = settings.cores if settings.cores is not None else usable_cpus()
+        self._shared_threads = max(1, min(self._threads, cores - settings.threads))
         self._threads_now = self._shared_threads
         torch.set_num_threads(self._shared_threads)
         on_cpu = all(parameter.device.type == "cpu" for parameter in model.parameters())

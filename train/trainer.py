@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from typing import Any
 from transformers import TrainerCallback
 from trl.models import unwrap_model_for_generation
 
+from rllm_gym.engine.common import usable_cpus
 from rllm_gym.engine.report import ErrorTally, all_errored, describe_errors
 from rllm_gym.train.advantages import AdvantageConfig
 from rllm_gym.train.async_generation import AsyncGenerator, WorkerSettings
@@ -252,12 +252,13 @@ class RLLMGRPOTrainer(GRPOAdapter):
         """Start the generation worker with the weights of now, as version ``global_step``, and the look-ahead that
         feeds it the coming steps' prompts."""
         self.close_generator()
-        # Each training process starts its own worker (train/async_generation.py): half the cores are theirs.
-        threads = max(1, (os.cpu_count() or 2) // (2 * self.accelerator.num_processes))
+        # Each training process starts its own worker (train/async_generation.py): half the process's cores are theirs.
+        cores = max(1, usable_cpus() // self.accelerator.num_processes)
         settings = WorkerSettings(
             self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
-            self.generation.chat_template_kwargs, self.generation.token_history, threads,
+            self.generation.chat_template_kwargs, self.generation.token_history, max(1, cores // 2),
             self.accelerator.process_index, rollouts=self.max_staleness + 1,  # every step it may be handed, at once
+            cores=cores,
         )  # fmt: skip
         # The steps in flight when version v is published were handed over at v - K .. v - 1: K + 1 copies.
         versions = self.max_staleness + 1

@@ -29,14 +29,18 @@ __all__ = ["EnvThreadPool", "call_in_executor", "default_env_workers", "max_turn
 LOANS_PER_WORKER = 4  # calls that may lend their place at once, per worker: what bounds the work they start elsewhere
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``os.cpu_count()`` counts CPUs it may not run on)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def default_env_workers() -> int:
     """Twice the CPUs this process may run on, at least 4: as the sandbox's default ``max_parallel`` counts them, but
-    from the affinity mask (``os.cpu_count()``, which the sandbox uses, counts CPUs the process may not run on)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(4, 2 * cpus)
+    from the affinity mask (:func:`usable_cpus`; ``os.cpu_count()``, which the sandbox uses, counts them all)."""
+    return max(4, 2 * usable_cpus())
 
 
 class EnvThreadPool(Executor):

@@ -527,6 +527,36 @@ def test_worker_settings_refuse_an_env_call_count_out_of_range(tiny_model_dir):
             dataclasses.replace(settings(tokenizer), env_calls=bad)
 
 
+def test_worker_settings_refuse_a_core_count_below_one(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for bad in (0, -2, True, 2.0):
+        expected = f"WorkerSettings cores must be None or an int >= 1, got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            dataclasses.replace(settings(tokenizer), cores=bad)
+
+
+@pytest.mark.parametrize(("cores", "shared"), [(4, 3), (8, 4), (1, 1)])
+def test_the_trainer_keeps_beside_its_worker_only_the_threads_its_share_of_the_cores_leaves(
+    tiny_model_dir, cores, shared
+):
+    # Two training processes on 8 cores each get 4 (the trainer's cores=): 4 trainer threads beside a worker's one
+    # would put 10 threads on 8 cores.
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(4)
+    try:
+        generator = AsyncGenerator(lake_rollout(), model, tokenizer, dataclasses.replace(settings(tokenizer),
+                                   cores=cores), timeout_s=300)  # fmt: skip
+        try:
+            assert torch.get_num_threads() == shared  # the worker starts: it counts as running
+        finally:
+            generator.close()
+        assert torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_the_workers_sandbox_runs_no_more_at_once_than_half_the_memory_holds_at_their_limit():
     floor = max(4, 2 * (os.cpu_count() or 1))
     gib = 2**30

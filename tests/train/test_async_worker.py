@@ -153,6 +153,13 @@ def test_the_trainer_gives_up_the_workers_threads_while_it_runs_a_step_and_takes
         pytest.skip("one core: the trainer has no thread to give up")
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
+    try:
+        trainer_gives_up_threads(gate, tiny_model_dir, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def trainer_gives_up_threads(gate, tiny_model_dir, tmp_path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rollout = EpisodeRollout([EnvSetup(gate.ENV_ID, agent=gate.AGENT)], max_turns=1)
@@ -191,7 +198,6 @@ def test_the_trainer_gives_up_the_workers_threads_while_it_runs_a_step_and_takes
     torch.set_num_threads(1)
     train_once()
     assert torch.get_num_threads() == 1  # the generator's hooks are gone: nothing sets them any more
-    torch.set_num_threads(threads)
 
 
 def test_turns_go_one_at_a_time_to_the_lowest_priority_waiting():
