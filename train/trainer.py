@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -90,6 +91,14 @@ class _LogAtStart(TrainerCallback):
 def episode_reward(prompts: list[Any], completions: list[Any], trajectory_reward: list[float], **kwargs: Any):
     """TRL reward function: the trajectory reward the env gave (our advantages replace TRL's; this feeds its logs)."""
     return list(trajectory_reward)
+
+
+def process_cores(num_processes: int) -> int:
+    """The CPU cores one training process has: those it may run on, over the training processes on this machine
+    (``LOCAL_WORLD_SIZE``, which torchrun sets under ``accelerate launch``; else all ``num_processes``)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    local_processes = int(local) if local.isdigit() and int(local) >= 1 else num_processes
+    return max(1, usable_cpus() // max(1, local_processes))
 
 
 class RLLMGRPOTrainer(GRPOAdapter):
@@ -253,7 +262,7 @@ class RLLMGRPOTrainer(GRPOAdapter):
         feeds it the coming steps' prompts."""
         self.close_generator()
         # Each training process starts its own worker (train/async_generation.py): half the process's cores are theirs.
-        cores = max(1, usable_cpus() // self.accelerator.num_processes)
+        cores = process_cores(self.accelerator.num_processes)
         settings = WorkerSettings(
             self.generation.sampling_params(), self.generation.run_seed, self.generation.filler_id,
             self.generation.chat_template_kwargs, self.generation.token_history, max(1, cores // 2),

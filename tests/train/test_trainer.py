@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
+from rllm_gym.engine.common import usable_cpus
 from rllm_gym.envs.base import MultiTurnEnv
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.train.trainer import (
@@ -16,6 +17,7 @@ from rllm_gym.train.trainer import (
     EpisodeRollout,
     decode_prompt,
     encode_prompt,
+    process_cores,
     trajectory_to_sequences,
 )
 from rllm_gym.types import RewardOutput, Step, Trajectory
@@ -353,3 +355,14 @@ def test_old_module_name_still_works_with_a_warning():
     assert old.RLLMGRPOTrainer is trainer.RLLMGRPOTrainer
     assert set(old.__all__) == set(trainer.__all__)
     assert all(getattr(old, name) is getattr(trainer, name) for name in trainer.__all__)
+
+
+def test_each_training_process_counts_only_the_processes_on_its_machine_for_its_share_of_the_cores(monkeypatch):
+    cpus = usable_cpus()
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert process_cores(1) == cpus
+    assert process_cores(2 * cpus) == 1  # never less than one
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # two machines, one process on each: all of this one's cores
+    assert process_cores(2) == cpus
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "")  # not a count: the world size stands in
+    assert process_cores(2) == max(1, cpus // 2)
