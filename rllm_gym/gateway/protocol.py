@@ -30,6 +30,8 @@ __all__ = [
     "chat_response",
     "completion_response",
     "error_body",
+    "finite_number",
+    "invalid_text_path",
     "normalize_messages",
     "parse_chat_request",
     "parse_completion_request",
@@ -118,15 +120,54 @@ class CompletionRequest:
     logprobs: bool
 
 
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number a float holds finitely, else ``None`` (a bool, a string, NaN,
+    an infinity, or an integer too large for a float: JSON gives all of these)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def invalid_text_path(body: Any) -> str | None:
+    """Where in a decoded JSON body a string is not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``,
+    which JSON allows and UTF-8 cannot hold), as ``messages[0].content``; ``None`` when every string is valid."""
+    pending: list[tuple[str, Any]] = [("", body)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path or "(body)"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if not key.isascii():
+                    try:
+                        key.encode("utf-8")
+                    except UnicodeEncodeError:  # the object with the bad key (the key itself cannot be shown)
+                        return path or "(body)"
+                pending.append((child, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    number = finite_number(value)
+    if number is None:
         raise RequestError(f"'{name}' must be a number, got {json.dumps(value)[:80]}", param=name)
-    if not low <= value <= high:
-        raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
-    return float(value)
+    if not low <= number <= high:
+        raise RequestError(f"'{name}' must be between {low} and {high}, got {json.dumps(value)[:80]}", param=name)
+    return number
 
 
 def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
@@ -282,7 +323,7 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, ToolChoic
         return None, ToolChoice("none")  # the model is not told about tools it must not call
     names = {tool["function"]["name"] for tool in tools}
     function = choice.get("function") if isinstance(choice, dict) else None
-    if not isinstance(function, dict) or function.get("name") not in names:
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or function["name"] not in names:
         raise RequestError(
             "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': <one of "
             f"the tools: {', '.join(sorted(names))}>}}}}"[:400],
@@ -327,6 +368,8 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     if not (isinstance(prompt, str) and prompt) and not ids:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", param="prompt")
+    if ids and min(prompt) < 0:
+        raise RequestError(f"'prompt' token ids must be >= 0, got {min(prompt)}"[:200], param="prompt")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise RequestError("'logprobs' must be an integer >= 0 or null", param="logprobs")

@@ -7,7 +7,8 @@ run on the gateway's policy; each call (each choice, with ``n`` > 1) becomes a S
 the exact prompt and completion token ids and log-probabilities. A chat that extends a recorded call (that call's
 messages plus the reply the client got) continues that call's prompt and sampled ids token for token
 (:mod:`rllm_gym.policies.tokens`); any other chat is rendered whole and starts a new training row.
-``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals,
+``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals
+(finite numbers: NaN and infinities are refused),
 ``POST /sessions`` opens a session over HTTP (``{"task": ..., "max_turns": N}``, both optional) and
 ``DELETE /sessions/{id}`` closes one. A session opened with ``max_turns`` refuses its call ``N + 1`` with a 400
 ``max_turns_exceeded`` (not retried by OpenAI clients), which the SDK turns into the episode's ``MAX_TURNS_EXCEEDED``.
@@ -43,10 +44,12 @@ from rllm_gym.gateway.protocol import (
     chat_response,
     completion_response,
     error_body,
+    finite_number,
+    invalid_text_path,
     parse_chat_request,
     parse_completion_request,
 )
-from rllm_gym.gateway.recording import model_context, previous_step, record_step
+from rllm_gym.gateway.recording import model_context, previous_step, record_step, vocab_size
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
@@ -285,9 +288,14 @@ class Gateway:
     async def _json(self, request: web.Request) -> Any:
         raw = await request.read()
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as error:  # ValueError: bad UTF-8, bad JSON, an int of 4300+ digits
             raise RequestError(f"the request body is not valid JSON: {error}"[:300], param=None) from None
+        path = invalid_text_path(body)
+        if path is not None:
+            message = f"'{path}' is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800): send UTF-8"
+            raise RequestError(message[:300], param=None if path == "(body)" else path)
+        return body
 
     async def _open(self, request: web.Request) -> web.Response:
         body = await self._json(request) if request.can_read_body else {}
@@ -321,17 +329,16 @@ class Gateway:
         if not isinstance(body, dict) or not ({"reward", "signals"} & body.keys()):
             raise RequestError("the body must be {'reward': <number>} and/or {'signals': {name: number}}", param=None)
         reward, signals = body.get("reward"), body.get("signals", {})
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise RequestError("'reward' must be a number", param="reward")
-        if not isinstance(signals, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in signals.values()
-        ):
-            raise RequestError("'signals' must be an object of numbers, e.g. {'format': 1.0}", param="signals")
+        # A reward of NaN or an infinity (JSON as Python reads it takes both) would train on garbage: refused.
+        if reward is not None and finite_number(reward) is None:
+            raise RequestError(f"'reward' must be a finite number, got {json.dumps(reward)[:80]}", param="reward")
+        if not isinstance(signals, dict) or not all(finite_number(v) is not None for v in signals.values()):
+            raise RequestError("'signals' must be an object of finite numbers, e.g. {'format': 1.0}", param="signals")
         trajectory = session.trajectory
         if reward is not None:
-            trajectory.reward = float(reward)
+            trajectory.reward = finite_number(reward)
         if signals:
-            trajectory.signals = {**trajectory.signals, **{str(k): float(v) for k, v in signals.items()}}
+            trajectory.signals = {**trajectory.signals, **{str(k): finite_number(v) for k, v in signals.items()}}
         return web.json_response({"reward": trajectory.reward, "signals": trajectory.signals})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -389,7 +396,7 @@ class Gateway:
                 )
             prompt_ids = list(self.tokenizer.encode(completion.prompt, add_special_tokens=False))
         else:
-            prompt_ids = completion.prompt
+            prompt_ids = self._known_ids(completion.prompt)
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
         self._count_call(session)
 
@@ -412,6 +419,21 @@ class Gateway:
         return web.json_response(response)
 
     # Generation
+
+    def _known_ids(self, ids: list[int]) -> list[int]:
+        """``ids`` when every one is in the model's vocabulary (where the gateway knows its size): an id past it is
+        the client's mistake (a 400), not a policy failure, and on a GPU it would fault the device for every
+        session."""
+        size = vocab_size(self.policy)
+        if size is not None and max(ids) >= size:
+            position = next(i for i, t in enumerate(ids) if t >= size)
+            raise RequestError(
+                f"'prompt[{position}]' is token id {ids[position]}, outside the model's vocabulary of {size} ids"[
+                    :200
+                ],
+                param=f"prompt[{position}]",
+            )
+        return ids
 
     def _params(self, sampling: Any) -> SamplingParams:
         fields = {

@@ -129,6 +129,12 @@ BAD_REQUESTS = [
         "messages[0].tool_calls[0]",
     ),
     ({"model": 3}, "model"),
+    # Numbers JSON allows that a float cannot hold, names that cannot be looked up, text UTF-8 cannot hold.
+    ({"temperature": 10**400}, "temperature"),
+    ({"top_p": -(10**400)}, "top_p"),
+    ({"tools": [ADD_TOOL], "tool_choice": {"type": "function", "function": {"name": ["add"]}}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
 ]
 
 
@@ -181,6 +187,17 @@ async def test_nothing_a_client_sends_crashes_the_gateway(policy):
             model="p", messages=[{"role": "user", "content": "still there?"}], max_tokens=3
         )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
+    body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1' + b"0" * 4300 + b"}"
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        for url in (f"{session.base_url}/chat/completions", f"{gateway.url}/sessions/{session.id}/reward"):
+            async with http.post(url, data=body) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and error["type"] == "invalid_request_error"
+                assert error["message"].startswith("the request body is not valid JSON: Exceeds the limit")
 
 
 async def test_a_prompt_over_the_context_gets_context_length_exceeded(policy):
@@ -280,6 +297,48 @@ async def test_reward_and_signals_are_set_by_the_program(policy):
             async with http.delete(f"{gateway.url}/sessions/{opened['id']}") as response:
                 assert (await response.json())["task"] == {"q": 1}
     assert (recorded["reward"], recorded["signals"]) == (0.5, {"format": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"reward": NaN}', "reward"),
+        (b'{"reward": Infinity}', "reward"),
+        (b'{"reward": -1e400}', "reward"),
+        (b'{"reward": 1' + b"0" * 400 + b"}", "reward"),
+        (b'{"signals": {"format": NaN}}', "signals"),
+        (b'{"signals": {"format": 1' + b"0" * 400 + b"}}", "signals"),
+        (b'{"signals": {"\\udc00": 1}}', "signals"),
+    ],
+)
+async def test_a_reward_that_is_not_a_finite_number_is_refused_not_recorded(body, param):
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        root = f"{gateway.url}/sessions/{session.id}"
+        async with http.post(f"{root}/reward", data=body) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["param"] == param
+        async with http.get(root) as response:
+            recorded = await response.json()
+    assert (recorded["reward"], recorded["signals"]) == (None, {})
+
+
+async def test_completion_token_ids_outside_the_vocabulary_are_the_clients_400_not_a_policy_failure(policy):
+    size = len(policy.tokenizer)
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        for prompt, param, message in (
+            ([5, size], "prompt[1]", f"'prompt[1]' is token id {size}, outside the model's vocabulary of {size} ids"),
+            ([5, 10**30], "prompt[1]", "outside the model's vocabulary"),
+            ([-1, 5], "prompt", "'prompt' token ids must be >= 0, got -1"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=re.escape(message)) as error:
+                await client.completions.create(model="p", prompt=prompt, max_tokens=2)
+            assert error.value.body["param"] == param
+        completion = await client.completions.create(model="p", prompt=[5, size - 1], max_tokens=2)
+        (step,) = gateway.close_session(session.id).steps
+    assert step.prompt_ids == [5, size - 1] and completion.choices[0].text == step.model_output.text
 
 
 def test_gateway_arguments_are_checked(policy):
