@@ -20,8 +20,10 @@ reasons; :class:`AgentProgramEngine` is that engine with a gateway of its own, a
 in one call. The Trajectory keeps the program's
 ``input`` (``{"task": task}``), ``output`` (its return value), ``signals`` and ``reward``: from ``reward_fn(task,
 output)`` (a float or a :class:`~rllm_gym.types.RewardOutput`) when given, else what the program posted to
-``/sessions/{id}/reward``. A program that raises ends its episode as ``ERROR``, one that runs past ``timeout_s`` as
-``TIMEOUT``; neither touches the other episodes. ``max_turns`` caps the LLM calls of an episode: the gateway refuses
+``/sessions/{id}/reward``. A program that raises (or calls ``sys.exit``) ends its episode as ``ERROR``, one that runs
+past ``timeout_s`` as ``TIMEOUT``; neither touches the other episodes. A ``reward_fn`` that raises or returns anything
+but a finite number (NaN, an infinity, a bool, a string) ends the episode as ``ERROR`` too: its bug surfaces, it is
+never a reward. ``max_turns`` caps the LLM calls of an episode: the gateway refuses
 the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a ``BadRequestError`` to the ``openai``
 client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then returns (its output is scored) or
 raises. A program in another process gets its session through
@@ -43,13 +45,18 @@ from rllm_gym.engine.common import max_turns_of
 from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.gateway import Gateway, GatewaySession
+from rllm_gym.gateway.protocol import finite_number
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
-__all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "load_function", "run_agent_program"]
+__all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "ProgramExitError", "load_function", "run_agent_program"]
 
 AgentProgram = Callable[[Any, str], Any]
 RewardFn = Callable[[Any, Any], Any]
+
+
+class ProgramExitError(RuntimeError):
+    """An agent program or reward function called ``sys.exit()``: its episode ends in ERROR, the others run on."""
 
 
 def load_function(spec: str | Callable[..., Any], what: str = "--agent-program") -> Callable[..., Any]:
@@ -79,7 +86,22 @@ def load_function(spec: str | Callable[..., Any], what: str = "--agent-program")
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Await ``fn(*args)``: on the loop when it is async, else in a thread of its own (a program blocks for a whole
     episode, so the default executor's few threads would cap how many run at once). A thread left behind by a
-    timeout finishes on its own; its calls then get 404 from the closed session."""
+    timeout finishes on its own; its calls then get 404 from the closed session. A ``sys.exit()`` in ``fn`` is
+    :class:`ProgramExitError`, this episode's error: asyncio lets a ``SystemExit`` out of a task end the whole loop."""
+    try:
+        return await _await(fn, *args)
+    except SystemExit as exception:
+        raise _exit_error(fn, exception) from None
+
+
+def _exit_error(fn: Callable[..., Any], exception: BaseException) -> ProgramExitError:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    if isinstance(exception, SystemExit):
+        return ProgramExitError(f"{name} called sys.exit({exception.code!r}): return a value (or raise) instead")
+    return ProgramExitError(f"{name} raised {type(exception).__name__}: return a value (or raise an Exception)")
+
+
+async def _await(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
     loop = asyncio.get_running_loop()
@@ -92,6 +114,8 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     def target() -> None:
         try:
             result, error = fn(*args), None
+        except (SystemExit, KeyboardInterrupt) as exception:  # the program's own: Ctrl-C reaches the main thread
+            result, error = None, _exit_error(fn, exception)
         except BaseException as exception:  # handed to the episode, which ends in ERROR
             result, error = None, exception
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
@@ -174,18 +198,32 @@ class AgentProgramWorkflow(Workflow):
         raise TerminationEvent(TerminationReason.ENV_DONE)
 
     async def _score(self, trajectory: Trajectory, task: Any, output: Any) -> None:
+        """The reward_fn's verdict on the trajectory. A value that is not a finite number (a bool, a string, NaN, an
+        infinity) is the reward_fn's bug: an error, so the episode ends in ERROR rather than training on it."""
         assert self.reward_fn is not None
         result = await _call(self.reward_fn, task, output)
         if isinstance(result, RewardOutput):
-            trajectory.reward = result.reward
+            reward = _finite(result.reward, "RewardOutput.reward")
+            numbers = {
+                k: _finite(float(v) if isinstance(v, bool) else v, f"RewardOutput.metadata[{k!r}]")
+                for k, v in result.metadata.items()
+                if isinstance(v, int | float)
+            }
+            trajectory.reward = reward
             if result.is_correct is not None and trajectory.steps:
                 trajectory.steps[-1].info["is_correct"] = result.is_correct
-            numbers = {k: float(v) for k, v in result.metadata.items() if isinstance(v, int | float)}
             trajectory.signals = {**trajectory.signals, **numbers}
         elif isinstance(result, int | float) and not isinstance(result, bool):
-            trajectory.reward = float(result)
+            trajectory.reward = _finite(result, "its reward")
         else:
             raise TypeError(f"reward_fn must return a float or a RewardOutput, got {type(result).__name__}")
+
+
+def _finite(value: float, what: str) -> float:
+    number = finite_number(value)
+    if number is None:
+        raise ValueError(f"reward_fn returned {what} = {value!r:.80}: a reward must be a finite number")
+    return number
 
 
 def _turns_message(session: GatewaySession) -> str:

@@ -112,6 +112,56 @@ async def test_a_reward_fn_with_a_wrong_return_type_is_an_error_episode():
     assert "reward_fn must return a float or a RewardOutput, got str" in episode.metadata["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (float("nan"), "reward_fn returned its reward = nan: a reward must be a finite number"),
+        (float("-inf"), "reward_fn returned its reward = -inf: a reward must be a finite number"),
+        (10**400, "reward_fn returned its reward = 1000000000"),
+        (RewardOutput(reward=float("inf")), "reward_fn returned RewardOutput.reward = inf"),
+        (RewardOutput(reward=1.0, metadata={"steps": float("nan")}), "RewardOutput.metadata['steps'] = nan"),
+    ],
+    ids=["nan", "-inf", "huge-int", "output-inf", "metadata-nan"],
+)
+async def test_a_reward_fn_that_returns_nan_or_inf_is_an_error_episode_not_a_reward(result, message):
+    policy = ScriptedPolicy(["x"], cycle=True)
+    (episode,) = await run_agent_program(sync_program, [{"question": "q"}], policy, reward_fn=lambda t, o: result)
+    assert episode.termination_reason is TerminationReason.ERROR
+    assert message in episode.metadata["error"]["message"]
+    assert episode.trajectories[0].signals == {"tries": 1.0}  # what the program posted; no NaN joined it
+
+
+def exiting_program(task, base_url):
+    if task["question"] == "exit":
+        sys.exit(3)
+    if task["question"] == "interrupt":
+        raise KeyboardInterrupt
+    return "stayed"
+
+
+async def async_exiting_program(task, base_url):
+    if task["question"] == "exit":
+        sys.exit("bye")
+    return "stayed"
+
+
+async def test_a_program_or_reward_fn_that_calls_sys_exit_ends_its_own_episode_in_error_not_the_batch():
+    policy = ScriptedPolicy(["x"], cycle=True)
+    tasks = [{"question": "exit"}, {"question": "interrupt"}, {"question": "fine"}]
+    episodes = await run_agent_program(exiting_program, tasks, policy)
+    episodes += await run_agent_program(async_exiting_program, [{"question": "exit"}, {"question": "fine"}], policy)
+    (scored,) = await run_agent_program(exiting_program, tasks[2:], policy, reward_fn=lambda t, o: sys.exit(0))
+    reasons = [e.termination_reason.value for e in [*episodes, scored]]
+    assert reasons == ["error", "error", "env_done", "error", "env_done", "error"]
+    messages = [e.metadata["error"]["message"] for e in (episodes[0], episodes[1], episodes[3], scored)]
+    assert messages[0] == "exiting_program called sys.exit(3): return a value (or raise) instead"
+    assert messages[1] == "exiting_program raised KeyboardInterrupt: return a value (or raise an Exception)"
+    assert messages[2] == "async_exiting_program called sys.exit('bye'): return a value (or raise) instead"
+    assert messages[3].endswith("called sys.exit(0): return a value (or raise) instead")
+    assert episodes[0].metadata["error"]["type"] == "ProgramExitError"
+    assert [episodes[2].trajectories[0].output, episodes[4].trajectories[0].output] == ["stayed", "stayed"]
+
+
 def test_load_function_names_what_is_wrong():
     assert load_function("rllm_gym.sdk:load_function") is load_function
     with pytest.raises(ValueError, match="must be 'module:function'"):
