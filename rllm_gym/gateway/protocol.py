@@ -28,10 +28,10 @@ __all__ = [
     "assistant_message",
     "chat_chunks",
     "chat_response",
+    "check_body",
     "completion_response",
     "error_body",
     "finite_number",
-    "invalid_text_path",
     "normalize_messages",
     "parse_chat_request",
     "parse_completion_request",
@@ -41,6 +41,10 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CALL_OPEN = "<tool_call>\n"
 MAX_N = 16
 MAX_STOP = 4
+# transformers matches stop strings against every vocabulary entry up front, and streaming holds back any tail that
+# may start one, both in time growing with the string: a megabyte stop stalled a 20-token call for 40 s.
+MAX_STOP_CHARS = 256
+MAX_DEPTH = 64
 
 
 class RequestError(Exception):
@@ -132,30 +136,54 @@ def finite_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def invalid_text_path(body: Any) -> str | None:
-    """Where in a decoded JSON body a string is not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``,
-    which JSON allows and UTF-8 cannot hold), as ``messages[0].content``; ``None`` when every string is valid."""
-    pending: list[tuple[str, Any]] = [("", body)]
+def check_body(body: Any) -> Any:
+    """``body`` (a decoded JSON body) when the gateway can record it, else :class:`RequestError` naming where not:
+    a string that is not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON allows and UTF-8
+    cannot hold), or nesting deeper than ``MAX_DEPTH`` (a record nests what it keeps in a few levels of its own, and
+    its JSON must stay within what pydantic writes)."""
+    if isinstance(body, str) and not _valid_text(body):
+        raise _text_error("")
+    pending: list[tuple[str, Any, int]] = [("", body, 0)]
     while pending:
-        path, value = pending.pop()
-        if isinstance(value, str):
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    return path or "(body)"
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                child = f"{path}.{key}" if path else str(key)
-                if not key.isascii():
-                    try:
-                        key.encode("utf-8")
-                    except UnicodeEncodeError:  # the object with the bad key (the key itself cannot be shown)
-                        return path or "(body)"
-                pending.append((child, item))
+        path, value, depth = pending.pop()
+        if isinstance(value, dict):
+            items: Any = value.items()
         elif isinstance(value, list):
-            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
-    return None
+            items = enumerate(value)
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise RequestError(f"'{path}' is nested more than {MAX_DEPTH} levels deep"[:300], param=path)
+        for key, item in items:
+            if isinstance(key, str) and not _valid_text(key):
+                raise _text_error(path)  # the key itself cannot be shown: the object that holds it is named
+            if isinstance(item, str):
+                if not _valid_text(item):
+                    raise _text_error(_child(path, key))
+            elif isinstance(item, (dict, list)):
+                pending.append((_child(path, key), item, depth + 1))
+    return body
+
+
+def _child(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _valid_text(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_error(path: str) -> RequestError:
+    message = f"'{path or '(body)'}' is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800)"
+    return RequestError(message[:300] + ": send UTF-8 text", param=path or None)
 
 
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
@@ -201,6 +229,8 @@ def _sampling(body: dict[str, Any]) -> Sampling:
         stops = tuple(stop)
     else:
         raise RequestError(f"'stop' must be a string or a list of up to {MAX_STOP} non-empty strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"'stop' strings must be at most {MAX_STOP_CHARS} characters each", param="stop")
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)

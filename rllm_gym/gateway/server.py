@@ -42,10 +42,10 @@ from rllm_gym.gateway.protocol import (
     assistant_message,
     chat_chunks,
     chat_response,
+    check_body,
     completion_response,
     error_body,
     finite_number,
-    invalid_text_path,
     parse_chat_request,
     parse_completion_request,
 )
@@ -291,11 +291,7 @@ class Gateway:
             body = json.loads(raw)
         except (ValueError, RecursionError) as error:  # ValueError: bad UTF-8, bad JSON, an int of 4300+ digits
             raise RequestError(f"the request body is not valid JSON: {error}"[:300], param=None) from None
-        path = invalid_text_path(body)
-        if path is not None:
-            message = f"'{path}' is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800): send UTF-8"
-            raise RequestError(message[:300], param=None if path == "(body)" else path)
-        return body
+        return check_body(body)
 
     async def _open(self, request: web.Request) -> web.Response:
         body = await self._json(request) if request.can_read_body else {}

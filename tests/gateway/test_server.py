@@ -135,6 +135,7 @@ BAD_REQUESTS = [
     ({"tools": [ADD_TOOL], "tool_choice": {"type": "function", "function": {"name": ["add"]}}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
+    ({"stop": ["x" * 257]}, "stop"),  # a megabyte stop string stalled a 20-token call for 40 s
 ]
 
 
@@ -187,6 +188,32 @@ async def test_nothing_a_client_sends_crashes_the_gateway(policy):
             model="p", messages=[{"role": "user", "content": "still there?"}], max_tokens=3
         )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_body_nested_past_what_a_record_can_hold_is_refused_and_one_within_reads_back():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": nested(80)}}}
+    chat = {"messages": [{"role": "user", "content": "x"}], "tools": [tool]}
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        for url, body, param in (
+            (f"{gateway.url}/sessions", {"task": nested(80)}, "task" + "[0]" * 63),
+            (f"{session.base_url}/chat/completions", chat, "tools[0].function.parameters.default" + "[0]" * 59),
+        ):
+            async with http.post(url, json=body) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and error["param"] == param
+                assert error["message"].endswith("is nested more than 64 levels deep")
+        async with http.post(f"{gateway.url}/sessions", json={"task": nested(60)}) as response:
+            opened = await response.json()
+        async with http.get(f"{gateway.url}/sessions/{opened['id']}") as response:
+            assert response.status == 200 and (await response.json())["task"] == nested(60)
 
 
 async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
