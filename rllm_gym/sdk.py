@@ -45,7 +45,7 @@ from rllm_gym.engine.common import max_turns_of
 from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.gateway import Gateway, GatewaySession
-from rllm_gym.gateway.protocol import finite_number
+from rllm_gym.gateway.protocol import MAX_DEPTH, finite_number
 from rllm_gym.policies.base import Policy, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
@@ -127,12 +127,31 @@ async def _await(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` when JSON can hold it, else its ``repr`` (the episode is written to JSONL)."""
+    """``value`` when a record's JSON can hold it (the episode is written to JSONL: nested at most ``MAX_DEPTH``
+    levels, as pydantic writes records no deeper than about 250), else its ``repr``."""
     try:
         json.dumps(value)
-    except (TypeError, ValueError):
+        fits = _nesting(value) <= MAX_DEPTH
+    except (TypeError, ValueError, RecursionError):
+        fits = False
+    if fits:
+        return value
+    try:
         return repr(value)
-    return value
+    except Exception:  # a repr that raises, or recurses past the limit: the program's output still ends its episode
+        return f"<{type(value).__name__} without a repr>"
+
+
+def _nesting(value: Any) -> int:
+    """How many containers deep ``value`` (a JSON-serialisable value) nests."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 class AgentProgramWorkflow(Workflow):

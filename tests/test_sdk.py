@@ -162,6 +162,38 @@ async def test_a_program_or_reward_fn_that_calls_sys_exit_ends_its_own_episode_i
     assert [episodes[2].trajectories[0].output, episodes[4].trajectories[0].output] == ["stayed", "stayed"]
 
 
+def nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+class Unprintable:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+
+
+def odd_output_program(task, base_url):
+    return {"deep": nested(300), "deeper": nested(5000), "unprintable": Unprintable(), "fine": [1, {"a": 2}]}[
+        task["question"]
+    ]
+
+
+async def test_an_output_a_record_cannot_hold_is_kept_as_text_and_the_run_writes_every_episode(tmp_path):
+    tasks = [{"question": q} for q in ("deep", "deeper", "unprintable", "fine")]
+    out = tmp_path / "episodes.jsonl"
+    episodes = await run_agent_program(odd_output_program, tasks, ScriptedPolicy(["x"], cycle=True), out=out)
+    assert [e.termination_reason for e in episodes] == [TerminationReason.ENV_DONE] * 4
+    outputs = [e.trajectories[0].output for e in episodes]
+    assert outputs[0] == repr(nested(300)) and outputs[1:] == [
+        "<list without a repr>",
+        "<Unprintable without a repr>",
+        [1, {"a": 2}],
+    ]
+    assert len(out.read_text().splitlines()) == 4
+
+
 def test_load_function_names_what_is_wrong():
     assert load_function("rllm_gym.sdk:load_function") is load_function
     with pytest.raises(ValueError, match="must be 'module:function'"):
