@@ -228,7 +228,8 @@ class Gateway:
         return len(self._sessions)
 
     def close_session(self, sid: str) -> Trajectory:
-        """Forget the session and return its Trajectory; later calls under it get 404."""
+        """Forget the session and return its Trajectory; later calls under it get 404, and a call still running is
+        answered but not recorded (the Trajectory returned here is the episode's last word)."""
         session = self._sessions.pop(sid, None)
         if session is None:
             raise KeyError(f"no open gateway session {sid[:8]}...")
@@ -249,6 +250,12 @@ class Gateway:
                 param=None,
             )
         return session
+
+    def _record(self, session: GatewaySession, output: ModelOutput, chat: list[dict[str, Any]], tools: Any) -> None:
+        """Record a finished call, unless its session closed while it ran: that episode is over (its Trajectory may be
+        scored and training already), so a late call (a program's background thread, say) is answered, not kept."""
+        if self._sessions.get(session.id) is session:
+            record_step(session.trajectory, output, chat, tools)
 
     @staticmethod
     def _count_call(session: GatewaySession) -> None:
@@ -359,7 +366,7 @@ class Gateway:
             outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
             replies = [assistant_message(output) for output in outputs]
             for output, reply in zip(outputs, replies, strict=True):
-                record_step(session.trajectory, output, [*chat.messages, reply], chat.tools)
+                self._record(session, output, [*chat.messages, reply], chat.tools)
             return chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
@@ -398,7 +405,7 @@ class Gateway:
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
             for output in outputs:
-                record_step(session.trajectory, output, [], None)
+                self._record(session, output, [], None)
             return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:

@@ -216,6 +216,41 @@ async def test_a_body_nested_past_what_a_record_can_hold_is_refused_and_one_with
             assert response.status == 200 and (await response.json())["task"] == nested(60)
 
 
+class GatedPolicy(ScriptedPolicy):
+    """A scripted policy whose replies wait for ``gate``; ``all_in`` is set once ``calls`` calls are generating."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__(["late reply"], cycle=True)
+        self.waiting, self.expected = 0, calls
+        self.all_in, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def generate(self, *args, **kwargs):
+        self.waiting += 1
+        if self.waiting == self.expected:
+            self.all_in.set()
+        await self.gate.wait()
+        return await super().generate(*args, **kwargs)
+
+
+async def test_a_call_still_running_when_its_session_closes_is_answered_but_not_recorded():
+    policy = GatedPolicy(calls=2)
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        calls = [
+            asyncio.ensure_future(
+                client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+            ),
+            asyncio.ensure_future(client.completions.create(model="p", prompt=[1, 2])),
+        ]
+        await policy.all_in.wait()
+        trajectory = gateway.close_session(session.id)  # the episode ends (the SDK scores it from here on)
+        policy.gate.set()
+        chat, completion = await asyncio.gather(*calls)
+    assert chat.choices[0].message.content == "late reply" and completion.choices[0].text == "late reply"
+    assert trajectory.steps == []
+
+
 async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
     body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1' + b"0" * 4300 + b"}"
     async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
