@@ -327,8 +327,9 @@ class Gateway:
         )
 
     async def _reward(self, request: web.Request) -> web.Response:
-        session = self._session(request)
+        self._session(request)  # an unknown session is a 404 before its body is read
         body = await self._json(request)
+        session = self._session(request)  # a session closed while the body came in is over: 404, not a late reward
         if not isinstance(body, dict) or not ({"reward", "signals"} & body.keys()):
             raise RequestError("the body must be {'reward': <number>} and/or {'signals': {name: number}}", param=None)
         reward, signals = body.get("reward"), body.get("signals", {})

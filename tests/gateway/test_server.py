@@ -251,6 +251,25 @@ async def test_a_call_still_running_when_its_session_closes_is_answered_but_not_
     assert trajectory.steps == []
 
 
+async def test_a_reward_whose_body_arrives_after_its_session_closed_is_a_404_not_a_late_reward():
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway:
+        session = gateway.open_session()
+        host, port = gateway.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = b'{"reward": 1.0}'
+        head = f"POST /sessions/{session.id}/reward HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body[:5])
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the handler has the session and waits for the rest of the body
+        trajectory = gateway.close_session(session.id)
+        writer.write(body[5:])
+        await writer.drain()
+        status = (await reader.readline()).decode()
+        writer.close()
+        await writer.wait_closed()
+    assert status.startswith("HTTP/1.1 404") and trajectory.reward is None
+
+
 async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
     body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1' + b"0" * 4300 + b"}"
     async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
