@@ -35,6 +35,7 @@ __all__ = [
     "normalize_messages",
     "parse_chat_request",
     "parse_completion_request",
+    "readable_calls",
 ]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -410,6 +411,32 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         stream=_flag(body, "stream"),
         logprobs=logprobs is not None,
     )
+
+
+def readable_calls(output: ModelOutput) -> ModelOutput:
+    """The reply, with its tool calls only when a client and a record can read their arguments: nested at most
+    ``MAX_DEPTH`` levels (a record is written by pydantic, which stops near 250) and without NaN or infinities (which
+    strict JSON parsers refuse). Otherwise the model wrote a call no one can use: it stays content, as any malformed
+    call does, and the finish reason is ``"stop"`` or ``"length"``."""
+    if all(_plain_json(call.arguments) for call in output.tool_calls):
+        return output
+    finish = "length" if output.finish_reason == "length" else "stop"
+    content = split_reasoning(output.text)[1].strip()
+    return output.model_copy(update={"content": content, "tool_calls": [], "finish_reason": finish})
+
+
+def _plain_json(value: Any) -> bool:
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            if depth >= MAX_DEPTH:
+                return False
+            pending.extend((child, depth + 1) for child in children)
+    return True
 
 
 def apply_tool_choice(output: ModelOutput, choice: ToolChoice) -> ModelOutput:

@@ -48,6 +48,7 @@ from rllm_gym.gateway.protocol import (
     finite_number,
     parse_chat_request,
     parse_completion_request,
+    readable_calls,
 )
 from rllm_gym.gateway.recording import model_context, previous_step, record_step, vocab_size
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
@@ -364,7 +365,7 @@ class Gateway:
         self._count_call(session)  # a request refused above made no LLM call
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
-            outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
+            outputs = [readable_calls(apply_tool_choice(output, chat.tool_choice)) for output in outputs]
             replies = [assistant_message(output) for output in outputs]
             for output, reply in zip(outputs, replies, strict=True):
                 self._record(session, output, [*chat.messages, reply], chat.tools)

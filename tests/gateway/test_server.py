@@ -359,6 +359,37 @@ async def test_tool_calls_round_trip_and_continue_the_recorded_chat():
     assert two.chat_completions[: len(one.chat_completions)] == one.chat_completions
 
 
+DEEP_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": ' + "[" * 300 + "]" * 300 + "}}\n</tool_call>"
+NAN_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": NaN, "b": 1e999}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("reply", [DEEP_CALL, NAN_CALL], ids=["nested-300-deep", "nan-and-infinity"])
+async def test_a_tool_call_whose_arguments_no_client_or_record_can_hold_stays_content(reply, tmp_path):
+    from rllm_gym.sdk import run_agent_program
+
+    async with Gateway(ScriptedPolicy([reply], cycle=True)) as gateway:
+        session = gateway.open_session()
+        answer = await client_of(session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "2+3?"}], tools=[ADD_TOOL], max_tokens=2000
+        )
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
+            assert response.status == 200
+            (step,) = (await response.json())["steps"]
+    (choice,) = answer.choices
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == reply and step["model_output"]["tool_calls"] == []
+
+    async def program(task, base_url):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "2+3?"}]
+        await client.chat.completions.create(model="p", messages=messages, tools=[ADD_TOOL], max_tokens=2000)
+        return "done"
+
+    out = tmp_path / "episodes.jsonl"
+    await run_agent_program(program, [{"q": 1}], ScriptedPolicy([reply], cycle=True), out=out)
+    assert json.loads(out.read_text())["trajectories"][0]["output"] == "done"
+
+
 async def test_reward_and_signals_are_set_by_the_program(policy):
     async with Gateway(policy) as gateway:
         session = gateway.open_session()
