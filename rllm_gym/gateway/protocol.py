@@ -46,6 +46,8 @@ MAX_STOP = 4
 # may start one, both in time growing with the string: a megabyte stop stalled a 20-token call for 40 s.
 MAX_STOP_CHARS = 256
 MAX_DEPTH = 64
+# vLLM's rule: a temperature below this is greedy (dividing logits by 1e-300 makes them infinite, and sampling fails).
+GREEDY_BELOW = 1e-5
 
 
 class RequestError(Exception):
@@ -235,8 +237,11 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None and temperature < GREEDY_BELOW:
+        temperature = 0.0
     return Sampling(
-        temperature=_number(body, "temperature", 0.0, 2.0),
+        temperature=temperature,
         top_p=_top_p(body),
         max_tokens=max_tokens,
         stop=stops,

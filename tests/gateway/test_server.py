@@ -281,6 +281,20 @@ async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
                 assert error["message"].startswith("the request body is not valid JSON: Exceeds the limit")
 
 
+async def test_a_temperature_below_1e_5_is_greedy_not_a_policy_failure(policy):
+    messages = [{"role": "user", "content": "move left"}]
+    async with Gateway(policy) as gateway:
+        client = client_of(gateway.open_session())
+        greedy = await client.chat.completions.create(model="p", messages=messages, max_tokens=6, temperature=0)
+        for temperature in (1e-300, 5e-324, 9e-6):
+            tiny = await client.chat.completions.create(
+                model="p", messages=messages, max_tokens=6, temperature=temperature
+            )
+            assert tiny.choices[0].message.content == greedy.choices[0].message.content
+        completion = await client.completions.create(model="p", prompt="the agent", max_tokens=4, temperature=1e-300)
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
 async def test_a_prompt_over_the_context_gets_context_length_exceeded(policy):
     async with Gateway(policy, max_context_tokens=40) as gateway:
         session = gateway.open_session()
