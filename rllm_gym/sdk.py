@@ -127,31 +127,52 @@ async def _await(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` when a record's JSON can hold it (the episode is written to JSONL: nested at most ``MAX_DEPTH``
-    levels, as pydantic writes records no deeper than about 250), else its ``repr``."""
+    """``value`` when a record's JSON can hold it (the episode is written to JSONL as UTF-8, and pydantic writes
+    records no deeper than about 250 levels), else its ``repr``, as UTF-8 can hold it."""
     try:
         json.dumps(value)
-        fits = _nesting(value) <= MAX_DEPTH
+        fits = _fits_record(value)
     except (TypeError, ValueError, RecursionError):
         fits = False
     if fits:
         return value
     try:
-        return repr(value)
+        text = repr(value)
     except Exception:  # a repr that raises, or recurses past the limit: the program's output still ends its episode
         return f"<{type(value).__name__} without a repr>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as its escape
 
 
-def _nesting(value: Any) -> int:
-    """How many containers deep ``value`` (a JSON-serialisable value) nests."""
-    deepest, pending = 0, [(value, 1)]
+def _fits_record(value: Any) -> bool:
+    """Whether ``value`` (JSON-serialisable) nests at most ``MAX_DEPTH`` levels and every string in it (keys too) is
+    valid Unicode (a lone surrogate, from text decoded with ``surrogateescape`` say, has no UTF-8)."""
+    pending = [(value, 1)]
     while pending:
         item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
-        if children is not None:
-            deepest = max(deepest, depth)
-            pending.extend((child, depth + 1) for child in children)
-    return deepest
+        if isinstance(item, str):
+            if not item.isascii() and not _utf8(item):
+                return False
+            continue
+        children = item.items() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > MAX_DEPTH:
+            return False
+        for child in children:
+            if isinstance(item, dict):
+                key, child = child
+                if isinstance(key, str) and not key.isascii() and not _utf8(key):
+                    return False
+            pending.append((child, depth + 1))
+    return True
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class AgentProgramWorkflow(Workflow):

@@ -174,24 +174,29 @@ class Unprintable:
         raise RuntimeError("no repr")
 
 
+ODD_OUTPUTS = {
+    "deep": nested(300),
+    "deeper": nested(5000),
+    "unprintable": Unprintable(),
+    "surrogate": ["caf\udce9"],  # bytes decoded with errors="surrogateescape"
+    "surrogate key": {"\ud800": 1},
+    "fine": [1, {"a": 2, "é": "ü"}],
+}
+
+
 def odd_output_program(task, base_url):
-    return {"deep": nested(300), "deeper": nested(5000), "unprintable": Unprintable(), "fine": [1, {"a": 2}]}[
-        task["question"]
-    ]
+    return ODD_OUTPUTS[task["question"]]
 
 
 async def test_an_output_a_record_cannot_hold_is_kept_as_text_and_the_run_writes_every_episode(tmp_path):
-    tasks = [{"question": q} for q in ("deep", "deeper", "unprintable", "fine")]
+    tasks = [{"question": q} for q in ODD_OUTPUTS]
     out = tmp_path / "episodes.jsonl"
     episodes = await run_agent_program(odd_output_program, tasks, ScriptedPolicy(["x"], cycle=True), out=out)
-    assert [e.termination_reason for e in episodes] == [TerminationReason.ENV_DONE] * 4
+    assert [e.termination_reason for e in episodes] == [TerminationReason.ENV_DONE] * len(tasks)
     outputs = [e.trajectories[0].output for e in episodes]
-    assert outputs[0] == repr(nested(300)) and outputs[1:] == [
-        "<list without a repr>",
-        "<Unprintable without a repr>",
-        [1, {"a": 2}],
-    ]
-    assert len(out.read_text().splitlines()) == 4
+    assert outputs[:3] == [repr(nested(300)), "<list without a repr>", "<Unprintable without a repr>"]
+    assert outputs[3:] == ["['caf\\udce9']", "{'\\ud800': 1}", [1, {"a": 2, "é": "ü"}]]
+    assert len(out.read_text(encoding="utf-8").splitlines()) == len(tasks)
 
 
 def test_load_function_names_what_is_wrong():
