@@ -23,10 +23,11 @@ output)`` (a float or a :class:`~rllm_gym.types.RewardOutput`) when given, else 
 ``/sessions/{id}/reward``. A program that raises (or calls ``sys.exit``) ends its episode as ``ERROR``, one that runs
 past ``timeout_s`` as ``TIMEOUT``; neither touches the other episodes. A ``reward_fn`` that raises or returns anything
 but a finite number (NaN, an infinity, a bool, a string) ends the episode as ``ERROR`` too: its bug surfaces, it is
-never a reward. ``max_turns`` caps the LLM calls of an episode: the gateway refuses
-the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a ``BadRequestError`` to the ``openai``
-client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then returns (its output is scored) or
-raises. A program in another process gets its session through
+never a reward. So does a program that returns after one of its calls met a policy failure (a 502 it caught): the
+infrastructure failed, and its answer is not the model's to be scored. ``max_turns`` caps the LLM calls of an
+episode: the gateway refuses the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a
+``BadRequestError`` to the ``openai`` client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then
+returns (its output is scored) or raises. A program in another process gets its session through
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (:attr:`GatewaySession.environ <rllm_gym.gateway.GatewaySession.environ>`).
 """
 
@@ -46,7 +47,7 @@ from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.gateway import Gateway, GatewaySession
 from rllm_gym.gateway.protocol import MAX_DEPTH, finite_number
-from rllm_gym.policies.base import Policy, SamplingParams
+from rllm_gym.policies.base import Policy, PolicyError, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
 __all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "ProgramExitError", "load_function", "run_agent_program"]
@@ -228,6 +229,8 @@ class AgentProgramWorkflow(Workflow):
             with contextlib.suppress(KeyError):
                 self.gateway.close_session(session.id)
         trajectory.output = _json_safe(output)
+        if session.policy_error is not None:  # the program went on past a 502: what it returned is not the model's
+            raise PolicyError(f"a call of this episode met a policy failure: {session.policy_error}")
         if self.reward_fn is not None:
             await self._score(trajectory, task, output)
         if trajectory.steps and trajectory.reward is not None:

@@ -199,6 +199,30 @@ async def test_an_output_a_record_cannot_hold_is_kept_as_text_and_the_run_writes
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(tasks)
 
 
+async def program_that_swallows_errors(task, base_url):
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    answers = []
+    for question in ("1+1?", "2+2?"):
+        try:
+            reply = await client.chat.completions.create(model="p", messages=[{"role": "user", "content": question}])
+            answers.append(reply.choices[0].message.content)
+        except openai.APIError:
+            answers.append("")  # a program that answers whatever happens
+    return answers
+
+
+async def test_a_policy_failure_the_program_swallows_is_an_error_episode_not_a_wrong_answer():
+    policy = ScriptedPolicy(["2"])  # one reply, then the policy fails (a 502 to the program)
+    (episode,) = await run_agent_program(
+        program_that_swallows_errors, [{"question": "q"}], policy, reward_fn=lambda t, o: float(o == ["2", "4"])
+    )
+    assert episode.termination_reason is TerminationReason.ERROR
+    assert episode.metadata["error"]["type"] == "PolicyError"
+    assert "a call of this episode met a policy failure:" in episode.metadata["error"]["message"]
+    assert "ran out of replies" in episode.metadata["error"]["message"]
+    assert episode.trajectories[0].output == ["2", ""] and len(episode.trajectories[0].steps) == 1
+
+
 def test_load_function_names_what_is_wrong():
     assert load_function("rllm_gym.sdk:load_function") is load_function
     with pytest.raises(ValueError, match="must be 'module:function'"):

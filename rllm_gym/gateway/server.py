@@ -73,7 +73,9 @@ class GatewaySession:
     """One episode's recording: its id (the secret), its URLs and its Trajectory (filled in as calls arrive).
 
     ``max_turns`` is the most LLM calls the session takes (``None``: no limit); ``calls`` counts those it took, and
-    ``turns_exceeded`` says a call past the limit was refused (400 ``max_turns_exceeded``)."""
+    ``turns_exceeded`` says a call past the limit was refused (400 ``max_turns_exceeded``). ``policy_error`` is the
+    first policy failure one of its calls met (a 502): a program may catch that error and answer anyway, but its
+    episode's outcome is then the infrastructure's, which the SDK reports as an error rather than score."""
 
     id: str
     base_url: str
@@ -81,6 +83,7 @@ class GatewaySession:
     max_turns: int | None = None
     calls: int = 0
     turns_exceeded: bool = False
+    policy_error: str | None = None
 
     @property
     def environ(self) -> dict[str, str]:
@@ -372,7 +375,8 @@ class Gateway:
             return chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
-            return self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids, on_tokens)
+            messages, tools = chat.messages, chat.tools
+            return self._generate(session, chat.sampling.n, params, messages, tools, previous, prompt_ids, on_tokens)
 
         if chat.stream and prompt_ids is not None and getattr(self.policy, "streams_tokens", False):
             # A reply that continues a forced tool-call opening has no content to send as it comes.
@@ -411,7 +415,7 @@ class Gateway:
             return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
-            return self._generate(completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
+            return self._generate(session, completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
 
         if completion.stream and self.tokenizer is not None and getattr(self.policy, "streams_tokens", False):
             streams = [ContentStream(self.tokenizer, params.stop, raw=True) for _ in range(completion.sampling.n)]
@@ -483,6 +487,7 @@ class Gateway:
 
     async def _generate(
         self,
+        session: GatewaySession,
         n: int,
         params: SamplingParams,
         messages: list[dict[str, Any]] | None,
@@ -505,7 +510,10 @@ class Gateway:
         seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
         try:
             return list(await asyncio.gather(*map(one, seeds, on_tokens or [None] * n)))
-        except PolicyError:
+        except PolicyError as error:
+            session.policy_error = session.policy_error or str(error)
             raise
         except Exception as error:
-            raise PolicyError(f"the policy failed: {type(error).__name__}: {error}") from error
+            failure = PolicyError(f"the policy failed: {type(error).__name__}: {error}")
+            session.policy_error = session.policy_error or str(failure)
+            raise failure from error
