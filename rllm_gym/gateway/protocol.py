@@ -213,12 +213,13 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None)
     return value
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
+def _flag(body: dict[str, Any], name: str, parent: str = "") -> bool:
     value = body.get(name, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be true or false, got {json.dumps(value)[:80]}", param=name)
+        param = f"{parent}.{name}" if parent else name
+        raise RequestError(f"'{param}' must be true or false, got {json.dumps(value)[:80]}", param=param)
     return value
 
 
@@ -390,7 +391,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         tool_choice=tool_choice,
         sampling=_sampling(body),
         stream=_flag(body, "stream"),
-        include_usage=_flag(options or {}, "include_usage"),
+        include_usage=_flag(options or {}, "include_usage", "stream_options"),
         logprobs=_flag(body, "logprobs"),
     )
 

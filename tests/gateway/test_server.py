@@ -136,6 +136,7 @@ BAD_REQUESTS = [
     ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
     ({"stop": ["x" * 257]}, "stop"),  # a megabyte stop string stalled a 20-token call for 40 s
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
 ]
 
 
