@@ -57,7 +57,9 @@ RewardFn = Callable[[Any, Any], Any]
 
 
 class ProgramExitError(RuntimeError):
-    """An agent program or reward function called ``sys.exit()``: its episode ends in ERROR, the others run on."""
+    """An agent program or reward function called ``sys.exit()`` or raised another exception that is no ``Exception``
+    (``KeyboardInterrupt`` in its thread, ``CancelledError``, ``GeneratorExit``), each of which would end the whole
+    run: its episode ends in ERROR, the others run on."""
 
 
 def load_function(spec: str | Callable[..., Any], what: str = "--agent-program") -> Callable[..., Any]:
@@ -87,11 +89,21 @@ def load_function(spec: str | Callable[..., Any], what: str = "--agent-program")
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Await ``fn(*args)``: on the loop when it is async, else in a thread of its own (a program blocks for a whole
     episode, so the default executor's few threads would cap how many run at once). A thread left behind by a
-    timeout finishes on its own; its calls then get 404 from the closed session. A ``sys.exit()`` in ``fn`` is
-    :class:`ProgramExitError`, this episode's error: asyncio lets a ``SystemExit`` out of a task end the whole loop."""
+    timeout finishes on its own; its calls then get 404 from the closed session. A ``sys.exit()`` in ``fn``, or a
+    ``CancelledError`` or ``GeneratorExit`` it raises itself, is :class:`ProgramExitError`, this episode's error:
+    asyncio lets those out of a task to end the whole run."""
     try:
         return await _await(fn, *args)
-    except SystemExit as exception:
+    except Exception:
+        raise
+    except asyncio.CancelledError as exception:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # the episode itself is cancelled (its timeout, the run stopping)
+            raise
+        raise _exit_error(fn, exception) from None
+    except KeyboardInterrupt:  # Ctrl-C, while an async program ran on the loop's thread
+        raise
+    except BaseException as exception:  # sys.exit(), GeneratorExit, ... from the program itself
         raise _exit_error(fn, exception) from None
 
 
@@ -115,10 +127,10 @@ async def _await(fn: Callable[..., Any], *args: Any) -> Any:
     def target() -> None:
         try:
             result, error = fn(*args), None
-        except (SystemExit, KeyboardInterrupt) as exception:  # the program's own: Ctrl-C reaches the main thread
-            result, error = None, _exit_error(fn, exception)
-        except BaseException as exception:  # handed to the episode, which ends in ERROR
+        except Exception as exception:  # handed to the episode, which ends in ERROR
             result, error = None, exception
+        except BaseException as exception:  # the program's own (Ctrl-C reaches the main thread, never this one)
+            result, error = None, _exit_error(fn, exception)
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
             loop.call_soon_threadsafe(settle, result, error)
 

@@ -223,6 +223,34 @@ async def test_a_policy_failure_the_program_swallows_is_an_error_episode_not_a_w
     assert episode.trajectories[0].output == ["2", ""] and len(episode.trajectories[0].steps) == 1
 
 
+async def program_raising_what_ends_a_run(task, base_url):
+    if task["question"] == "cancelled":
+        raise asyncio.CancelledError  # its own, not the episode's
+    if task["question"] == "generator exit":
+        raise GeneratorExit
+    if task["question"] == "hang":
+        await asyncio.sleep(60)
+    return "stayed"
+
+
+def sync_program_raising_cancelled(task, base_url):
+    raise asyncio.CancelledError
+
+
+async def test_a_program_raising_cancelled_error_ends_its_own_episode_and_a_real_timeout_stays_a_timeout():
+    policy = ScriptedPolicy(["x"], cycle=True)
+    tasks = [{"question": q} for q in ("cancelled", "generator exit", "hang", "fine")]
+    episodes = await run_agent_program(program_raising_what_ends_a_run, tasks, policy, timeout_s=2.0)
+    episodes += await run_agent_program(sync_program_raising_cancelled, tasks[:1], policy)
+    assert [e.termination_reason.value for e in episodes] == ["error", "error", "timeout", "env_done", "error"]
+    name = "program_raising_what_ends_a_run"
+    assert [e.metadata["error"]["message"] for e in (episodes[0], episodes[1], episodes[4])] == [
+        f"{name} raised CancelledError: return a value (or raise an Exception)",
+        f"{name} raised GeneratorExit: return a value (or raise an Exception)",
+        "sync_program_raising_cancelled raised CancelledError: return a value (or raise an Exception)",
+    ]
+
+
 def test_load_function_names_what_is_wrong():
     assert load_function("rllm_gym.sdk:load_function") is load_function
     with pytest.raises(ValueError, match="must be 'module:function'"):
