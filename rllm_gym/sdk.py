@@ -89,11 +89,16 @@ def load_function(spec: str | Callable[..., Any], what: str = "--agent-program")
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Await ``fn(*args)``: on the loop when it is async, else in a thread of its own (a program blocks for a whole
     episode, so the default executor's few threads would cap how many run at once). A thread left behind by a
-    timeout finishes on its own; its calls then get 404 from the closed session. A ``sys.exit()`` in ``fn``, or a
+    timeout finishes on its own; its calls then get 404 from the closed session. A ``TimeoutError`` that ``fn`` raises
+    is its own failure (a client or grader that timed out), a ``RuntimeError`` here: the engine would read it as the
+    episode's ``timeout_s`` and train on the episode as the model's ``TIMEOUT``. A ``sys.exit()`` in ``fn``, or a
     ``CancelledError`` or ``GeneratorExit`` it raises itself, is :class:`ProgramExitError`, this episode's error:
     asyncio lets those out of a task to end the whole run."""
     try:
         return await _await(fn, *args)
+    except TimeoutError as exception:  # fn's own (a client's, a grader's): the episode's timeout_s cancels instead
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise RuntimeError(f"{name} raised TimeoutError: {exception}"[:500]) from exception
     except Exception:
         raise
     except asyncio.CancelledError as exception:

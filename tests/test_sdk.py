@@ -251,6 +251,30 @@ async def test_a_program_raising_cancelled_error_ends_its_own_episode_and_a_real
     ]
 
 
+async def program_whose_client_times_out(task, base_url):
+    if task["question"] == "own timeout":
+        raise TimeoutError("the tool server did not answer")
+    return "answer"
+
+
+def grader_that_times_out(task, output):
+    raise TimeoutError("the grader did not answer")
+
+
+async def test_a_timeout_error_of_the_program_or_reward_fn_is_an_error_not_the_models_timeout():
+    policy = ScriptedPolicy(["x"], cycle=True)
+    tasks = [{"question": "own timeout"}, {"question": "fine"}]
+    episodes = await run_agent_program(program_whose_client_times_out, tasks, policy)
+    episodes += await run_agent_program(
+        program_whose_client_times_out, tasks[1:], policy, reward_fn=grader_that_times_out
+    )
+    assert [e.termination_reason.value for e in episodes] == ["error", "env_done", "error"]
+    assert [e.metadata["error"]["message"] for e in (episodes[0], episodes[2])] == [
+        "program_whose_client_times_out raised TimeoutError: the tool server did not answer",
+        "grader_that_times_out raised TimeoutError: the grader did not answer",
+    ]
+
+
 def test_load_function_names_what_is_wrong():
     assert load_function("rllm_gym.sdk:load_function") is load_function
     with pytest.raises(ValueError, match="must be 'module:function'"):
