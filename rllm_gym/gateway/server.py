@@ -410,6 +410,7 @@ class Gateway:
         self._count_call(session)
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
+            outputs = [readable_calls(output) for output in outputs]  # the text stays raw; the record stays readable
             for output in outputs:
                 self._record(session, output, [], None)
             return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)

@@ -390,9 +390,14 @@ async def test_a_tool_call_whose_arguments_no_client_or_record_can_hold_stays_co
         async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
             assert response.status == 200
             (step,) = (await response.json())["steps"]
+        completion = await client_of(session).completions.create(model="p", prompt=[1, 2], max_tokens=2000)
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
+            assert response.status == 200
+            completion_step = (await response.json())["steps"][1]
     (choice,) = answer.choices
     assert choice.finish_reason == "stop" and choice.message.tool_calls is None
     assert choice.message.content == reply and step["model_output"]["tool_calls"] == []
+    assert completion.choices[0].text == reply and completion_step["model_output"]["tool_calls"] == []
 
     async def program(task, base_url):
         client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
