@@ -38,6 +38,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import numbers
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -264,7 +265,7 @@ class AgentProgramWorkflow(Workflow):
         result = await _call(self.reward_fn, task, output)
         if isinstance(result, RewardOutput):
             reward = _finite(result.reward, "RewardOutput.reward")
-            numbers = {
+            signals = {
                 k: _finite(float(v) if isinstance(v, bool) else v, f"RewardOutput.metadata[{k!r}]")
                 for k, v in result.metadata.items()
                 if isinstance(v, int | float)
@@ -272,9 +273,9 @@ class AgentProgramWorkflow(Workflow):
             trajectory.reward = reward
             if result.is_correct is not None and trajectory.steps:
                 trajectory.steps[-1].info["is_correct"] = result.is_correct
-            trajectory.signals = {**trajectory.signals, **numbers}
-        elif isinstance(result, int | float) and not isinstance(result, bool):
-            trajectory.reward = _finite(result, "its reward")
+            trajectory.signals = {**trajectory.signals, **signals}
+        elif isinstance(result, numbers.Real) and not isinstance(result, bool):  # numpy's floats and ints too
+            trajectory.reward = _finite(result if isinstance(result, int) else float(result), "its reward")
         else:
             raise TypeError(f"reward_fn must return a float or a RewardOutput, got {type(result).__name__}")
 

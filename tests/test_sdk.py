@@ -8,6 +8,7 @@ import sys
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -273,6 +274,16 @@ async def test_a_timeout_error_of_the_program_or_reward_fn_is_an_error_not_the_m
         "program_whose_client_times_out raised TimeoutError: the tool server did not answer",
         "grader_that_times_out raised TimeoutError: the grader did not answer",
     ]
+
+
+@pytest.mark.parametrize(
+    "result", [np.float32(0.5), np.float64(0.5), np.int64(1)], ids=["float32", "float64", "int64"]
+)
+async def test_a_reward_fn_may_return_a_numpy_number(result):
+    policy = ScriptedPolicy(["x"], cycle=True)
+    (episode,) = await run_agent_program(sync_program, [{"question": "q"}], policy, reward_fn=lambda t, o: result)
+    assert episode.termination_reason is TerminationReason.ENV_DONE
+    assert episode.trajectories[0].reward == float(result) and type(episode.trajectories[0].reward) is float
 
 
 def test_load_function_names_what_is_wrong():
