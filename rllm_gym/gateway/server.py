@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -62,6 +64,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_BATCH_WAIT_S = 0.05
+OFF_THE_LOOP_CHARS = 64_000  # about 16k tokens: a few ms of rendering and tokenizing on the loop, at most
+
+
+async def _off_the_loop(work: Callable[[], Any], size: int) -> Any:
+    """``work()`` (rendering or tokenizing a prompt of ``size`` characters): inline when small, as nearly every call
+    is, else in a worker thread, so that a client's megabytes of chat (seconds of rendering) never stall the loop that
+    serves every other session."""
+    if size < OFF_THE_LOOP_CHARS:
+        return work()
+    return await asyncio.to_thread(work)
 
 
 class SessionLimitError(RuntimeError):
@@ -354,7 +366,8 @@ class Gateway:
         chat = parse_chat_request(await self._json(request))
         params = self._params(chat.sampling)
         previous = previous_step(session.trajectory, chat.messages)
-        prompt_ids = self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous))
+        size = max(request.content_length or 0, sum(len(message["content"]) for message in chat.messages))
+        prompt_ids = await self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous), size)
         opening = chat.tool_choice.opening
         if opening is not None:  # a call is required: the reply starts with the tool-call opening, as prompt tokens
             if prompt_ids is None:
@@ -403,7 +416,8 @@ class Gateway:
                 raise RequestError(
                     "this gateway's policy has no tokenizer: send 'prompt' as token ids", param="prompt"
                 )
-            prompt_ids = list(self.tokenizer.encode(completion.prompt, add_special_tokens=False))
+            encode = functools.partial(self.tokenizer.encode, completion.prompt, add_special_tokens=False)
+            prompt_ids = list(await _off_the_loop(encode, len(completion.prompt)))
         else:
             prompt_ids = self._known_ids(completion.prompt)
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
@@ -457,13 +471,13 @@ class Gateway:
             changes["stop"] = sampling.stop
         return dataclasses.replace(self.sampling_params, **changes)
 
-    def _prompt_ids(self, request: PolicyRequest) -> list[int] | None:
+    async def _prompt_ids(self, request: PolicyRequest, size: int) -> list[int] | None:
         """The prompt ids the policy would build (continued from ``previous`` or rendered whole); ``None`` for a
-        policy that does not work on token ids (it gets the messages)."""
+        policy that does not work on token ids (it gets the messages). ``size``: the request's size in bytes."""
         if not isinstance(self.policy, BasePolicy) or self.policy.tokenizer is None:
             return None
         try:
-            return self.policy.prompt_token_ids(request)
+            return await _off_the_loop(functools.partial(self.policy.prompt_token_ids, request), size)
         except Exception as error:  # a chat the template cannot render (a tool message without a call, ...)
             raise RequestError(
                 f"the chat template cannot render 'messages': {error}"[:400], param="messages"

@@ -296,6 +296,26 @@ async def test_a_temperature_below_1e_5_is_greedy_not_a_policy_failure(policy):
     assert completion.choices[0].finish_reason in ("stop", "length")
 
 
+async def test_a_chat_of_megabytes_is_rendered_off_the_loop_while_other_sessions_are_served(policy):
+    huge = {"messages": [{"role": "user", "content": "ab"}] * 150_000, "max_tokens": 2}  # ~5 s of rendering
+    async with Gateway(policy) as gateway, aiohttp.ClientSession() as http:
+        slow, other = gateway.open_session(), gateway.open_session()
+
+        async def post_huge():
+            async with http.post(f"{slow.base_url}/chat/completions", json=huge) as response:
+                return response.status
+
+        async def read_other():
+            await asyncio.sleep(1.0)  # the huge chat is being rendered by now
+            async with http.get(f"{gateway.url}/sessions/{other.id}") as response:
+                return response.status
+
+        rendering, reading = asyncio.ensure_future(post_huge()), asyncio.ensure_future(read_other())
+        done, _ = await asyncio.wait({rendering, reading}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {reading} and reading.result() == 200  # the loop answered while the chat rendered
+        assert await rendering == 400  # then: far over the context
+
+
 async def test_a_prompt_over_the_context_gets_context_length_exceeded(policy):
     async with Gateway(policy, max_context_tokens=40) as gateway:
         session = gateway.open_session()
