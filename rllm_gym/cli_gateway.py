@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from typing import Any
 
@@ -85,8 +86,10 @@ def run_gateway_command(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--port must be in [0, 65535] (0 picks a free one), got {args.port}")
     if args.max_tokens < 1:
         parser.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.temperature < 0:
-        parser.error(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:  # NaN fails this too
+        parser.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+    if args.max_context_tokens is not None and args.max_context_tokens < 1:
+        parser.error(f"--max-context-tokens must be >= 1 (or left out: the model's), got {args.max_context_tokens}")
     if not isinstance(args.chat_template_kwargs, dict):
         parser.error("--chat-template-kwargs must be a JSON object such as '{\"enable_thinking\": false}'")
     if args.policy in ("openai", "vllm") and not args.model:

@@ -20,11 +20,14 @@ reasons; :class:`AgentProgramEngine` is that engine with a gateway of its own, a
 in one call. The Trajectory keeps the program's
 ``input`` (``{"task": task}``), ``output`` (its return value), ``signals`` and ``reward``: from ``reward_fn(task,
 output)`` (a float or a :class:`~rllm_gym.types.RewardOutput`) when given, else what the program posted to
-``/sessions/{id}/reward``. A program that raises ends its episode as ``ERROR``, one that runs past ``timeout_s`` as
-``TIMEOUT``; neither touches the other episodes. ``max_turns`` caps the LLM calls of an episode: the gateway refuses
-the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a ``BadRequestError`` to the ``openai``
-client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then returns (its output is scored) or
-raises. A program in another process gets its session through
+``/sessions/{id}/reward``. A program that raises (or calls ``sys.exit``) ends its episode as ``ERROR``, one that runs
+past ``timeout_s`` as ``TIMEOUT``; neither touches the other episodes. A ``reward_fn`` that raises or returns anything
+but a finite number (NaN, an infinity, a bool, a string) ends the episode as ``ERROR`` too: its bug surfaces, it is
+never a reward. So does a program that returns after one of its calls met a policy failure (a 502 it caught): the
+infrastructure failed, and its answer is not the model's to be scored. ``max_turns`` caps the LLM calls of an
+episode: the gateway refuses the call after the last one with an OpenAI error (400 ``max_turns_exceeded``, a
+``BadRequestError`` to the ``openai`` client), and the episode ends as ``MAX_TURNS_EXCEEDED`` whether the program then
+returns (its output is scored) or raises. A program in another process gets its session through
 ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` (:attr:`GatewaySession.environ <rllm_gym.gateway.GatewaySession.environ>`).
 """
 
@@ -35,6 +38,7 @@ import contextlib
 import importlib
 import inspect
 import json
+import numbers
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -43,13 +47,20 @@ from rllm_gym.engine.common import max_turns_of
 from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.gateway import Gateway, GatewaySession
-from rllm_gym.policies.base import Policy, SamplingParams
+from rllm_gym.gateway.protocol import MAX_DEPTH, finite_number
+from rllm_gym.policies.base import Policy, PolicyError, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
-__all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "load_function", "run_agent_program"]
+__all__ = ["AgentProgramEngine", "AgentProgramWorkflow", "ProgramExitError", "load_function", "run_agent_program"]
 
 AgentProgram = Callable[[Any, str], Any]
 RewardFn = Callable[[Any, Any], Any]
+
+
+class ProgramExitError(RuntimeError):
+    """An agent program or reward function called ``sys.exit()`` or raised another exception that is no ``Exception``
+    (``KeyboardInterrupt`` in its thread, ``CancelledError``, ``GeneratorExit``), each of which would end the whole
+    run: its episode ends in ERROR, the others run on."""
 
 
 def load_function(spec: str | Callable[..., Any], what: str = "--agent-program") -> Callable[..., Any]:
@@ -79,7 +90,37 @@ def load_function(spec: str | Callable[..., Any], what: str = "--agent-program")
 async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     """Await ``fn(*args)``: on the loop when it is async, else in a thread of its own (a program blocks for a whole
     episode, so the default executor's few threads would cap how many run at once). A thread left behind by a
-    timeout finishes on its own; its calls then get 404 from the closed session."""
+    timeout finishes on its own; its calls then get 404 from the closed session. A ``TimeoutError`` that ``fn`` raises
+    is its own failure (a client or grader that timed out), a ``RuntimeError`` here: the engine would read it as the
+    episode's ``timeout_s`` and train on the episode as the model's ``TIMEOUT``. A ``sys.exit()`` in ``fn``, or a
+    ``CancelledError`` or ``GeneratorExit`` it raises itself, is :class:`ProgramExitError`, this episode's error:
+    asyncio lets those out of a task to end the whole run."""
+    try:
+        return await _await(fn, *args)
+    except TimeoutError as exception:  # fn's own (a client's, a grader's): the episode's timeout_s cancels instead
+        name = getattr(fn, "__qualname__", None) or repr(fn)
+        raise RuntimeError(f"{name} raised TimeoutError: {exception}"[:500]) from exception
+    except Exception:
+        raise
+    except asyncio.CancelledError as exception:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():  # the episode itself is cancelled (its timeout, the run stopping)
+            raise
+        raise _exit_error(fn, exception) from None
+    except KeyboardInterrupt:  # Ctrl-C, while an async program ran on the loop's thread
+        raise
+    except BaseException as exception:  # sys.exit(), GeneratorExit, ... from the program itself
+        raise _exit_error(fn, exception) from None
+
+
+def _exit_error(fn: Callable[..., Any], exception: BaseException) -> ProgramExitError:
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    if isinstance(exception, SystemExit):
+        return ProgramExitError(f"{name} called sys.exit({exception.code!r}): return a value (or raise) instead")
+    return ProgramExitError(f"{name} raised {type(exception).__name__}: return a value (or raise an Exception)")
+
+
+async def _await(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
     loop = asyncio.get_running_loop()
@@ -92,8 +133,10 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     def target() -> None:
         try:
             result, error = fn(*args), None
-        except BaseException as exception:  # handed to the episode, which ends in ERROR
+        except Exception as exception:  # handed to the episode, which ends in ERROR
             result, error = None, exception
+        except BaseException as exception:  # the program's own (Ctrl-C reaches the main thread, never this one)
+            result, error = None, _exit_error(fn, exception)
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits for it
             loop.call_soon_threadsafe(settle, result, error)
 
@@ -103,12 +146,52 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` when JSON can hold it, else its ``repr`` (the episode is written to JSONL)."""
+    """``value`` when a record's JSON can hold it (the episode is written to JSONL as UTF-8, and pydantic writes
+    records no deeper than about 250 levels), else its ``repr``, as UTF-8 can hold it."""
     try:
         json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
-    return value
+        fits = _fits_record(value)
+    except (TypeError, ValueError, RecursionError):
+        fits = False
+    if fits:
+        return value
+    try:
+        text = repr(value)
+    except Exception:  # a repr that raises, or recurses past the limit: the program's output still ends its episode
+        return f"<{type(value).__name__} without a repr>"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as its escape
+
+
+def _fits_record(value: Any) -> bool:
+    """Whether ``value`` (JSON-serialisable) nests at most ``MAX_DEPTH`` levels and every string in it (keys too) is
+    valid Unicode (a lone surrogate, from text decoded with ``surrogateescape`` say, has no UTF-8)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, str):
+            if not item.isascii() and not _utf8(item):
+                return False
+            continue
+        children = item.items() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > MAX_DEPTH:
+            return False
+        for child in children:
+            if isinstance(item, dict):
+                key, child = child
+                if isinstance(key, str) and not key.isascii() and not _utf8(key):
+                    return False
+            pending.append((child, depth + 1))
+    return True
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class AgentProgramWorkflow(Workflow):
@@ -164,6 +247,8 @@ class AgentProgramWorkflow(Workflow):
             with contextlib.suppress(KeyError):
                 self.gateway.close_session(session.id)
         trajectory.output = _json_safe(output)
+        if session.policy_error is not None:  # the program went on past a 502: what it returned is not the model's
+            raise PolicyError(f"a call of this episode met a policy failure: {session.policy_error}")
         if self.reward_fn is not None:
             await self._score(trajectory, task, output)
         if trajectory.steps and trajectory.reward is not None:
@@ -174,18 +259,32 @@ class AgentProgramWorkflow(Workflow):
         raise TerminationEvent(TerminationReason.ENV_DONE)
 
     async def _score(self, trajectory: Trajectory, task: Any, output: Any) -> None:
+        """The reward_fn's verdict on the trajectory. A value that is not a finite number (a bool, a string, NaN, an
+        infinity) is the reward_fn's bug: an error, so the episode ends in ERROR rather than training on it."""
         assert self.reward_fn is not None
         result = await _call(self.reward_fn, task, output)
         if isinstance(result, RewardOutput):
-            trajectory.reward = result.reward
+            reward = _finite(result.reward, "RewardOutput.reward")
+            signals = {
+                k: _finite(float(v) if isinstance(v, bool) else v, f"RewardOutput.metadata[{k!r}]")
+                for k, v in result.metadata.items()
+                if isinstance(v, int | float)
+            }
+            trajectory.reward = reward
             if result.is_correct is not None and trajectory.steps:
                 trajectory.steps[-1].info["is_correct"] = result.is_correct
-            numbers = {k: float(v) for k, v in result.metadata.items() if isinstance(v, int | float)}
-            trajectory.signals = {**trajectory.signals, **numbers}
-        elif isinstance(result, int | float) and not isinstance(result, bool):
-            trajectory.reward = float(result)
+            trajectory.signals = {**trajectory.signals, **signals}
+        elif isinstance(result, numbers.Real) and not isinstance(result, bool):  # numpy's floats and ints too
+            trajectory.reward = _finite(result if isinstance(result, int) else float(result), "its reward")
         else:
             raise TypeError(f"reward_fn must return a float or a RewardOutput, got {type(result).__name__}")
+
+
+def _finite(value: float, what: str) -> float:
+    number = finite_number(value)
+    if number is None:
+        raise ValueError(f"reward_fn returned {what} = {value!r:.80}: a reward must be a finite number")
+    return number
 
 
 def _turns_message(session: GatewaySession) -> str:

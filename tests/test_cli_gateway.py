@@ -71,6 +71,17 @@ def test_eval_agent_program_usage_errors_name_the_flag(run_python):
         assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+def test_gateway_usage_errors_name_the_flag_before_loading_a_model(run_python):
+    cases = [
+        (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 = greedy), got nan"),
+        (["--temperature", "inf"], "--temperature must be a finite number >= 0 (0 = greedy), got inf"),
+        (["--max-context-tokens", "0"], "--max-context-tokens must be >= 1 (or left out: the model's), got 0"),
+    ]
+    for flags, message in cases:
+        done = run_python("-m", "rllm_gym.cli", "gateway", "--port", "0", *flags)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
 def test_the_gateway_command_serves_sessions_until_stopped():
     command = [sys.executable, "-m", "rllm_gym.cli", "gateway", "--port", "0", "--max-tokens", "8"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}

@@ -28,17 +28,26 @@ __all__ = [
     "assistant_message",
     "chat_chunks",
     "chat_response",
+    "check_body",
     "completion_response",
     "error_body",
+    "finite_number",
     "normalize_messages",
     "parse_chat_request",
     "parse_completion_request",
+    "readable_calls",
 ]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CALL_OPEN = "<tool_call>\n"
 MAX_N = 16
 MAX_STOP = 4
+# transformers matches stop strings against every vocabulary entry up front, and streaming holds back any tail that
+# may start one, both in time growing with the string: a megabyte stop stalled a 20-token call for 40 s.
+MAX_STOP_CHARS = 256
+MAX_DEPTH = 64
+# vLLM's rule: a temperature below this is greedy (dividing logits by 1e-300 makes them infinite, and sampling fails).
+GREEDY_BELOW = 1e-5
 
 
 class RequestError(Exception):
@@ -118,15 +127,78 @@ class CompletionRequest:
     logprobs: bool
 
 
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number a float holds finitely, else ``None`` (a bool, a string, NaN,
+    an infinity, or an integer too large for a float: JSON gives all of these)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_body(body: Any) -> Any:
+    """``body`` (a decoded JSON body) when the gateway can record it, else :class:`RequestError` naming where not:
+    a string that is not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON allows and UTF-8
+    cannot hold), or nesting deeper than ``MAX_DEPTH`` (a record nests what it keeps in a few levels of its own, and
+    its JSON must stay within what pydantic writes)."""
+    if isinstance(body, str) and not _valid_text(body):
+        raise _text_error("")
+    pending: list[tuple[str, Any, int]] = [("", body, 0)]
+    while pending:
+        path, value, depth = pending.pop()
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        if depth >= MAX_DEPTH:
+            raise RequestError(f"'{path}' is nested more than {MAX_DEPTH} levels deep"[:300], param=path)
+        for key, item in items:
+            if isinstance(key, str) and not _valid_text(key):
+                raise _text_error(path)  # the key itself cannot be shown: the object that holds it is named
+            if isinstance(item, str):
+                if not _valid_text(item):
+                    raise _text_error(_child(path, key))
+            elif isinstance(item, (dict, list)):
+                pending.append((_child(path, key), item, depth + 1))
+    return body
+
+
+def _child(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _valid_text(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_error(path: str) -> RequestError:
+    message = f"'{path or '(body)'}' is not valid Unicode (it holds a lone UTF-16 surrogate such as \\ud800)"
+    return RequestError(message[:300] + ": send UTF-8 text", param=path or None)
+
+
 def _number(body: dict[str, Any], name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    number = finite_number(value)
+    if number is None:
         raise RequestError(f"'{name}' must be a number, got {json.dumps(value)[:80]}", param=name)
-    if not low <= value <= high:
-        raise RequestError(f"'{name}' must be between {low} and {high}, got {value}", param=name)
-    return float(value)
+    if not low <= number <= high:
+        raise RequestError(f"'{name}' must be between {low} and {high}, got {json.dumps(value)[:80]}", param=name)
+    return number
 
 
 def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
@@ -141,12 +213,13 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None)
     return value
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
+def _flag(body: dict[str, Any], name: str, parent: str = "") -> bool:
     value = body.get(name, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"'{name}' must be true or false, got {json.dumps(value)[:80]}", param=name)
+        param = f"{parent}.{name}" if parent else name
+        raise RequestError(f"'{param}' must be true or false, got {json.dumps(value)[:80]}", param=param)
     return value
 
 
@@ -160,11 +233,16 @@ def _sampling(body: dict[str, Any]) -> Sampling:
         stops = tuple(stop)
     else:
         raise RequestError(f"'stop' must be a string or a list of up to {MAX_STOP} non-empty strings", param="stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"'stop' strings must be at most {MAX_STOP_CHARS} characters each", param="stop")
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    if temperature is not None and temperature < GREEDY_BELOW:
+        temperature = 0.0
     return Sampling(
-        temperature=_number(body, "temperature", 0.0, 2.0),
+        temperature=temperature,
         top_p=_top_p(body),
         max_tokens=max_tokens,
         stop=stops,
@@ -282,7 +360,7 @@ def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, ToolChoic
         return None, ToolChoice("none")  # the model is not told about tools it must not call
     names = {tool["function"]["name"] for tool in tools}
     function = choice.get("function") if isinstance(choice, dict) else None
-    if not isinstance(function, dict) or function.get("name") not in names:
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or function["name"] not in names:
         raise RequestError(
             "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': <one of "
             f"the tools: {', '.join(sorted(names))}>}}}}"[:400],
@@ -313,7 +391,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         tool_choice=tool_choice,
         sampling=_sampling(body),
         stream=_flag(body, "stream"),
-        include_usage=_flag(options or {}, "include_usage"),
+        include_usage=_flag(options or {}, "include_usage", "stream_options"),
         logprobs=_flag(body, "logprobs"),
     )
 
@@ -327,6 +405,8 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     ids = isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     if not (isinstance(prompt, str) and prompt) and not ids:
         raise RequestError("'prompt' must be a non-empty string or a list of token ids", param="prompt")
+    if ids and min(prompt) < 0:
+        raise RequestError(f"'prompt' token ids must be >= 0, got {min(prompt)}"[:200], param="prompt")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
         raise RequestError("'logprobs' must be an integer >= 0 or null", param="logprobs")
@@ -337,6 +417,32 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         stream=_flag(body, "stream"),
         logprobs=logprobs is not None,
     )
+
+
+def readable_calls(output: ModelOutput) -> ModelOutput:
+    """The reply, with its tool calls only when a client and a record can read their arguments: nested at most
+    ``MAX_DEPTH`` levels (a record is written by pydantic, which stops near 250) and without NaN or infinities (which
+    strict JSON parsers refuse). Otherwise the model wrote a call no one can use: it stays content, as any malformed
+    call does, and the finish reason is ``"stop"`` or ``"length"``."""
+    if all(_plain_json(call.arguments) for call in output.tool_calls):
+        return output
+    finish = "length" if output.finish_reason == "length" else "stop"
+    content = split_reasoning(output.text)[1].strip()
+    return output.model_copy(update={"content": content, "tool_calls": [], "finish_reason": finish})
+
+
+def _plain_json(value: Any) -> bool:
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            if depth >= MAX_DEPTH:
+                return False
+            pending.extend((child, depth + 1) for child in children)
+    return True
 
 
 def apply_tool_choice(output: ModelOutput, choice: ToolChoice) -> ModelOutput:

@@ -6,12 +6,13 @@ gateway then continues that call's prompt and sampled ids token for token (:mod:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from rllm_gym.policies.base import Policy
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
-__all__ = ["model_context", "previous_step", "record_step"]
+__all__ = ["model_context", "previous_step", "record_step", "vocab_size"]
 
 
 def model_context(policy: Policy) -> int | None:
@@ -19,6 +20,22 @@ def model_context(policy: Policy) -> int | None:
     config = getattr(getattr(policy, "model", None), "config", None)
     value = getattr(config, "max_position_embeddings", None)
     return value if isinstance(value, int) and value > 0 else None
+
+
+def vocab_size(policy: Policy) -> int | None:
+    """How many token ids the policy can take: the smaller of its tokenizer's size and its model's ``vocab_size``
+    (either may be the larger: padded embeddings, or added tokens the model has no row for); ``None`` when it has
+    neither."""
+    sizes = []
+    tokenizer = getattr(policy, "tokenizer", None)
+    if tokenizer is not None:
+        with contextlib.suppress(TypeError):  # a tokenizer without a size
+            sizes.append(len(tokenizer))
+    config = getattr(getattr(policy, "model", None), "config", None)
+    value = getattr(config, "vocab_size", None)
+    if isinstance(value, int) and value > 0:
+        sizes.append(value)
+    return min(sizes, default=None)
 
 
 def previous_step(trajectory: Trajectory, messages: list[dict[str, Any]]) -> Step | None:

@@ -7,7 +7,8 @@ run on the gateway's policy; each call (each choice, with ``n`` > 1) becomes a S
 the exact prompt and completion token ids and log-probabilities. A chat that extends a recorded call (that call's
 messages plus the reply the client got) continues that call's prompt and sampled ids token for token
 (:mod:`rllm_gym.policies.tokens`); any other chat is rendered whole and starts a new training row.
-``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals,
+``GET /sessions/{id}`` returns the trajectory, ``POST /sessions/{id}/reward`` sets its reward or named signals
+(finite numbers: NaN and infinities are refused),
 ``POST /sessions`` opens a session over HTTP (``{"task": ..., "max_turns": N}``, both optional) and
 ``DELETE /sessions/{id}`` closes one. A session opened with ``max_turns`` refuses its call ``N + 1`` with a 400
 ``max_turns_exceeded`` (not retried by OpenAI clients), which the SDK turns into the episode's ``MAX_TURNS_EXCEEDED``.
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import secrets
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -41,12 +44,15 @@ from rllm_gym.gateway.protocol import (
     assistant_message,
     chat_chunks,
     chat_response,
+    check_body,
     completion_response,
     error_body,
+    finite_number,
     parse_chat_request,
     parse_completion_request,
+    readable_calls,
 )
-from rllm_gym.gateway.recording import model_context, previous_step, record_step
+from rllm_gym.gateway.recording import model_context, previous_step, record_step, vocab_size
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
 from rllm_gym.types import ModelOutput, Step, Trajectory
@@ -58,6 +64,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_SESSIONS = 4096
 DEFAULT_BATCH_WAIT_S = 0.05
+OFF_THE_LOOP_CHARS = 64_000  # about 16k tokens: a few ms of rendering and tokenizing on the loop, at most
+
+
+async def _off_the_loop(work: Callable[[], Any], size: int) -> Any:
+    """``work()`` (rendering or tokenizing a prompt of ``size`` characters): inline when small, as nearly every call
+    is, else in a worker thread, so that a client's megabytes of chat (seconds of rendering) never stall the loop that
+    serves every other session."""
+    if size < OFF_THE_LOOP_CHARS:
+        return work()
+    return await asyncio.to_thread(work)
 
 
 class SessionLimitError(RuntimeError):
@@ -69,7 +85,9 @@ class GatewaySession:
     """One episode's recording: its id (the secret), its URLs and its Trajectory (filled in as calls arrive).
 
     ``max_turns`` is the most LLM calls the session takes (``None``: no limit); ``calls`` counts those it took, and
-    ``turns_exceeded`` says a call past the limit was refused (400 ``max_turns_exceeded``)."""
+    ``turns_exceeded`` says a call past the limit was refused (400 ``max_turns_exceeded``). ``policy_error`` is the
+    first policy failure one of its calls met (a 502): a program may catch that error and answer anyway, but its
+    episode's outcome is then the infrastructure's, which the SDK reports as an error rather than score."""
 
     id: str
     base_url: str
@@ -77,6 +95,7 @@ class GatewaySession:
     max_turns: int | None = None
     calls: int = 0
     turns_exceeded: bool = False
+    policy_error: str | None = None
 
     @property
     def environ(self) -> dict[str, str]:
@@ -225,7 +244,8 @@ class Gateway:
         return len(self._sessions)
 
     def close_session(self, sid: str) -> Trajectory:
-        """Forget the session and return its Trajectory; later calls under it get 404."""
+        """Forget the session and return its Trajectory; later calls under it get 404, and a call still running is
+        answered but not recorded (the Trajectory returned here is the episode's last word)."""
         session = self._sessions.pop(sid, None)
         if session is None:
             raise KeyError(f"no open gateway session {sid[:8]}...")
@@ -246,6 +266,12 @@ class Gateway:
                 param=None,
             )
         return session
+
+    def _record(self, session: GatewaySession, output: ModelOutput, chat: list[dict[str, Any]], tools: Any) -> None:
+        """Record a finished call, unless its session closed while it ran: that episode is over (its Trajectory may be
+        scored and training already), so a late call (a program's background thread, say) is answered, not kept."""
+        if self._sessions.get(session.id) is session:
+            record_step(session.trajectory, output, chat, tools)
 
     @staticmethod
     def _count_call(session: GatewaySession) -> None:
@@ -285,9 +311,10 @@ class Gateway:
     async def _json(self, request: web.Request) -> Any:
         raw = await request.read()
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as error:  # ValueError: bad UTF-8, bad JSON, an int of 4300+ digits
             raise RequestError(f"the request body is not valid JSON: {error}"[:300], param=None) from None
+        return check_body(body)
 
     async def _open(self, request: web.Request) -> web.Response:
         body = await self._json(request) if request.can_read_body else {}
@@ -316,22 +343,22 @@ class Gateway:
         )
 
     async def _reward(self, request: web.Request) -> web.Response:
-        session = self._session(request)
+        self._session(request)  # an unknown session is a 404 before its body is read
         body = await self._json(request)
+        session = self._session(request)  # a session closed while the body came in is over: 404, not a late reward
         if not isinstance(body, dict) or not ({"reward", "signals"} & body.keys()):
             raise RequestError("the body must be {'reward': <number>} and/or {'signals': {name: number}}", param=None)
         reward, signals = body.get("reward"), body.get("signals", {})
-        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-            raise RequestError("'reward' must be a number", param="reward")
-        if not isinstance(signals, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in signals.values()
-        ):
-            raise RequestError("'signals' must be an object of numbers, e.g. {'format': 1.0}", param="signals")
+        # A reward of NaN or an infinity (JSON as Python reads it takes both) would train on garbage: refused.
+        if reward is not None and finite_number(reward) is None:
+            raise RequestError(f"'reward' must be a finite number, got {json.dumps(reward)[:80]}", param="reward")
+        if not isinstance(signals, dict) or not all(finite_number(v) is not None for v in signals.values()):
+            raise RequestError("'signals' must be an object of finite numbers, e.g. {'format': 1.0}", param="signals")
         trajectory = session.trajectory
         if reward is not None:
-            trajectory.reward = float(reward)
+            trajectory.reward = finite_number(reward)
         if signals:
-            trajectory.signals = {**trajectory.signals, **{str(k): float(v) for k, v in signals.items()}}
+            trajectory.signals = {**trajectory.signals, **{str(k): finite_number(v) for k, v in signals.items()}}
         return web.json_response({"reward": trajectory.reward, "signals": trajectory.signals})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
@@ -339,7 +366,8 @@ class Gateway:
         chat = parse_chat_request(await self._json(request))
         params = self._params(chat.sampling)
         previous = previous_step(session.trajectory, chat.messages)
-        prompt_ids = self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous))
+        size = max(request.content_length or 0, sum(len(message["content"]) for message in chat.messages))
+        prompt_ids = await self._prompt_ids(PolicyRequest(chat.messages, None, params, chat.tools, previous), size)
         opening = chat.tool_choice.opening
         if opening is not None:  # a call is required: the reply starts with the tool-call opening, as prompt tokens
             if prompt_ids is None:
@@ -353,14 +381,15 @@ class Gateway:
         self._count_call(session)  # a request refused above made no LLM call
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
-            outputs = [apply_tool_choice(output, chat.tool_choice) for output in outputs]
+            outputs = [readable_calls(apply_tool_choice(output, chat.tool_choice)) for output in outputs]
             replies = [assistant_message(output) for output in outputs]
             for output, reply in zip(outputs, replies, strict=True):
-                record_step(session.trajectory, output, [*chat.messages, reply], chat.tools)
+                self._record(session, output, [*chat.messages, reply], chat.tools)
             return chat_response(outputs, replies, chat.model, self.tokenizer, chat.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
-            return self._generate(chat.sampling.n, params, chat.messages, chat.tools, previous, prompt_ids, on_tokens)
+            messages, tools = chat.messages, chat.tools
+            return self._generate(session, chat.sampling.n, params, messages, tools, previous, prompt_ids, on_tokens)
 
         if chat.stream and prompt_ids is not None and getattr(self.policy, "streams_tokens", False):
             # A reply that continues a forced tool-call opening has no content to send as it comes.
@@ -387,19 +416,21 @@ class Gateway:
                 raise RequestError(
                     "this gateway's policy has no tokenizer: send 'prompt' as token ids", param="prompt"
                 )
-            prompt_ids = list(self.tokenizer.encode(completion.prompt, add_special_tokens=False))
+            encode = functools.partial(self.tokenizer.encode, completion.prompt, add_special_tokens=False)
+            prompt_ids = list(await _off_the_loop(encode, len(completion.prompt)))
         else:
-            prompt_ids = completion.prompt
+            prompt_ids = self._known_ids(completion.prompt)
         params = self._fit(prompt_ids, params, completion.sampling.max_tokens is None)
         self._count_call(session)
 
         def finish(outputs: list[ModelOutput]) -> dict[str, Any]:
+            outputs = [readable_calls(output) for output in outputs]  # the text stays raw; the record stays readable
             for output in outputs:
-                record_step(session.trajectory, output, [], None)
+                self._record(session, output, [], None)
             return completion_response(outputs, completion.model, self.tokenizer, completion.logprobs)
 
         def generate(on_tokens: list[Any] | None = None) -> Any:
-            return self._generate(completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
+            return self._generate(session, completion.sampling.n, params, None, None, None, prompt_ids, on_tokens)
 
         if completion.stream and self.tokenizer is not None and getattr(self.policy, "streams_tokens", False):
             streams = [ContentStream(self.tokenizer, params.stop, raw=True) for _ in range(completion.sampling.n)]
@@ -413,6 +444,21 @@ class Gateway:
 
     # Generation
 
+    def _known_ids(self, ids: list[int]) -> list[int]:
+        """``ids`` when every one is in the model's vocabulary (where the gateway knows its size): an id past it is
+        the client's mistake (a 400), not a policy failure, and on a GPU it would fault the device for every
+        session."""
+        size = vocab_size(self.policy)
+        if size is not None and max(ids) >= size:
+            position = next(i for i, t in enumerate(ids) if t >= size)
+            raise RequestError(
+                f"'prompt[{position}]' is token id {ids[position]}, outside the model's vocabulary of {size} ids"[
+                    :200
+                ],
+                param=f"prompt[{position}]",
+            )
+        return ids
+
     def _params(self, sampling: Any) -> SamplingParams:
         fields = {
             "temperature": sampling.temperature,
@@ -425,13 +471,13 @@ class Gateway:
             changes["stop"] = sampling.stop
         return dataclasses.replace(self.sampling_params, **changes)
 
-    def _prompt_ids(self, request: PolicyRequest) -> list[int] | None:
+    async def _prompt_ids(self, request: PolicyRequest, size: int) -> list[int] | None:
         """The prompt ids the policy would build (continued from ``previous`` or rendered whole); ``None`` for a
-        policy that does not work on token ids (it gets the messages)."""
+        policy that does not work on token ids (it gets the messages). ``size``: the request's size in bytes."""
         if not isinstance(self.policy, BasePolicy) or self.policy.tokenizer is None:
             return None
         try:
-            return self.policy.prompt_token_ids(request)
+            return await _off_the_loop(functools.partial(self.policy.prompt_token_ids, request), size)
         except Exception as error:  # a chat the template cannot render (a tool message without a call, ...)
             raise RequestError(
                 f"the chat template cannot render 'messages': {error}"[:400], param="messages"
@@ -456,6 +502,7 @@ class Gateway:
 
     async def _generate(
         self,
+        session: GatewaySession,
         n: int,
         params: SamplingParams,
         messages: list[dict[str, Any]] | None,
@@ -478,7 +525,10 @@ class Gateway:
         seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
         try:
             return list(await asyncio.gather(*map(one, seeds, on_tokens or [None] * n)))
-        except PolicyError:
+        except PolicyError as error:
+            session.policy_error = session.policy_error or str(error)
             raise
         except Exception as error:
-            raise PolicyError(f"the policy failed: {type(error).__name__}: {error}") from error
+            failure = PolicyError(f"the policy failed: {type(error).__name__}: {error}")
+            session.policy_error = session.policy_error or str(failure)
+            raise failure from error

@@ -1,4 +1,4 @@
-from rllm_gym.gateway.recording import model_context, previous_step, record_step
+from rllm_gym.gateway.recording import model_context, previous_step, record_step, vocab_size
 from rllm_gym.policies.scripted import ScriptedPolicy
 from rllm_gym.types import ModelOutput, Trajectory
 
@@ -29,3 +29,20 @@ def test_a_call_becomes_a_step_with_its_exact_ids_and_a_later_chat_finds_the_cal
 
 def test_model_context_is_none_for_a_policy_without_a_model():
     assert model_context(ScriptedPolicy(["a"])) is None
+
+
+def test_vocab_size_is_the_smaller_of_the_tokenizers_and_the_models():
+    class Config:
+        vocab_size = 100
+
+    class Model:
+        config = Config()
+
+    class Policy:
+        tokenizer = ["t"] * 120  # added tokens past the model's embedding rows
+        model = Model()
+
+    assert vocab_size(Policy()) == 100
+    Config.vocab_size = 150  # padded embeddings: the rows past the tokenizer are no tokens
+    assert vocab_size(Policy()) == 120
+    assert vocab_size(ScriptedPolicy(["a"])) is None

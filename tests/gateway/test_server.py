@@ -129,6 +129,14 @@ BAD_REQUESTS = [
         "messages[0].tool_calls[0]",
     ),
     ({"model": 3}, "model"),
+    # Numbers JSON allows that a float cannot hold, names that cannot be looked up, text UTF-8 cannot hold.
+    ({"temperature": 10**400}, "temperature"),
+    ({"top_p": -(10**400)}, "top_p"),
+    ({"tools": [ADD_TOOL], "tool_choice": {"type": "function", "function": {"name": ["add"]}}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "hi \ud800"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
+    ({"stop": ["x" * 257]}, "stop"),  # a megabyte stop string stalled a 20-token call for 40 s
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
 ]
 
 
@@ -181,6 +189,131 @@ async def test_nothing_a_client_sends_crashes_the_gateway(policy):
             model="p", messages=[{"role": "user", "content": "still there?"}], max_tokens=3
         )
     assert reply.choices[0].finish_reason in ("stop", "length")
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_body_nested_past_what_a_record_can_hold_is_refused_and_one_within_reads_back():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "default": nested(80)}}}
+    chat = {"messages": [{"role": "user", "content": "x"}], "tools": [tool]}
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        for url, body, param in (
+            (f"{gateway.url}/sessions", {"task": nested(80)}, "task" + "[0]" * 63),
+            (f"{session.base_url}/chat/completions", chat, "tools[0].function.parameters.default" + "[0]" * 59),
+        ):
+            async with http.post(url, json=body) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and error["param"] == param
+                assert error["message"].endswith("is nested more than 64 levels deep")
+        async with http.post(f"{gateway.url}/sessions", json={"task": nested(60)}) as response:
+            opened = await response.json()
+        async with http.get(f"{gateway.url}/sessions/{opened['id']}") as response:
+            assert response.status == 200 and (await response.json())["task"] == nested(60)
+
+
+class GatedPolicy(ScriptedPolicy):
+    """A scripted policy whose replies wait for ``gate``; ``all_in`` is set once ``calls`` calls are generating."""
+
+    def __init__(self, calls: int) -> None:
+        super().__init__(["late reply"], cycle=True)
+        self.waiting, self.expected = 0, calls
+        self.all_in, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def generate(self, *args, **kwargs):
+        self.waiting += 1
+        if self.waiting == self.expected:
+            self.all_in.set()
+        await self.gate.wait()
+        return await super().generate(*args, **kwargs)
+
+
+async def test_a_call_still_running_when_its_session_closes_is_answered_but_not_recorded():
+    policy = GatedPolicy(calls=2)
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        calls = [
+            asyncio.ensure_future(
+                client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+            ),
+            asyncio.ensure_future(client.completions.create(model="p", prompt=[1, 2])),
+        ]
+        await policy.all_in.wait()
+        trajectory = gateway.close_session(session.id)  # the episode ends (the SDK scores it from here on)
+        policy.gate.set()
+        chat, completion = await asyncio.gather(*calls)
+    assert chat.choices[0].message.content == "late reply" and completion.choices[0].text == "late reply"
+    assert trajectory.steps == []
+
+
+async def test_a_reward_whose_body_arrives_after_its_session_closed_is_a_404_not_a_late_reward():
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway:
+        session = gateway.open_session()
+        host, port = gateway.url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = b'{"reward": 1.0}'
+        head = f"POST /sessions/{session.id}/reward HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body[:5])
+        await writer.drain()
+        await asyncio.sleep(0.3)  # the handler has the session and waits for the rest of the body
+        trajectory = gateway.close_session(session.id)
+        writer.write(body[5:])
+        await writer.drain()
+        status = (await reader.readline()).decode()
+        writer.close()
+        await writer.wait_closed()
+    assert status.startswith("HTTP/1.1 404") and trajectory.reward is None
+
+
+async def test_a_number_longer_than_python_reads_is_a_400_not_a_500():
+    body = b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1' + b"0" * 4300 + b"}"
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        for url in (f"{session.base_url}/chat/completions", f"{gateway.url}/sessions/{session.id}/reward"):
+            async with http.post(url, data=body) as response:
+                error = (await response.json())["error"]
+                assert response.status == 400 and error["type"] == "invalid_request_error"
+                assert error["message"].startswith("the request body is not valid JSON: Exceeds the limit")
+
+
+async def test_a_temperature_below_1e_5_is_greedy_not_a_policy_failure(policy):
+    messages = [{"role": "user", "content": "move left"}]
+    async with Gateway(policy) as gateway:
+        client = client_of(gateway.open_session())
+        greedy = await client.chat.completions.create(model="p", messages=messages, max_tokens=6, temperature=0)
+        for temperature in (1e-300, 5e-324, 9e-6):
+            tiny = await client.chat.completions.create(
+                model="p", messages=messages, max_tokens=6, temperature=temperature
+            )
+            assert tiny.choices[0].message.content == greedy.choices[0].message.content
+        completion = await client.completions.create(model="p", prompt="the agent", max_tokens=4, temperature=1e-300)
+    assert completion.choices[0].finish_reason in ("stop", "length")
+
+
+async def test_a_chat_of_megabytes_is_rendered_off_the_loop_while_other_sessions_are_served(policy):
+    huge = {"messages": [{"role": "user", "content": "ab"}] * 150_000, "max_tokens": 2}  # ~5 s of rendering
+    async with Gateway(policy) as gateway, aiohttp.ClientSession() as http:
+        slow, other = gateway.open_session(), gateway.open_session()
+
+        async def post_huge():
+            async with http.post(f"{slow.base_url}/chat/completions", json=huge) as response:
+                return response.status
+
+        async def read_other():
+            await asyncio.sleep(1.0)  # the huge chat is being rendered by now
+            async with http.get(f"{gateway.url}/sessions/{other.id}") as response:
+                return response.status
+
+        rendering, reading = asyncio.ensure_future(post_huge()), asyncio.ensure_future(read_other())
+        done, _ = await asyncio.wait({rendering, reading}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {reading} and reading.result() == 200  # the loop answered while the chat rendered
+        assert await rendering == 400  # then: far over the context
 
 
 async def test_a_prompt_over_the_context_gets_context_length_exceeded(policy):
@@ -261,6 +394,42 @@ async def test_tool_calls_round_trip_and_continue_the_recorded_chat():
     assert two.chat_completions[: len(one.chat_completions)] == one.chat_completions
 
 
+DEEP_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": ' + "[" * 300 + "]" * 300 + "}}\n</tool_call>"
+NAN_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": NaN, "b": 1e999}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("reply", [DEEP_CALL, NAN_CALL], ids=["nested-300-deep", "nan-and-infinity"])
+async def test_a_tool_call_whose_arguments_no_client_or_record_can_hold_stays_content(reply, tmp_path):
+    from rllm_gym.sdk import run_agent_program
+
+    async with Gateway(ScriptedPolicy([reply], cycle=True)) as gateway:
+        session = gateway.open_session()
+        answer = await client_of(session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "2+3?"}], tools=[ADD_TOOL], max_tokens=2000
+        )
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
+            assert response.status == 200
+            (step,) = (await response.json())["steps"]
+        completion = await client_of(session).completions.create(model="p", prompt=[1, 2], max_tokens=2000)
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway.url}/sessions/{session.id}") as response:
+            assert response.status == 200
+            completion_step = (await response.json())["steps"][1]
+    (choice,) = answer.choices
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == reply and step["model_output"]["tool_calls"] == []
+    assert completion.choices[0].text == reply and completion_step["model_output"]["tool_calls"] == []
+
+    async def program(task, base_url):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "2+3?"}]
+        await client.chat.completions.create(model="p", messages=messages, tools=[ADD_TOOL], max_tokens=2000)
+        return "done"
+
+    out = tmp_path / "episodes.jsonl"
+    await run_agent_program(program, [{"q": 1}], ScriptedPolicy([reply], cycle=True), out=out)
+    assert json.loads(out.read_text())["trajectories"][0]["output"] == "done"
+
+
 async def test_reward_and_signals_are_set_by_the_program(policy):
     async with Gateway(policy) as gateway:
         session = gateway.open_session()
@@ -280,6 +449,48 @@ async def test_reward_and_signals_are_set_by_the_program(policy):
             async with http.delete(f"{gateway.url}/sessions/{opened['id']}") as response:
                 assert (await response.json())["task"] == {"q": 1}
     assert (recorded["reward"], recorded["signals"]) == (0.5, {"format": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"reward": NaN}', "reward"),
+        (b'{"reward": Infinity}', "reward"),
+        (b'{"reward": -1e400}', "reward"),
+        (b'{"reward": 1' + b"0" * 400 + b"}", "reward"),
+        (b'{"signals": {"format": NaN}}', "signals"),
+        (b'{"signals": {"format": 1' + b"0" * 400 + b"}}", "signals"),
+        (b'{"signals": {"\\udc00": 1}}', "signals"),
+    ],
+)
+async def test_a_reward_that_is_not_a_finite_number_is_refused_not_recorded(body, param):
+    async with Gateway(ScriptedPolicy(["ok"])) as gateway, aiohttp.ClientSession() as http:
+        session = gateway.open_session()
+        root = f"{gateway.url}/sessions/{session.id}"
+        async with http.post(f"{root}/reward", data=body) as response:
+            assert response.status == 400
+            assert (await response.json())["error"]["param"] == param
+        async with http.get(root) as response:
+            recorded = await response.json()
+    assert (recorded["reward"], recorded["signals"]) == (None, {})
+
+
+async def test_completion_token_ids_outside_the_vocabulary_are_the_clients_400_not_a_policy_failure(policy):
+    size = len(policy.tokenizer)
+    async with Gateway(policy) as gateway:
+        session = gateway.open_session()
+        client = client_of(session)
+        for prompt, param, message in (
+            ([5, size], "prompt[1]", f"'prompt[1]' is token id {size}, outside the model's vocabulary of {size} ids"),
+            ([5, 10**30], "prompt[1]", "outside the model's vocabulary"),
+            ([-1, 5], "prompt", "'prompt' token ids must be >= 0, got -1"),
+        ):
+            with pytest.raises(openai.BadRequestError, match=re.escape(message)) as error:
+                await client.completions.create(model="p", prompt=prompt, max_tokens=2)
+            assert error.value.body["param"] == param
+        completion = await client.completions.create(model="p", prompt=[5, size - 1], max_tokens=2)
+        (step,) = gateway.close_session(session.id).steps
+    assert step.prompt_ids == [5, size - 1] and completion.choices[0].text == step.model_output.text
 
 
 def test_gateway_arguments_are_checked(policy):
