@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rllm_gym.policies.base import build_model_output, split_reasoning
+from rllm_gym.policies.base import GREEDY_BELOW, build_model_output, split_reasoning
 from rllm_gym.types import ModelOutput
 
 __all__ = [
@@ -46,8 +46,6 @@ MAX_STOP = 4
 # may start one, both in time growing with the string: a megabyte stop stalled a 20-token call for 40 s.
 MAX_STOP_CHARS = 256
 MAX_DEPTH = 64
-# vLLM's rule: a temperature below this is greedy (dividing logits by 1e-300 makes them infinite, and sampling fails).
-GREEDY_BELOW = 1e-5
 
 
 class RequestError(Exception):

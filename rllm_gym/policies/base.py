@@ -97,12 +97,17 @@ class PolicyError(RuntimeError):
     """A policy could not produce a completion (server unreachable, request rejected, engine failure)."""
 
 
+# vLLM's rule: a temperature below this is greedy (dividing logits by 1e-300 makes them infinite: sampling fails).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Sampling parameters that every backend can map (vLLM, OpenAI-compatible servers, transformers).
 
-    ``temperature=0`` means greedy decoding. ``top_k=None`` and ``top_p=1.0`` disable those filters. ``stop`` strings
-    end the completion and are not part of its text. ``seed`` makes sampling reproducible where the backend can
+    ``temperature=0`` means greedy decoding, as does any temperature below ``GREEDY_BELOW`` (1e-5, vLLM's rule).
+    ``top_k=None`` and ``top_p=1.0`` disable those filters. ``stop`` strings end the completion and are not part of
+    its text. ``seed`` makes sampling reproducible where the backend can
     (vLLM and HFPolicy per request batch; servers per request when they honour it).
     """
 
@@ -144,7 +149,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

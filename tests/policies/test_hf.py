@@ -20,6 +20,13 @@ def policy(tiny_model_dir) -> HFPolicy:
     return HFPolicy(tiny_model_dir)
 
 
+async def test_a_temperature_below_vllms_greedy_threshold_decodes_greedily_rather_than_failing(policy):
+    greedy = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=6))
+    for tiny in (1e-300, 5e-6):  # logits / 1e-300 are infinite: sampling from them fails
+        out = await policy.generate(CHAT, SamplingParams(temperature=tiny, max_tokens=6))
+        assert out.completion_ids == greedy.completion_ids
+
+
 async def test_greedy_output_has_ids_logprobs_and_lengths(policy):
     out = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=10))
     again = await policy.generate(CHAT, SamplingParams(temperature=0, max_tokens=10))
