@@ -35,11 +35,16 @@ from rllm_gym.types import ModelOutput
 __all__ = ["ContentStream", "EventStream", "opens_reasoning", "send_chunks", "stream_reply"]
 
 _MARKERS = ("<think>", "</think>", "<tool_call>")
+# The reply is decoded whole again once its ids have grown by this share of their count since the last decode (every
+# token up to 2 x this many): each decode reads every id, so decoding at every token cost a long reply's stream time
+# quadratic in its length (~1.1 s of the event loop over a 4,000-token reply on 2 cores), now linear.
+DECODE_GROWTH = 64
 
 
 class ContentStream:
     """The content deltas of one streamed choice: :meth:`feed` takes the choice's next token ids and returns the
-    content newly known for certain (maybe ``""``); :attr:`sent` is all it returned.
+    content newly known for certain (maybe ``""``); :attr:`sent` is all it returned. A long reply is decoded again
+    only once its ids have grown by a 1/``DECODE_GROWTH`` share, so its deltas come a few tokens at a time.
 
     ``live=False`` sends nothing until the end (a reply that continues a forced tool-call opening);
     ``in_reasoning=True``: the prompt opened a ``<think>`` block, so the content starts after ``</think>``;
@@ -62,12 +67,14 @@ class ContentStream:
         self.raw = raw
         self.sent = ""
         self.ids: list[int] = []
+        self._decoded = 0  # len(self.ids) at the last decode
         self._holds = (*(() if raw else _MARKERS), *(s for s in stop if s))
 
     def feed(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        if not self.live:
+        if not self.live or len(self.ids) - self._decoded < max(1, self._decoded // DECODE_GROWTH):
             return ""
+        self._decoded = len(self.ids)
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if self.in_reasoning:
             end = text.find("</think>")

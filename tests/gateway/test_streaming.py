@@ -66,6 +66,23 @@ def test_plain_text_streams_as_it_comes(tokenizer):
     assert "".join(fed_one_by_one(tokenizer, "a b c", in_reasoning=True)[0]) == ""
 
 
+def test_a_long_reply_is_decoded_a_linear_number_of_ids_in_all_and_its_deltas_still_add_up(tokenizer):
+    decoded = []  # the ids each decode read
+
+    class Counting:
+        def decode(self, ids, **kwargs):
+            decoded.append(len(ids))
+            return tokenizer.decode(ids, **kwargs)
+
+    text = " ".join(f"word{i}" for i in range(1500))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stream = ContentStream(Counting())
+    sent = "".join(stream.feed([token]) for token in ids)
+    assert len(ids) > 3000 and text.startswith(sent) and len(sent) > len(text) * 0.95
+    assert sum(decoded) < 100 * len(ids)  # a decode at every token reads len(ids) ** 2 / 2
+    assert decoded[:64] == list(range(1, 65))  # a short reply streams token by token
+
+
 def test_the_prompt_tells_whether_the_reply_starts_in_reasoning(tokenizer):
     assert opens_reasoning(tokenizer, tokenizer.encode("<|im_start|>assistant\n<think>\n"))
     assert not opens_reasoning(tokenizer, tokenizer.encode("<|im_start|>assistant\n"))
