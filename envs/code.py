@@ -252,9 +252,9 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
 
     ## Rewards
     On the step that ends the episode: 1.0 when every test passes, else 0.0 (or the fraction of tests passed with
-    ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox itself fails the episode ends with
-    reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them. So a step earns within
-    [0.0, 1.0] and, as only the last step is graded, so does an episode (``metadata["step_reward_range"]`` and
+    ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox or the task's tests fail the episode
+    ends with reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them. So a step earns
+    within [0.0, 1.0] and, as only the last step is graded, so does an episode (``metadata["step_reward_range"]`` and
     ``["episode_return_range"]``).
 
     ## Episode End
@@ -272,8 +272,10 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
 
     Whose failure: a test that fails by the solution's doing (wrong answer, its code raised, timed out, hit the
     memory or output limit, was killed, returned what is not plain data) is the model's: ``graded`` True,
-    ``infra_failed`` False. The sandbox failing to start or run (``sandbox_error``) is the infrastructure's:
-    ``graded`` False, ``infra_failed`` True; the engine retries such an episode and the trainer leaves it out.
+    ``infra_failed`` False. The sandbox failing to start or run (``sandbox_error``), or the task's test code failing
+    whatever the reply (``harness_error``: its setup raises, an assert fails before calling the solution, it passes an
+    argument that cannot cross to the solution's process), is not: ``graded`` False, ``infra_failed`` True; the
+    engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks). A task's

@@ -68,14 +68,17 @@ try:
     exec(compile(_setup, "<test setup>", "exec"), _tests)
     _setup_error = None
 except BaseException as _exc:
-    _setup_error = "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300]
+    # Without a call to the solution, the task's own code failed: no reply can pass, so none is graded.
+    _setup_error = ("runtime_error" if _ch.calls else "harness_error",
+                    "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300])
 if _entry:
     _tests[_entry] = _ch.remote(_entry, _limit)
 for _index, _source in _cases:
     if _setup_error is not None:
-        _report(_index, status="runtime_error", error=_setup_error)
+        _report(_index, status=_setup_error[0], error=_setup_error[1])
         continue
     del _ch.failures[:]
+    del _ch.calls[:]
     try:
         exec(compile(_source, "<test>", "exec"), _tests)
     except AssertionError as _exc:
@@ -88,6 +91,8 @@ for _index, _source in _cases:
         _outcome = ("ok", "")
     if _ch.failures:  # a call failed: whatever the test code did with its exception, the test fails
         _outcome = (_ch.failures[0][0], "a call to the solution failed: " + _ch.failures[0][1])
+    elif _outcome[0] != "ok" and not _ch.calls:  # the test failed before it called the solution: the task's fault
+        _outcome = ("harness_error", "the test failed without calling the solution: " + _outcome[1])
     if _outcome[0] == "ok":
         _report(_index, status="ok")
         continue

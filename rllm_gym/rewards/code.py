@@ -14,9 +14,10 @@ Three test formats, the ones the common data sets use, all given in the task dic
 **The verdict is decided outside the process that runs model code.** Function and assert tests run as a pair
 (:meth:`rllm_gym.sandbox.Sandbox.run_pair`): the test code runs in a sandboxed harness process of its own and every
 call of the solution's function is forwarded to the solution's sandboxed process, from which only a plain-data return
-value comes back (None, bool, int, float, str, bytes and lists, tuples, dicts and sets of those; anything else fails
-the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are compared
-here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit counts.
+value comes back (None, bool, int, float, complex, str, bytes and lists, tuples, dicts and sets of those; anything
+else fails the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are
+compared here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit
+counts.
 
 **The task's code stays the task's.** In assert tests, names the task defines (a HumanEval prompt's helpers, the test
 code, MBPP setup) resolve to the task's definitions; only the entry point and names the task never defines call the
@@ -38,7 +39,9 @@ keep the data set's own Python comparisons, run in the harness.
 Reward: 1.0 when every test passes, else 0.0 (or the fraction passed with ``fraction=True``); per-test results are in
 ``metadata["tests"]``, each with a ``status``: ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``,
 ``memory_limit``, ``output_limit`` or ``not_plain_data``. When the sandbox itself fails (``sandbox_error``, an
-infrastructure fault that model code cannot cause) the reply is NOT graded: the result has ``is_correct=None``,
+infrastructure fault that model code cannot cause), or the task's test code cannot run whatever the reply
+(``harness_error``: its setup or an assert fails before calling the solution, or it passes the solution an argument
+that is not plain data, such as a lambda), the reply is NOT graded: the result has ``is_correct=None``,
 ``reward=0.0`` and ``metadata["graded"] = False`` with the error, so trainers can drop or retry the sample instead of
 learning from it.
 """
@@ -131,6 +134,15 @@ def _mbpp_imports(imports: Any) -> str:
     return "\n".join(imports)
 
 
+def _check_python(source: str, name: str) -> None:
+    """A task's test code must compile: broken, it would fail every reply alike, which says nothing of any."""
+    try:
+        compile(source, name, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else str(exc)
+        raise ValueError(f"{name} is not valid Python ({detail}): fix the task") from None
+
+
 def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
     """The task's tests in a format of the module docstring; a bad task raises ValueError naming the field."""
     if not isinstance(task_info, dict):
@@ -142,6 +154,10 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
                 "task['test_list'] must be a non-empty list of assert statements such as ['assert f(1) == 2']"
             )
         imports = _mbpp_imports(task_info.get("test_imports"))
+        for index, source in enumerate(asserts):
+            _check_python(source, f"task['test_list'][{index}]")
+        for key in ("test_imports_code", "test_setup_code"):
+            _check_python(str(task_info.get(key) or ""), f"task[{key!r}]")
         setup = "\n".join(
             [imports, *(str(task_info.get(key) or "") for key in ("test_imports_code", "test_setup_code"))]
         )
@@ -152,6 +168,9 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             raise ValueError(
                 "task['test'] must be the source of `def check(candidate)` and task['entry_point'] a name"
             )
+        _check_python(test, "task['test']")
+        if not entry.isidentifier():
+            raise ValueError(f"task['entry_point'] must be a Python name such as 'has_close_elements', got {entry!r}")
         code = task_code(task_info.get("prompt"), entry)
         return [TestCase("assert", input=f"check({entry})", setup=test, fn_name=entry, task_code=code)]
     tests = task_info.get("tests")
@@ -271,16 +290,13 @@ class CodeReward:
 
     def _score(self, plan: Plan, runs: list[SandboxResult], records: list[dict[str, Any]]) -> RewardOutput:
         failures = [r for r in runs if r.status is ExecutionStatus.SANDBOX_ERROR]
-        if failures:
+        broken = [r for r in records if r["status"] == "harness_error"]
+        if failures or broken:
+            error = f"sandbox_error: {failures[0].error}" if failures else f"harness_error: {broken[0]['error']}"
             return RewardOutput(
                 reward=0.0,
                 is_correct=None,
-                metadata={
-                    "graded": False,
-                    "error": f"sandbox_error: {failures[0].error}",
-                    "tests": [],
-                    "total": len(plan.tests),
-                },
+                metadata={"graded": False, "error": error, "tests": [], "total": len(plan.tests)},
             )
         passed = sum(r["passed"] for r in records)
         total = len(plan.tests)

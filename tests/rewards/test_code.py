@@ -260,3 +260,72 @@ def test_function_tests_judge_outside_the_solution_process():
     assert code_reward_fn(task, printer).reward == 0.0
     honest = "```python\ndef answer(x):\n    return 10 * x\n```"
     assert code_reward_fn(task, honest).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("task", "error"),
+    [
+        (  # the test passes what cannot cross to the solution's process: a lambda
+            {"test": "def check(candidate):\n    assert candidate(lambda x: x + 1, 2) == 3\n", "entry_point": "apply"},
+            "the test passes an argument that is not plain data: a builtins.function is not plain data",
+        ),
+        (  # MBPP's setup fails before any call to the solution
+            {"test_list": ["assert apply(abs, 2) == 2"], "test_setup_code": "import no_such_module_here"},
+            "the tests' setup failed: ModuleNotFoundError: No module named 'no_such_module_here'",
+        ),
+        (  # an assert that needs an import the task forgot: it fails before it calls the solution
+            {"test_list": ["assert math.isclose(apply(abs, -2), 2)"]},
+            "the test failed without calling the solution: AttributeError: 'function' object has no attribute",
+        ),
+    ],
+    ids=["lambda_argument", "setup_fails", "missing_import"],
+)
+def test_a_task_whose_tests_cannot_run_is_not_graded(task, error):
+    """Every reply, right or wrong, would score 0: the task's fault, not the reply's, so it is not graded."""
+    right = "```python\ndef apply(f, x):\n    return f(x)\n```"
+    for reply in (right, "```python\ndef apply(f, x):\n    return 0\n```"):
+        result = CodeReward(timeout=2.0)(task, reply)
+        meta = result.metadata
+        assert result.is_correct is None and meta["graded"] is False and meta["tests"] == [], meta
+        assert meta["error"].startswith("harness_error: ") and error in meta["error"], meta
+
+
+def test_a_setup_that_calls_the_solution_fails_by_the_solutions_doing():
+    task = {"test_list": ["assert VALUE == 4"], "test_setup_code": "VALUE = double(2)"}
+    assert code_reward_fn(task, "```python\ndef double(x):\n    return 2 * x\n```").reward == 1.0
+    result = code_reward_fn(task, "```python\ndef double(x):\n    raise ValueError('no')\n```")
+    assert result.is_correct is False and result.metadata["graded"] is True
+    assert result.metadata["tests"][0]["status"] == "runtime_error"
+
+
+def test_test_code_that_is_not_python_names_the_field():
+    with pytest.raises(ValueError, match=re.escape("task['test_list'][1] is not valid Python ('(' was never closed")):
+        parse_tests({"test_list": ["assert f(1) == 2", "assert f(1 == 2"]})
+    with pytest.raises(ValueError, match=re.escape("task['test_setup_code'] is not valid Python")):
+        parse_tests({"test_list": ["assert f(1) == 2"], "test_setup_code": "x = = 1"})
+    with pytest.raises(ValueError, match=re.escape("task['test'] is not valid Python (invalid syntax at line 2)")):
+        parse_tests({"test": "def check(candidate):\n    assert candidate(1) = 2\n", "entry_point": "f"})
+    with pytest.raises(ValueError, match=re.escape("task['entry_point'] must be a Python name")):
+        parse_tests({"test": "def check(candidate):\n    pass\n", "entry_point": "f(1)"})
+
+
+def test_complex_numbers_cross_as_plain_data():
+    """MBPP's cmath tasks pass and return complex numbers: they cross exactly, and compare by value."""
+    mbpp = {
+        "test_list": [
+            "assert angle_complex(0, 1j) == 1.5707963267948966",
+            "assert polar_rect(3, 4) == ((5.0, 0.9272952180016122), (-2+2.4492935982947064e-16j))",
+        ]
+    }
+    right = (
+        "import cmath\n"
+        "def angle_complex(a, b):\n    return cmath.phase(a + b)\n"
+        "def polar_rect(x, y):\n    return cmath.polar(complex(x, y)), cmath.rect(2, cmath.pi)\n"
+    )
+    assert code_reward_fn(mbpp, f"```python\n{right}```").reward == 1.0
+    wrong = right.replace("cmath.rect(2, cmath.pi)", "cmath.rect(2, 0)")
+    assert CodeReward(fraction=True)(mbpp, f"```python\n{wrong}```").reward == 0.5
+    call = {"fn_name": "root", "tests": [{"input": [-4], "output": 2j}]}
+    assert code_reward_fn(call, "```python\ndef root(x):\n    return x ** 0.5\n```").reward == 1.0
+    assert code_reward_fn(call, "```python\ndef root(x):\n    return 2\n```").reward == 0.0
+    assert values_match(2j, 2j) and values_match(1 + 0j, 1.0) is False and values_match(1, 1 + 0j)
