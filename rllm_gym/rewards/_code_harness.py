@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rllm_gym.rewards._code_compare import clean_text, outputs_match, quote, show, values_match
-from rllm_gym.sandbox import ExecutionStatus, PairResult, SandboxResult, channel
+from rllm_gym.sandbox import DEFAULT_LIMITS, ExecutionStatus, PairResult, SandboxResult, channel
 
 __all__ = ["Plan", "task_code"]
 
@@ -142,8 +142,8 @@ class Plan:
     stop: bool
     tol: float
     public: int = 0
-    # Bytes of JSON a call test's return value may take in the harness's report: half of the sandbox's default output
-    # cap (1 MiB), which all of a harness's reports share. A larger value fails its test as ``output_limit``.
+    # Bytes of JSON a call test's return value may take in the harness's report: a larger value fails its test as
+    # ``output_limit``. The paired run's output cap (:meth:`output_cap`) holds every test's report at this size.
     report_budget: int = 1 << 19
     # Wall-clock seconds one call to the solution may take: a solution that loops forever costs this once, as the
     # call's test and every later one fail at once (None: only the paired run's own limit).
@@ -153,6 +153,13 @@ class Plan:
     @property
     def paired(self) -> bool:
         return self.tests[0].kind != "stdio"
+
+    def output_cap(self, count: int) -> int:
+        """The ``max_output_bytes`` of a paired run of ``count`` tests: room for each call test's report at its
+        budget, so that a correct solution's large return values never cut the later tests' reports."""
+        if self.tests[0].kind != "call":
+            return DEFAULT_LIMITS.max_output_bytes
+        return max(DEFAULT_LIMITS.max_output_bytes, count * (self.report_budget + len(self.mark) + 64))
 
     def segments(self) -> list[range]:
         """The slices of tests run as one paired run each: the public tests apart from the hidden ones."""

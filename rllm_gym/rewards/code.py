@@ -286,7 +286,8 @@ class CodeReward:
         """A run's arguments; ``end``: one past the index of its last test (public tests are the first ones)."""
         timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout
         run_class = "visible" if end <= plan.public else self.hidden_run_class
-        return {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout, "run_class": run_class}
+        kwargs = {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout, "run_class": run_class}
+        return {**kwargs, "max_output_bytes": plan.output_cap(count)} if plan.paired else kwargs
 
     def _score(self, plan: Plan, runs: list[SandboxResult], records: list[dict[str, Any]]) -> RewardOutput:
         failures = [r for r in runs if r.status is ExecutionStatus.SANDBOX_ERROR]

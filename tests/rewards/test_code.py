@@ -329,3 +329,14 @@ def test_complex_numbers_cross_as_plain_data():
     assert code_reward_fn(call, "```python\ndef root(x):\n    return x ** 0.5\n```").reward == 1.0
     assert code_reward_fn(call, "```python\ndef root(x):\n    return 2\n```").reward == 0.0
     assert values_match(2j, 2j) and values_match(1 + 0j, 1.0) is False and values_match(1, 1 + 0j)
+
+
+def test_large_return_values_over_many_tests_are_all_reported():
+    """Each call test's report may hold half a megabyte: four of them exceed the sandbox's default output cap of
+    1 MiB, which cut the later tests' reports and failed a correct solution as ``output_limit``."""
+    size = 60_000
+    task = {"fn_name": "upto", "tests": {"inputs": [[size + i] for i in range(4)], "outputs": []}}
+    task["tests"]["outputs"] = [list(range(size + i)) for i in range(4)]
+    result = CodeReward(timeout=2.0, fraction=True)(task, "```python\ndef upto(n):\n    return list(range(n))\n```")
+    assert [record["status"] for record in result.metadata["tests"]] == ["ok"] * 4
+    assert result.reward == 1.0 and result.is_correct is True
