@@ -12,6 +12,7 @@ import ast
 import contextlib
 import functools
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,6 +125,32 @@ def task_code(prompt: Any, entry_point: str) -> str:
     return prompt if entry_point in defined else ""
 
 
+_LINE_END = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")  # after each line break as Python's tokenizer counts them
+
+
+def _with_imports(code: str, imports: str) -> str:
+    """``code`` with MBPP's ``imports`` run first, but after its docstring and ``from __future__`` imports, which
+    must open the module (a reply that starts with one is not a syntax error for it)."""
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):  # the reply's own error, reported as such either way
+        return f"{imports}\n{code}"
+    end = 0
+    for position, node in enumerate(body):
+        future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        docstring = position == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (future or (docstring and isinstance(node.value.value, str))):
+            break
+        end = node.end_lineno or end
+    if not end:
+        return f"{imports}\n{code}"
+    lines = _LINE_END.split(code)
+    head, rest = "".join(lines[:end]), "".join(lines[end:])
+    if not head.endswith(("\n", "\r")):  # the future import ends the reply, without a line break
+        head += "\n"
+    return f"{head}{imports}\n{rest}"
+
+
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return quote(lines[-1]) if lines else ""
@@ -171,7 +198,7 @@ class Plan:
     def solution(self) -> str:
         """The program the solution's process runs: the reply's code, then the task's helpers it did not define."""
         first = self.tests[0]
-        code = f"{first.imports}\n{self.code}" if first.imports else self.code
+        code = _with_imports(self.code, first.imports) if first.imports else self.code
         if first.kind != "assert" or not first.task_code:
             return code
         return code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)

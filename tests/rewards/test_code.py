@@ -340,3 +340,17 @@ def test_large_return_values_over_many_tests_are_all_reported():
     result = CodeReward(timeout=2.0, fraction=True)(task, "```python\ndef upto(n):\n    return list(range(n))\n```")
     assert [record["status"] for record in result.metadata["tests"]] == ["ok"] * 4
     assert result.reward == 1.0 and result.is_correct is True
+
+
+@pytest.mark.parametrize(
+    "opening",
+    ["from __future__ import annotations\n", '"""Area of a circle."""\r\nfrom __future__ import annotations\r\n'],
+    ids=["future_import", "docstring_and_future_import"],
+)
+def test_mbpp_test_imports_go_after_the_replys_future_imports(opening):
+    """MBPP's ``test_imports`` run before the solution: put above its ``from __future__`` import, they made a
+    correct reply a SyntaxError."""
+    mbpp = {"test_list": ["assert area(1) == math.pi"], "test_imports": ["import math"]}
+    reply = f"```python\n{opening}def area(r: float) -> float:\n    return math.pi * r * r\n```"
+    result = code_reward_fn(mbpp, reply)
+    assert result.reward == 1.0, result.metadata["tests"]
