@@ -354,3 +354,37 @@ def test_mbpp_test_imports_go_after_the_replys_future_imports(opening):
     reply = f"```python\n{opening}def area(r: float) -> float:\n    return math.pi * r * r\n```"
     result = code_reward_fn(mbpp, reply)
     assert result.reward == 1.0, result.metadata["tests"]
+
+
+_MAIN_BLOCKS = {
+    "own_unittest_main": (
+        "import unittest\n"
+        "class T(unittest.TestCase):\n    def test(self):\n        self.assertEqual(double(2), 4)\n"
+        "if __name__ == '__main__':\n    unittest.main()\n"
+    ),
+    "demo_reading_stdin": "if __name__ == '__main__':\n    print(double(int(input())))\n",
+    "sys_exit_main": "import sys\ndef main():\n    return 0\nif __name__ == '__main__':\n    sys.exit(main())\n",
+}
+
+
+@pytest.mark.parametrize("block", list(_MAIN_BLOCKS))
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"test_list": ["assert double(2) == 4", "assert double(-7) == -14"]},
+        {"test": "def check(candidate):\n    assert candidate(2) == 4\n", "entry_point": "double"},
+        {"fn_name": "double", "tests": {"inputs": [[2], [-7]], "outputs": [4, -14]}},
+    ],
+    ids=["mbpp", "humaneval", "call"],
+)
+def test_a_main_block_does_not_run_in_function_tests(task, block):
+    """As in the data sets' own harnesses, which import the solution: a reply's ``if __name__ == "__main__":``
+    block (its own tests, a demo reading stdin) ended the process before it answered a call."""
+    reply = f"```python\ndef double(x):\n    return 2 * x\n{_MAIN_BLOCKS[block]}```"
+    result = CodeReward(timeout=2.0)(task, reply)
+    assert result.reward == 1.0, result.metadata["tests"]
+
+
+def test_a_main_block_still_runs_in_stdin_stdout_tests():
+    reply = "```python\ndef main():\n    print(2 * int(input()))\nif __name__ == '__main__':\n    main()\n```"
+    assert code_reward_fn({"tests": [{"input": "2\n", "output": "4\n"}]}, reply).reward == 1.0
