@@ -179,8 +179,11 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             "a code task needs tests: 'tests' (a list of {'input', 'output'} or {'inputs': [...], 'outputs': [...]}), "
             "'test_list' (MBPP asserts) or 'test' + 'entry_point' (HumanEval)"
         )
-    if isinstance(tests, str):
-        tests = json.loads(tests)  # TACO/APPS ship input_output as a JSON string
+    if isinstance(tests, str):  # TACO/APPS ship input_output as a JSON string
+        try:
+            tests = json.loads(tests)
+        except ValueError as exc:
+            raise ValueError(f"task['tests'] is a string but not JSON ({exc}): pass a list, a dict or JSON") from None
     fn_name = task_info.get("fn_name")
     if isinstance(tests, dict):
         fn_name = tests.get("fn_name", fn_name)

@@ -200,6 +200,8 @@ def test_bad_tasks_name_the_field():
         parse_tests({"test_list": []})
     with pytest.raises(ValueError, match=re.escape("stdin/stdout tests need string 'input' and 'output'")):
         parse_tests({"tests": [{"input": [1], "output": 2}]})
+    with pytest.raises(ValueError, match=re.escape("task['tests'] is a string but not JSON (Expecting property name")):
+        parse_tests({"tests": '{"inputs": [1], outputs: [2]}'})
 
 
 def test_code_reward_fn_is_a_reward_function():
