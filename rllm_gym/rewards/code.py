@@ -226,16 +226,17 @@ class CodeReward:
             absent from ``metadata["tests"]`` and count as failed for ``fraction``). Default None: stop exactly
             when the reward is all-or-nothing (``not fraction``), where the rest cannot change it; with
             ``fraction`` every test runs. :class:`~rllm_gym.envs.code.CodeEnv` has the same default.
-        timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests,
-            at most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every
-            later test at once, so a solution that never returns costs ``timeout`` once, not once per
-            test). memory_mb: memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its
-            defaults and its rules). sandbox: a :class:`Sandbox`
-            (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
-            value is a float (default 1e-6; a task's own ``float_tolerance`` wins). hidden_run_class: the sandbox's
-            ``run_class`` of the runs of hidden tests: ``"verdict"`` (default: only the reward comes out of them),
-            ``"visible"`` where their results are shown to the model (Code-v0's ``feedback="full"``). Public tests
-            run as ``"visible"``; the two classes never run at the same time (:mod:`rllm_gym.sandbox`).
+        timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests, at
+            most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every later
+            test at once, so a solution that never returns costs ``timeout`` once, not once per test). memory_mb:
+            memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its defaults and its
+            rules). A stdin/stdout run may print twice its expected output (at least the sandbox's default of 1 MiB), a
+            paired run every call test's report at its budget (512 KiB of JSON per return value). sandbox: a
+            :class:`Sandbox` (default: the shared one, strict). float_tolerance: relative and absolute tolerance where
+            an expected value is a float (default 1e-6; a task's own ``float_tolerance`` wins). hidden_run_class: the
+            sandbox's ``run_class`` of the runs of hidden tests: ``"verdict"`` (default: only the reward comes out of
+            them), ``"visible"`` where their results are shown to the model (Code-v0's ``feedback="full"``). Public
+            tests run as ``"visible"``; the two classes never run at the same time (:mod:`rllm_gym.sandbox`).
     """
 
     def __init__(
@@ -345,9 +346,10 @@ class CodeReward:
                 if self._stopped(plan, *pairs[-1]):
                     break
             return self._score_pairs(plan, pairs)
-        jobs = [
-            _Job(plan.code, {**self._kwargs(plan, 1, i + 1), "stdin": test.input}) for i, test in enumerate(plan.tests)
-        ]
+        jobs = []
+        for i, test in enumerate(plan.tests):
+            kwargs = {**self._kwargs(plan, 1, i + 1), "stdin": test.input, "max_output_bytes": _stdout_cap(test)}
+            jobs.append(_Job(plan.code, kwargs))
         results: list[SandboxResult] = []
         if self.stop:
             for job in jobs:
@@ -421,6 +423,12 @@ async def _adrive(grading: Generator[list[_Job], list[Any], RewardOutput], sandb
             jobs = grading.send(list(await asyncio.gather(*runs)))
     except StopIteration as done:
         return done.value
+
+
+def _stdout_cap(test: TestCase) -> int:
+    """A stdin/stdout run's output cap: the sandbox's default, or twice the expected output where that is larger, so
+    that a correct program's long output is compared, not cut as ``output_limit``."""
+    return max(DEFAULT_LIMITS.max_output_bytes, 2 * len(test.expected.encode("utf-8", "surrogatepass")) + 4096)
 
 
 def _check_tolerance(name: str, value: Any) -> None:

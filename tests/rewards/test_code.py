@@ -390,3 +390,16 @@ def test_a_main_block_does_not_run_in_function_tests(task, block):
 def test_a_main_block_still_runs_in_stdin_stdout_tests():
     reply = "```python\ndef main():\n    print(2 * int(input()))\nif __name__ == '__main__':\n    main()\n```"
     assert code_reward_fn({"tests": [{"input": "2\n", "output": "4\n"}]}, reply).reward == 1.0
+
+
+def test_a_correct_program_with_more_than_a_mebibyte_of_output_passes():
+    """The expected output is 1.6 MB: the sandbox's default cap of 1 MiB cut the correct program as ``output_limit``.
+    Flooding still fails: the cap is twice the expected output."""
+    count = 200_000
+    task = {"tests": [{"input": f"{count}\n", "output": "\n".join(str(10**6 + i) for i in range(count)) + "\n"}]}
+    right = "```python\nn = int(input())\nprint('\\n'.join(str(10**6 + i) for i in range(n)))\n```"
+    result = CodeReward(timeout=5.0)(task, right)
+    assert result.reward == 1.0, [(t["status"], t.get("error")) for t in result.metadata["tests"]]
+    flood = "```python\nimport sys\nwhile True:\n    sys.stdout.write('1000000\\n' * 10000)\n```"
+    result = CodeReward(timeout=5.0)(task, flood)
+    assert result.reward == 0.0 and result.metadata["tests"][0]["status"] == "output_limit"
