@@ -69,10 +69,16 @@ def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
                     metadata = json.loads(metadata)
             fn_name = metadata.get("func_name") if isinstance(metadata, dict) else None
             task["fn_name"] = task.get("fn_name") or fn_name
-            task["tests"] = {
-                "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
-                "outputs": [json.loads(c["output"]) for c in cases],
-            }
+            try:
+                task["tests"] = {
+                    "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
+                    "outputs": [json.loads(c["output"]) for c in cases],
+                }
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"code task #{index}: a functional LiveCodeBench case needs JSON text: its 'input' one argument "
+                    f"per line, its 'output' one value ({error})"
+                ) from None
     if "canonical_solution" in task and "reference_solution" not in task:  # HumanEval: prompt + body
         task["reference_solution"] = task["prompt"] + task["canonical_solution"]
     if "code" in task and "test_list" in task and "reference_solution" not in task:  # MBPP
