@@ -126,8 +126,9 @@ def loads(text: str | bytes) -> Any:
 # Frames on the pipes
 
 
-def write_frame(fd: int, message: dict) -> None:
-    data = json.dumps(message, allow_nan=True).encode()
+def write_frame(fd: int, message: dict | bytes) -> None:
+    """Send one frame: ``message`` as JSON, or JSON bytes already made."""
+    data = message if isinstance(message, bytes) else json.dumps(message, allow_nan=True).encode()
     data = _HEADER.pack(len(data)) + data
     while data:
         data = data[os.write(fd, data) :]
@@ -273,8 +274,13 @@ def _call(name: str, args: tuple, kwargs: dict, time_limit: float | None, read_f
         request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
     except NotPlainData as exc:
         raise _failure(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
+    data = json.dumps(request, allow_nan=True).encode()
+    if len(data) > MAX_FRAME:  # the solution's side would refuse it, and end: no fault of the solution's
+        raise _failure(
+            f"the test's arguments take {len(data)} bytes, more than the {MAX_FRAME} a call may", "harness_error"
+        )
     try:
-        write_frame(write_fd, request)
+        write_frame(write_fd, data)
         if time_limit is not None and not select.select([read_fd], [], [], time_limit)[0]:
             stalled.append(name)
             raise _failure(f"the solution did not answer within {time_limit:g} s (the per-test limit)", "timeout")

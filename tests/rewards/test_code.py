@@ -403,3 +403,13 @@ def test_a_correct_program_with_more_than_a_mebibyte_of_output_passes():
     flood = "```python\nimport sys\nwhile True:\n    sys.stdout.write('1000000\\n' * 10000)\n```"
     result = CodeReward(timeout=5.0)(task, flood)
     assert result.reward == 0.0 and result.metadata["tests"][0]["status"] == "output_limit"
+
+
+def test_an_argument_larger_than_a_call_may_carry_is_not_graded():
+    """The solution's side refuses a request over the channel's 16 MiB frame and ends: a correct solution was failed
+    as ``runtime_error`` for the size of the task's own input."""
+    task = {"fn_name": "size", "tests": {"inputs": [["x" * (17 << 20)]], "outputs": [17 << 20]}}
+    result = CodeReward(timeout=5.0)(task, "```python\ndef size(text):\n    return len(text)\n```")
+    meta = result.metadata
+    assert result.is_correct is None and meta["graded"] is False, meta
+    assert meta["error"].startswith("harness_error: ") and "more than the 16777216 a call may" in meta["error"]
