@@ -29,6 +29,10 @@ def clean_text(text: str) -> str:
 
 
 def _number(token: str) -> float | None:
+    """The number a printed token spells in the plain notation a checker reads (``-1.5e3``, ``inf``), else None:
+    not Python's extras, which no judge reads as a number (``1_000.5``, non-ASCII digits such as ``٤``)."""
+    if not token.isascii() or "_" in token:
+        return None
     try:
         return float(token)
     except ValueError:

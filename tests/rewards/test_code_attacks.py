@@ -303,6 +303,9 @@ def test_stdout_integer_tokens_match_exactly(grader, printed, passes):
         ("0.333333", "0.334", False),
         ("0.5", "nan", False),
         ("2.5 7", "2.5 7.0000001", False),
+        ("1000.5", "1_000.5", False),
+        ("4.0", "\u0664", False),
+        ("4.5", "\uff14.\uff15", False),
     ],
 )
 def test_stdout_float_tokens_use_the_tolerance(grader, expected, printed, passes):
