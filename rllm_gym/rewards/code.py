@@ -200,6 +200,8 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
     else:
         raise ValueError(f"task['tests'] must be a non-empty list of {{'input', 'output'}} dicts, got {tests!r:.200}")
     if fn_name:
+        if not str(fn_name).isidentifier():  # no solution could define it: every reply would fail
+            raise ValueError(f"task['fn_name'] must be a Python name such as 'twoSum', got {fn_name!r}")
         return [
             TestCase(
                 "call",

@@ -309,6 +309,8 @@ def test_test_code_that_is_not_python_names_the_field():
         parse_tests({"test": "def check(candidate):\n    assert candidate(1) = 2\n", "entry_point": "f"})
     with pytest.raises(ValueError, match=re.escape("task['entry_point'] must be a Python name")):
         parse_tests({"test": "def check(candidate):\n    pass\n", "entry_point": "f(1)"})
+    with pytest.raises(ValueError, match=re.escape("task['fn_name'] must be a Python name such as 'twoSum'")):
+        parse_tests({"fn_name": "Solution.twoSum", "tests": {"inputs": [[1]], "outputs": [1]}})
 
 
 def test_complex_numbers_cross_as_plain_data():
