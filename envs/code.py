@@ -69,10 +69,16 @@ def normalize_task(row: dict[str, Any], index: int = 0) -> dict[str, Any]:
                     metadata = json.loads(metadata)
             fn_name = metadata.get("func_name") if isinstance(metadata, dict) else None
             task["fn_name"] = task.get("fn_name") or fn_name
-            task["tests"] = {
-                "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
-                "outputs": [json.loads(c["output"]) for c in cases],
-            }
+            try:
+                task["tests"] = {
+                    "inputs": [[json.loads(a) for a in c["input"].splitlines()] for c in cases],
+                    "outputs": [json.loads(c["output"]) for c in cases],
+                }
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"code task #{index}: a functional LiveCodeBench case needs JSON text: its 'input' one argument "
+                    f"per line, its 'output' one value ({error})"
+                ) from None
     if "canonical_solution" in task and "reference_solution" not in task:  # HumanEval: prompt + body
         task["reference_solution"] = task["prompt"] + task["canonical_solution"]
     if "code" in task and "test_list" in task and "reference_solution" not in task:  # MBPP
@@ -252,9 +258,9 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
 
     ## Rewards
     On the step that ends the episode: 1.0 when every test passes, else 0.0 (or the fraction of tests passed with
-    ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox itself fails the episode ends with
-    reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them. So a step earns within
-    [0.0, 1.0] and, as only the last step is graded, so does an episode (``metadata["step_reward_range"]`` and
+    ``fraction=True``). Steps that return feedback earn 0.0. When the sandbox or the task's tests fail the episode
+    ends with reward 0.0 and ``info["graded"] = False``: drop such samples rather than train on them. So a step earns
+    within [0.0, 1.0] and, as only the last step is graded, so does an episode (``metadata["step_reward_range"]`` and
     ``["episode_return_range"]``).
 
     ## Episode End
@@ -272,8 +278,10 @@ class CodeEnv(TextRendering, gym.Env[str, str]):
 
     Whose failure: a test that fails by the solution's doing (wrong answer, its code raised, timed out, hit the
     memory or output limit, was killed, returned what is not plain data) is the model's: ``graded`` True,
-    ``infra_failed`` False. The sandbox failing to start or run (``sandbox_error``) is the infrastructure's:
-    ``graded`` False, ``infra_failed`` True; the engine retries such an episode and the trainer leaves it out.
+    ``infra_failed`` False. The sandbox failing to start or run (``sandbox_error``), or the task's test code failing
+    whatever the reply (``harness_error``: its setup raises, an assert fails before calling the solution, it passes an
+    argument that cannot cross to the solution's process), is not: ``graded`` False, ``infra_failed`` True; the
+    engine retries such an episode and the trainer leaves it out.
 
     ## Arguments
     ``tasks`` (list of task dicts, a path to a .jsonl/.json file, or None for the 43 built-in tasks). A task's

@@ -29,6 +29,10 @@ def clean_text(text: str) -> str:
 
 
 def _number(token: str) -> float | None:
+    """The number a printed token spells in the plain notation a checker reads (``-1.5e3``, ``inf``), else None:
+    not Python's extras, which no judge reads as a number (``1_000.5``, non-ASCII digits such as ``٤``)."""
+    if not token.isascii() or "_" in token:
+        return None
     try:
         return float(token)
     except ValueError:
@@ -107,6 +111,12 @@ def _values_match(got: Any, expected: Any, tol: float) -> bool:
         return type(got) is kind and got == expected
     if kind is float:
         return type(got) in (int, float) and _close(got, expected, tol)
+    if kind is complex:
+        return (
+            type(got) in (int, float, complex)
+            and _close(complex(got).real, expected.real, tol)
+            and _close(complex(got).imag, expected.imag, tol)
+        )
     if kind in (int, str, bytes, type(None)):
         return type(got) is kind and got == expected
     if kind in (list, tuple):
@@ -147,7 +157,7 @@ def show(value: Any, limit: int = QUOTE) -> str:
         if kind in (str, bytes):
             return put(repr(item[: room[0]]))
         if kind not in _BRACKETS:
-            return put(repr(item) if kind in (int, float, bool, type(None)) else f"<{kind.__name__}>")
+            return put(repr(item) if kind in (int, float, complex, bool, type(None)) else f"<{kind.__name__}>")
         if depth > _MAX_SHOWN_DEPTH:
             return put("...")
         if kind is set and not item:

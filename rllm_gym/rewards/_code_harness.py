@@ -12,12 +12,13 @@ import ast
 import contextlib
 import functools
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from rllm_gym.rewards._code_compare import clean_text, outputs_match, quote, show, values_match
-from rllm_gym.sandbox import ExecutionStatus, PairResult, SandboxResult, channel
+from rllm_gym.sandbox import DEFAULT_LIMITS, ExecutionStatus, PairResult, SandboxResult, channel
 
 __all__ = ["Plan", "task_code"]
 
@@ -68,14 +69,17 @@ try:
     exec(compile(_setup, "<test setup>", "exec"), _tests)
     _setup_error = None
 except BaseException as _exc:
-    _setup_error = "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300]
+    # Without a call to the solution, the task's own code failed: no reply can pass, so none is graded.
+    _setup_error = ("runtime_error" if _ch.calls else "harness_error",
+                    "the tests' setup failed: " + type(_exc).__name__ + ": " + str(_exc)[:300])
 if _entry:
     _tests[_entry] = _ch.remote(_entry, _limit)
 for _index, _source in _cases:
     if _setup_error is not None:
-        _report(_index, status="runtime_error", error=_setup_error)
+        _report(_index, status=_setup_error[0], error=_setup_error[1])
         continue
     del _ch.failures[:]
+    del _ch.calls[:]
     try:
         exec(compile(_source, "<test>", "exec"), _tests)
     except AssertionError as _exc:
@@ -88,6 +92,8 @@ for _index, _source in _cases:
         _outcome = ("ok", "")
     if _ch.failures:  # a call failed: whatever the test code did with its exception, the test fails
         _outcome = (_ch.failures[0][0], "a call to the solution failed: " + _ch.failures[0][1])
+    elif _outcome[0] != "ok" and not _ch.calls:  # the test failed before it called the solution: the task's fault
+        _outcome = ("harness_error", "the test failed without calling the solution: " + _outcome[1])
     if _outcome[0] == "ok":
         _report(_index, status="ok")
         continue
@@ -119,6 +125,32 @@ def task_code(prompt: Any, entry_point: str) -> str:
     return prompt if entry_point in defined else ""
 
 
+_LINE_END = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")  # after each line break as Python's tokenizer counts them
+
+
+def _with_imports(code: str, imports: str) -> str:
+    """``code`` with MBPP's ``imports`` run first, but after its docstring and ``from __future__`` imports, which
+    must open the module (a reply that starts with one is not a syntax error for it)."""
+    try:
+        body = ast.parse(code).body
+    except (SyntaxError, ValueError):  # the reply's own error, reported as such either way
+        return f"{imports}\n{code}"
+    end = 0
+    for position, node in enumerate(body):
+        future = isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        docstring = position == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (future or (docstring and isinstance(node.value.value, str))):
+            break
+        end = node.end_lineno or end
+    if not end:
+        return f"{imports}\n{code}"
+    lines = _LINE_END.split(code)
+    head, rest = "".join(lines[:end]), "".join(lines[end:])
+    if not head.endswith(("\n", "\r")):  # the future import ends the reply, without a line break
+        head += "\n"
+    return f"{head}{imports}\n{rest}"
+
+
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return quote(lines[-1]) if lines else ""
@@ -137,8 +169,8 @@ class Plan:
     stop: bool
     tol: float
     public: int = 0
-    # Bytes of JSON a call test's return value may take in the harness's report: half of the sandbox's default output
-    # cap (1 MiB), which all of a harness's reports share. A larger value fails its test as ``output_limit``.
+    # Bytes of JSON a call test's return value may take in the harness's report: a larger value fails its test as
+    # ``output_limit``. The paired run's output cap (:meth:`output_cap`) holds every test's report at this size.
     report_budget: int = 1 << 19
     # Wall-clock seconds one call to the solution may take: a solution that loops forever costs this once, as the
     # call's test and every later one fail at once (None: only the paired run's own limit).
@@ -148,6 +180,13 @@ class Plan:
     @property
     def paired(self) -> bool:
         return self.tests[0].kind != "stdio"
+
+    def output_cap(self, count: int) -> int:
+        """The ``max_output_bytes`` of a paired run of ``count`` tests: room for each call test's report at its
+        budget, so that a correct solution's large return values never cut the later tests' reports."""
+        if self.tests[0].kind != "call":
+            return DEFAULT_LIMITS.max_output_bytes
+        return max(DEFAULT_LIMITS.max_output_bytes, count * (self.report_budget + len(self.mark) + 64))
 
     def segments(self) -> list[range]:
         """The slices of tests run as one paired run each: the public tests apart from the hidden ones."""
@@ -159,7 +198,7 @@ class Plan:
     def solution(self) -> str:
         """The program the solution's process runs: the reply's code, then the task's helpers it did not define."""
         first = self.tests[0]
-        code = f"{first.imports}\n{self.code}" if first.imports else self.code
+        code = _with_imports(self.code, first.imports) if first.imports else self.code
         if first.kind != "assert" or not first.task_code:
             return code
         return code + _TASK_HELPERS.format(code=first.task_code, entry=first.fn_name)

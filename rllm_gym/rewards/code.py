@@ -14,9 +14,10 @@ Three test formats, the ones the common data sets use, all given in the task dic
 **The verdict is decided outside the process that runs model code.** Function and assert tests run as a pair
 (:meth:`rllm_gym.sandbox.Sandbox.run_pair`): the test code runs in a sandboxed harness process of its own and every
 call of the solution's function is forwarded to the solution's sandboxed process, from which only a plain-data return
-value comes back (None, bool, int, float, str, bytes and lists, tuples, dicts and sets of those; anything else fails
-the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are compared
-here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit counts.
+value comes back (None, bool, int, float, complex, str, bytes and lists, tuples, dicts and sets of those; anything
+else fails the test as ``not_plain_data``). Expected values never enter the solution's process: call-test results are
+compared here, assert tests in the harness. Nothing the solution prints, returns as an exit code or does at exit
+counts.
 
 **The task's code stays the task's.** In assert tests, names the task defines (a HumanEval prompt's helpers, the test
 code, MBPP setup) resolve to the task's definitions; only the entry point and names the task never defines call the
@@ -38,7 +39,9 @@ keep the data set's own Python comparisons, run in the harness.
 Reward: 1.0 when every test passes, else 0.0 (or the fraction passed with ``fraction=True``); per-test results are in
 ``metadata["tests"]``, each with a ``status``: ``ok``, ``wrong_answer``, ``runtime_error``, ``killed``, ``timeout``,
 ``memory_limit``, ``output_limit`` or ``not_plain_data``. When the sandbox itself fails (``sandbox_error``, an
-infrastructure fault that model code cannot cause) the reply is NOT graded: the result has ``is_correct=None``,
+infrastructure fault that model code cannot cause), or the task's test code cannot run whatever the reply
+(``harness_error``: its setup or an assert fails before calling the solution, or it passes the solution an argument
+that is not plain data, such as a lambda), the reply is NOT graded: the result has ``is_correct=None``,
 ``reward=0.0`` and ``metadata["graded"] = False`` with the error, so trainers can drop or retry the sample instead of
 learning from it.
 """
@@ -131,6 +134,15 @@ def _mbpp_imports(imports: Any) -> str:
     return "\n".join(imports)
 
 
+def _check_python(source: str, name: str) -> None:
+    """A task's test code must compile: broken, it would fail every reply alike, which says nothing of any."""
+    try:
+        compile(source, name, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        detail = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else str(exc)
+        raise ValueError(f"{name} is not valid Python ({detail}): fix the task") from None
+
+
 def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
     """The task's tests in a format of the module docstring; a bad task raises ValueError naming the field."""
     if not isinstance(task_info, dict):
@@ -142,6 +154,10 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
                 "task['test_list'] must be a non-empty list of assert statements such as ['assert f(1) == 2']"
             )
         imports = _mbpp_imports(task_info.get("test_imports"))
+        for index, source in enumerate(asserts):
+            _check_python(source, f"task['test_list'][{index}]")
+        for key in ("test_imports_code", "test_setup_code"):
+            _check_python(str(task_info.get(key) or ""), f"task[{key!r}]")
         setup = "\n".join(
             [imports, *(str(task_info.get(key) or "") for key in ("test_imports_code", "test_setup_code"))]
         )
@@ -152,6 +168,9 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             raise ValueError(
                 "task['test'] must be the source of `def check(candidate)` and task['entry_point'] a name"
             )
+        _check_python(test, "task['test']")
+        if not entry.isidentifier():
+            raise ValueError(f"task['entry_point'] must be a Python name such as 'has_close_elements', got {entry!r}")
         code = task_code(task_info.get("prompt"), entry)
         return [TestCase("assert", input=f"check({entry})", setup=test, fn_name=entry, task_code=code)]
     tests = task_info.get("tests")
@@ -160,8 +179,11 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
             "a code task needs tests: 'tests' (a list of {'input', 'output'} or {'inputs': [...], 'outputs': [...]}), "
             "'test_list' (MBPP asserts) or 'test' + 'entry_point' (HumanEval)"
         )
-    if isinstance(tests, str):
-        tests = json.loads(tests)  # TACO/APPS ship input_output as a JSON string
+    if isinstance(tests, str):  # TACO/APPS ship input_output as a JSON string
+        try:
+            tests = json.loads(tests)
+        except ValueError as exc:
+            raise ValueError(f"task['tests'] is a string but not JSON ({exc}): pass a list, a dict or JSON") from None
     fn_name = task_info.get("fn_name")
     if isinstance(tests, dict):
         fn_name = tests.get("fn_name", fn_name)
@@ -178,6 +200,8 @@ def parse_tests(task_info: dict[str, Any]) -> list[TestCase]:
     else:
         raise ValueError(f"task['tests'] must be a non-empty list of {{'input', 'output'}} dicts, got {tests!r:.200}")
     if fn_name:
+        if not str(fn_name).isidentifier():  # no solution could define it: every reply would fail
+            raise ValueError(f"task['fn_name'] must be a Python name such as 'twoSum', got {fn_name!r}")
         return [
             TestCase(
                 "call",
@@ -204,16 +228,17 @@ class CodeReward:
             absent from ``metadata["tests"]`` and count as failed for ``fraction``). Default None: stop exactly
             when the reward is all-or-nothing (``not fraction``), where the rest cannot change it; with
             ``fraction`` every test runs. :class:`~rllm_gym.envs.code.CodeEnv` has the same default.
-        timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests,
-            at most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every
-            later test at once, so a solution that never returns costs ``timeout`` once, not once per
-            test). memory_mb: memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its
-            defaults and its rules). sandbox: a :class:`Sandbox`
-            (default: the shared one, strict). float_tolerance: relative and absolute tolerance where an expected
-            value is a float (default 1e-6; a task's own ``float_tolerance`` wins). hidden_run_class: the sandbox's
-            ``run_class`` of the runs of hidden tests: ``"verdict"`` (default: only the reward comes out of them),
-            ``"visible"`` where their results are shown to the model (Code-v0's ``feedback="full"``). Public tests
-            run as ``"visible"``; the two classes never run at the same time (:mod:`rllm_gym.sandbox`).
+        timeout: wall-clock seconds per test (per paired run of call/assert tests: ``timeout`` x number of tests, at
+            most 60 s; each call to the solution gets ``timeout`` of it, and the first call past it fails every later
+            test at once, so a solution that never returns costs ``timeout`` once, not once per test). memory_mb:
+            memory limit per process. Both follow :class:`~rllm_gym.sandbox.SandboxLimits` (its defaults and its
+            rules). A stdin/stdout run may print twice its expected output (at least the sandbox's default of 1 MiB), a
+            paired run every call test's report at its budget (512 KiB of JSON per return value). sandbox: a
+            :class:`Sandbox` (default: the shared one, strict). float_tolerance: relative and absolute tolerance where
+            an expected value is a float (default 1e-6; a task's own ``float_tolerance`` wins). hidden_run_class: the
+            sandbox's ``run_class`` of the runs of hidden tests: ``"verdict"`` (default: only the reward comes out of
+            them), ``"visible"`` where their results are shown to the model (Code-v0's ``feedback="full"``). Public
+            tests run as ``"visible"``; the two classes never run at the same time (:mod:`rllm_gym.sandbox`).
     """
 
     def __init__(
@@ -267,20 +292,18 @@ class CodeReward:
         """A run's arguments; ``end``: one past the index of its last test (public tests are the first ones)."""
         timeout = min(60.0, self.timeout * count) if plan.paired else self.timeout
         run_class = "visible" if end <= plan.public else self.hidden_run_class
-        return {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout, "run_class": run_class}
+        kwargs = {"timeout": timeout, "memory_mb": self.memory_mb, "cpu_time_s": timeout, "run_class": run_class}
+        return {**kwargs, "max_output_bytes": plan.output_cap(count)} if plan.paired else kwargs
 
     def _score(self, plan: Plan, runs: list[SandboxResult], records: list[dict[str, Any]]) -> RewardOutput:
         failures = [r for r in runs if r.status is ExecutionStatus.SANDBOX_ERROR]
-        if failures:
+        broken = [r for r in records if r["status"] == "harness_error"]
+        if failures or broken:
+            error = f"sandbox_error: {failures[0].error}" if failures else f"harness_error: {broken[0]['error']}"
             return RewardOutput(
                 reward=0.0,
                 is_correct=None,
-                metadata={
-                    "graded": False,
-                    "error": f"sandbox_error: {failures[0].error}",
-                    "tests": [],
-                    "total": len(plan.tests),
-                },
+                metadata={"graded": False, "error": error, "tests": [], "total": len(plan.tests)},
             )
         passed = sum(r["passed"] for r in records)
         total = len(plan.tests)
@@ -325,9 +348,10 @@ class CodeReward:
                 if self._stopped(plan, *pairs[-1]):
                     break
             return self._score_pairs(plan, pairs)
-        jobs = [
-            _Job(plan.code, {**self._kwargs(plan, 1, i + 1), "stdin": test.input}) for i, test in enumerate(plan.tests)
-        ]
+        jobs = []
+        for i, test in enumerate(plan.tests):
+            kwargs = {**self._kwargs(plan, 1, i + 1), "stdin": test.input, "max_output_bytes": _stdout_cap(test)}
+            jobs.append(_Job(plan.code, kwargs))
         results: list[SandboxResult] = []
         if self.stop:
             for job in jobs:
@@ -401,6 +425,12 @@ async def _adrive(grading: Generator[list[_Job], list[Any], RewardOutput], sandb
             jobs = grading.send(list(await asyncio.gather(*runs)))
     except StopIteration as done:
         return done.value
+
+
+def _stdout_cap(test: TestCase) -> int:
+    """A stdin/stdout run's output cap: the sandbox's default, or twice the expected output where that is larger, so
+    that a correct program's long output is compared, not cut as ``output_limit``."""
+    return max(DEFAULT_LIMITS.max_output_bytes, 2 * len(test.expected.encode("utf-8", "surrogatepass")) + 4096)
 
 
 def _check_tolerance(name: str, value: Any) -> None:

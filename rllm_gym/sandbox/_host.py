@@ -361,7 +361,8 @@ class Sandbox:
     def run_pair(self, solution: str, harness: str, **kwargs: Any) -> PairResult:
         """Run model code (``solution``) and trusted test code (``harness``) as two sandboxed processes.
 
-        The solution's program runs as ``__main__``, then serves calls; the harness imports ``_rllm_channel`` and
+        The solution's program runs (as a module named ``__solution__``, so its ``if __name__ == "__main__":``
+        block does not), then serves calls; the harness imports ``_rllm_channel`` and
         calls ``_rllm_channel.remote("name")(*args)``, which returns the solution's plain-data result or raises
         ``_rllm_channel.RemoteError`` (the builtin exception of the same name when the solution's function raised
         an ordinary one; see :mod:`rllm_gym.sandbox.channel`). Both runs get the keyword arguments of

@@ -68,7 +68,9 @@ def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
     """Execute the program as ``__main__`` in this (forked) interpreter and return its exit code.
 
     ``role``: ``"harness"`` gets the ``_rllm_channel`` module; ``"solution"`` serves the harness's calls once its
-    code has run.
+    code has run, and runs as a module named ``__solution__`` (also ``sys.modules["__main__"]``), as the data sets'
+    own harnesses import a solution: its ``if __name__ == "__main__":`` block (a demo reading stdin, its own
+    ``unittest.main()``) does not run and end the process before it answers a call.
     """
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115 (they live as long as the run)
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115 (they live as long as the run)
@@ -76,9 +78,9 @@ def _run_code(req: dict, workdir: str, code: str, role: str | None) -> int:
     path = os.path.join(workdir, req["filename"])
     sys.argv = [path, *req["argv"]]
     sys.path[0:0] = [workdir]
-    main = types.ModuleType("__main__")
+    main = types.ModuleType("__solution__" if role == "solution" else "__main__")
     main.__file__ = path
-    sys.modules["__main__"] = main
+    sys.modules["__main__"] = sys.modules[main.__name__] = main
     if role == "harness":
         channel.harness_module()
     exit_code = 0

@@ -3,15 +3,15 @@
 A function test runs as two sandboxed processes joined by two pipes (fds 3 and 4 in each): the harness (trusted test
 code) and the solution (model code). The harness imports ``_rllm_channel`` (:func:`harness_module`) and calls
 ``remote("name")(*args)``; the solution's process runs the model's code, then :func:`serve` answers each call with the
-function's return value encoded by :func:`encode`. Only plain data crosses: None, bool, int, float, str, bytes and
-lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__`` is
-not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
+function's return value encoded by :func:`encode`. Only plain data crosses: None, bool, int, float, complex, str, bytes
+and lists, tuples, dicts, sets and frozensets of those, with exact types (a subclass of ``int`` with its own ``__eq__``
+is not plain data). Whatever bytes the solution writes instead, :func:`decode` rebuilds plain values or raises
 :class:`RemoteError`: the harness never runs an object the solution made. An exception from the solution's function
 comes back as a name and a message (its nearest builtin class: a class of its own under ``Exception`` comes back as
 ``Exception``); the harness raises the builtin ``Exception`` of that name, except for names that would steer the test
-code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a builtin
-``Exception``): those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are recorded in
-``failures``, which the harness reads after each test, so catching them does not pass the test.
+code (``StopIteration``, ``StopAsyncIteration``, the ``BaseException`` family, anything not a builtin ``Exception``):
+those, and every call that gets no plain-data answer, raise :class:`RemoteError` and are recorded in ``failures``,
+which the harness reads after each test, so catching them does not pass the test.
 
 Standard library only: the zygote loads this file by path (see :mod:`rllm_gym.sandbox._zygote`); the host imports it
 to decode values a harness reports.
@@ -69,6 +69,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return {"s" if kind is set else "f": [encode(item, depth + 1) for item in value]}
     if kind is bytes:
         return {"b": base64.b64encode(value).decode("ascii")}
+    if kind is complex:  # MBPP's cmath tasks take and return them
+        return {"c": [value.real, value.imag]}
     raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
 
 
@@ -91,6 +93,10 @@ def decode(data: Any, depth: int = 0) -> Any:
             raise RemoteError(f"malformed bytes: {exc}", "not_plain_data") from None
     if type(items) is not list:
         raise RemoteError(f"malformed value {str(data)[:80]!r}", "not_plain_data")
+    if tag == "c":
+        if len(items) != 2 or any(type(part) is not float for part in items):
+            raise RemoteError(f"malformed complex {str(items)[:80]!r}", "not_plain_data")
+        return complex(*items)
     try:
         if tag == "l":
             return [decode(item, depth + 1) for item in items]
@@ -120,8 +126,9 @@ def loads(text: str | bytes) -> Any:
 # Frames on the pipes
 
 
-def write_frame(fd: int, message: dict) -> None:
-    data = json.dumps(message, allow_nan=True).encode()
+def write_frame(fd: int, message: dict | bytes) -> None:
+    """Send one frame: ``message`` as JSON, or JSON bytes already made."""
+    data = message if isinstance(message, bytes) else json.dumps(message, allow_nan=True).encode()
     data = _HEADER.pack(len(data)) + data
     while data:
         data = data[os.write(fd, data) :]
@@ -223,6 +230,9 @@ def _error_reply(exc: BaseException) -> dict[str, str]:
 # when its code catches the exception.
 _STEERING = (StopIteration, StopAsyncIteration)
 failures: list[tuple[str, str]] = []  # (status, reason) of the calls that failed since the harness last cleared it
+# The names of the calls made since the harness last cleared it: a test that failed without calling the solution
+# failed by the task's own doing (a broken setup, a missing import), not the solution's.
+calls: list[str] = []
 
 
 def _exception(name: Any, message: str) -> Exception:
@@ -257,14 +267,20 @@ def call(name: str, *args: Any, read_fd: int = 3, write_fd: int = 4, **kwargs: A
 
 
 def _call(name: str, args: tuple, kwargs: dict, time_limit: float | None, read_fd: int = 3, write_fd: int = 4) -> Any:
+    calls.append(name)
     if stalled:
         raise _failure(f"an earlier call ({stalled[0]}) got no answer within its time limit", "timeout")
     try:
         request = {"fn": name, "args": [encode(a) for a in args], "kwargs": {k: encode(v) for k, v in kwargs.items()}}
     except NotPlainData as exc:
         raise _failure(f"the test passes an argument that is not plain data: {exc}", "harness_error") from None
+    data = json.dumps(request, allow_nan=True).encode()
+    if len(data) > MAX_FRAME:  # the solution's side would refuse it, and end: no fault of the solution's
+        raise _failure(
+            f"the test's arguments take {len(data)} bytes, more than the {MAX_FRAME} a call may", "harness_error"
+        )
     try:
-        write_frame(write_fd, request)
+        write_frame(write_fd, data)
         if time_limit is not None and not select.select([read_fd], [], [], time_limit)[0]:
             stalled.append(name)
             raise _failure(f"the solution did not answer within {time_limit:g} s (the per-test limit)", "timeout")
@@ -310,6 +326,7 @@ def harness_module() -> types.ModuleType:
     for item in (RemoteError, encode, decode, call, remote):
         setattr(module, item.__name__, item)
     module.failures = failures  # the same list: the harness reads and clears it per test
+    module.calls = calls
     module.stalled = stalled
     sys.modules["_rllm_channel"] = module
     return module

@@ -260,3 +260,13 @@ def test_whose_failure_it_is_says_info_infra_failed():
     env.reset(options={"task": task})
     _, reward, _, _, info = env.step(_wrong(task))
     assert (reward, info["graded"], info["infra_failed"]) == (0.0, True, False)
+
+
+def test_a_functional_livecodebench_case_that_is_not_json_names_the_task():
+    row = {
+        "question_content": "Add two numbers.",
+        "public_test_cases": json.dumps([{"input": "1\nnot json", "output": "3", "testtype": "functional"}]),
+        "metadata": json.dumps({"func_name": "add"}),
+    }
+    with pytest.raises(ValueError, match=re.escape("code task #0: a functional LiveCodeBench case needs JSON text")):
+        normalize_task(row)

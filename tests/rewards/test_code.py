@@ -200,6 +200,8 @@ def test_bad_tasks_name_the_field():
         parse_tests({"test_list": []})
     with pytest.raises(ValueError, match=re.escape("stdin/stdout tests need string 'input' and 'output'")):
         parse_tests({"tests": [{"input": [1], "output": 2}]})
+    with pytest.raises(ValueError, match=re.escape("task['tests'] is a string but not JSON (Expecting property name")):
+        parse_tests({"tests": '{"inputs": [1], outputs: [2]}'})
 
 
 def test_code_reward_fn_is_a_reward_function():
@@ -260,3 +262,156 @@ def test_function_tests_judge_outside_the_solution_process():
     assert code_reward_fn(task, printer).reward == 0.0
     honest = "```python\ndef answer(x):\n    return 10 * x\n```"
     assert code_reward_fn(task, honest).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("task", "error"),
+    [
+        (  # the test passes what cannot cross to the solution's process: a lambda
+            {"test": "def check(candidate):\n    assert candidate(lambda x: x + 1, 2) == 3\n", "entry_point": "apply"},
+            "the test passes an argument that is not plain data: a builtins.function is not plain data",
+        ),
+        (  # MBPP's setup fails before any call to the solution
+            {"test_list": ["assert apply(abs, 2) == 2"], "test_setup_code": "import no_such_module_here"},
+            "the tests' setup failed: ModuleNotFoundError: No module named 'no_such_module_here'",
+        ),
+        (  # an assert that needs an import the task forgot: it fails before it calls the solution
+            {"test_list": ["assert math.isclose(apply(abs, -2), 2)"]},
+            "the test failed without calling the solution: AttributeError: 'function' object has no attribute",
+        ),
+    ],
+    ids=["lambda_argument", "setup_fails", "missing_import"],
+)
+def test_a_task_whose_tests_cannot_run_is_not_graded(task, error):
+    """Every reply, right or wrong, would score 0: the task's fault, not the reply's, so it is not graded."""
+    right = "```python\ndef apply(f, x):\n    return f(x)\n```"
+    for reply in (right, "```python\ndef apply(f, x):\n    return 0\n```"):
+        result = CodeReward(timeout=2.0)(task, reply)
+        meta = result.metadata
+        assert result.is_correct is None and meta["graded"] is False and meta["tests"] == [], meta
+        assert meta["error"].startswith("harness_error: ") and error in meta["error"], meta
+
+
+def test_a_setup_that_calls_the_solution_fails_by_the_solutions_doing():
+    task = {"test_list": ["assert VALUE == 4"], "test_setup_code": "VALUE = double(2)"}
+    assert code_reward_fn(task, "```python\ndef double(x):\n    return 2 * x\n```").reward == 1.0
+    result = code_reward_fn(task, "```python\ndef double(x):\n    raise ValueError('no')\n```")
+    assert result.is_correct is False and result.metadata["graded"] is True
+    assert result.metadata["tests"][0]["status"] == "runtime_error"
+
+
+def test_test_code_that_is_not_python_names_the_field():
+    with pytest.raises(ValueError, match=re.escape("task['test_list'][1] is not valid Python ('(' was never closed")):
+        parse_tests({"test_list": ["assert f(1) == 2", "assert f(1 == 2"]})
+    with pytest.raises(ValueError, match=re.escape("task['test_setup_code'] is not valid Python")):
+        parse_tests({"test_list": ["assert f(1) == 2"], "test_setup_code": "x = = 1"})
+    with pytest.raises(ValueError, match=re.escape("task['test'] is not valid Python (invalid syntax at line 2)")):
+        parse_tests({"test": "def check(candidate):\n    assert candidate(1) = 2\n", "entry_point": "f"})
+    with pytest.raises(ValueError, match=re.escape("task['entry_point'] must be a Python name")):
+        parse_tests({"test": "def check(candidate):\n    pass\n", "entry_point": "f(1)"})
+    with pytest.raises(ValueError, match=re.escape("task['fn_name'] must be a Python name such as 'twoSum'")):
+        parse_tests({"fn_name": "Solution.twoSum", "tests": {"inputs": [[1]], "outputs": [1]}})
+
+
+def test_complex_numbers_cross_as_plain_data():
+    """MBPP's cmath tasks pass and return complex numbers: they cross exactly, and compare by value."""
+    mbpp = {
+        "test_list": [
+            "assert angle_complex(0, 1j) == 1.5707963267948966",
+            "assert polar_rect(3, 4) == ((5.0, 0.9272952180016122), (-2+2.4492935982947064e-16j))",
+        ]
+    }
+    right = (
+        "import cmath\n"
+        "def angle_complex(a, b):\n    return cmath.phase(a + b)\n"
+        "def polar_rect(x, y):\n    return cmath.polar(complex(x, y)), cmath.rect(2, cmath.pi)\n"
+    )
+    assert code_reward_fn(mbpp, f"```python\n{right}```").reward == 1.0
+    wrong = right.replace("cmath.rect(2, cmath.pi)", "cmath.rect(2, 0)")
+    assert CodeReward(fraction=True)(mbpp, f"```python\n{wrong}```").reward == 0.5
+    call = {"fn_name": "root", "tests": [{"input": [-4], "output": 2j}]}
+    assert code_reward_fn(call, "```python\ndef root(x):\n    return x ** 0.5\n```").reward == 1.0
+    assert code_reward_fn(call, "```python\ndef root(x):\n    return 2\n```").reward == 0.0
+    assert values_match(2j, 2j) and values_match(1 + 0j, 1.0) is False and values_match(1, 1 + 0j)
+
+
+def test_large_return_values_over_many_tests_are_all_reported():
+    """Each call test's report may hold half a megabyte: four of them exceed the sandbox's default output cap of
+    1 MiB, which cut the later tests' reports and failed a correct solution as ``output_limit``."""
+    size = 60_000
+    task = {"fn_name": "upto", "tests": {"inputs": [[size + i] for i in range(4)], "outputs": []}}
+    task["tests"]["outputs"] = [list(range(size + i)) for i in range(4)]
+    result = CodeReward(timeout=2.0, fraction=True)(task, "```python\ndef upto(n):\n    return list(range(n))\n```")
+    assert [record["status"] for record in result.metadata["tests"]] == ["ok"] * 4
+    assert result.reward == 1.0 and result.is_correct is True
+
+
+@pytest.mark.parametrize(
+    "opening",
+    ["from __future__ import annotations\n", '"""Area of a circle."""\r\nfrom __future__ import annotations\r\n'],
+    ids=["future_import", "docstring_and_future_import"],
+)
+def test_mbpp_test_imports_go_after_the_replys_future_imports(opening):
+    """MBPP's ``test_imports`` run before the solution: put above its ``from __future__`` import, they made a
+    correct reply a SyntaxError."""
+    mbpp = {"test_list": ["assert area(1) == math.pi"], "test_imports": ["import math"]}
+    reply = f"```python\n{opening}def area(r: float) -> float:\n    return math.pi * r * r\n```"
+    result = code_reward_fn(mbpp, reply)
+    assert result.reward == 1.0, result.metadata["tests"]
+
+
+_MAIN_BLOCKS = {
+    "own_unittest_main": (
+        "import unittest\n"
+        "class T(unittest.TestCase):\n    def test(self):\n        self.assertEqual(double(2), 4)\n"
+        "if __name__ == '__main__':\n    unittest.main()\n"
+    ),
+    "demo_reading_stdin": "if __name__ == '__main__':\n    print(double(int(input())))\n",
+    "sys_exit_main": "import sys\ndef main():\n    return 0\nif __name__ == '__main__':\n    sys.exit(main())\n",
+}
+
+
+@pytest.mark.parametrize("block", list(_MAIN_BLOCKS))
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"test_list": ["assert double(2) == 4", "assert double(-7) == -14"]},
+        {"test": "def check(candidate):\n    assert candidate(2) == 4\n", "entry_point": "double"},
+        {"fn_name": "double", "tests": {"inputs": [[2], [-7]], "outputs": [4, -14]}},
+    ],
+    ids=["mbpp", "humaneval", "call"],
+)
+def test_a_main_block_does_not_run_in_function_tests(task, block):
+    """As in the data sets' own harnesses, which import the solution: a reply's ``if __name__ == "__main__":``
+    block (its own tests, a demo reading stdin) ended the process before it answered a call."""
+    reply = f"```python\ndef double(x):\n    return 2 * x\n{_MAIN_BLOCKS[block]}```"
+    result = CodeReward(timeout=2.0)(task, reply)
+    assert result.reward == 1.0, result.metadata["tests"]
+
+
+def test_a_main_block_still_runs_in_stdin_stdout_tests():
+    reply = "```python\ndef main():\n    print(2 * int(input()))\nif __name__ == '__main__':\n    main()\n```"
+    assert code_reward_fn({"tests": [{"input": "2\n", "output": "4\n"}]}, reply).reward == 1.0
+
+
+def test_a_correct_program_with_more_than_a_mebibyte_of_output_passes():
+    """The expected output is 1.6 MB: the sandbox's default cap of 1 MiB cut the correct program as ``output_limit``.
+    Flooding still fails: the cap is twice the expected output."""
+    count = 200_000
+    task = {"tests": [{"input": f"{count}\n", "output": "\n".join(str(10**6 + i) for i in range(count)) + "\n"}]}
+    right = "```python\nn = int(input())\nprint('\\n'.join(str(10**6 + i) for i in range(n)))\n```"
+    result = CodeReward(timeout=5.0)(task, right)
+    assert result.reward == 1.0, [(t["status"], t.get("error")) for t in result.metadata["tests"]]
+    flood = "```python\nimport sys\nwhile True:\n    sys.stdout.write('1000000\\n' * 10000)\n```"
+    result = CodeReward(timeout=5.0)(task, flood)
+    assert result.reward == 0.0 and result.metadata["tests"][0]["status"] == "output_limit"
+
+
+def test_an_argument_larger_than_a_call_may_carry_is_not_graded():
+    """The solution's side refuses a request over the channel's 16 MiB frame and ends: a correct solution was failed
+    as ``runtime_error`` for the size of the task's own input."""
+    task = {"fn_name": "size", "tests": {"inputs": [["x" * (17 << 20)]], "outputs": [17 << 20]}}
+    result = CodeReward(timeout=5.0)(task, "```python\ndef size(text):\n    return len(text)\n```")
+    meta = result.metadata
+    assert result.is_correct is None and meta["graded"] is False, meta
+    assert meta["error"].startswith("harness_error: ") and "more than the 16777216 a call may" in meta["error"]

@@ -303,6 +303,9 @@ def test_stdout_integer_tokens_match_exactly(grader, printed, passes):
         ("0.333333", "0.334", False),
         ("0.5", "nan", False),
         ("2.5 7", "2.5 7.0000001", False),
+        ("1000.5", "1_000.5", False),
+        ("4.0", "\u0664", False),
+        ("4.5", "\uff14.\uff15", False),
     ],
 )
 def test_stdout_float_tokens_use_the_tolerance(grader, expected, printed, passes):
@@ -514,6 +517,30 @@ _HOSTILE = {
     "memory_bomb": "x = []\nwhile True:\n    x.append(bytearray(32 << 20))\n",
     "recursion": "import sys\nsys.setrecursionlimit(10**6)\ndef f(n):\n    return f(n + 1)\nf(0)\n",
     "infinite_loop": "while True:\n    pass\n",
+    "trace_profile_audit_hooks": (
+        "import sys\nsys.settrace(lambda *a: None)\nsys.setprofile(lambda *a: None)\n"
+        "sys.addaudithook(lambda event, args: None)\n"
+    ),
+    "gc_callback_and_finalizer_print_answers": (
+        "import gc, os\ngc.callbacks.append(lambda *a: os.write(1, b'4\\n1000000\\n'))\n"
+        "class _Late:\n    def __del__(self):\n        os.write(1, b'4\\n1000000\\n')\n_late = _Late()\n"
+    ),
+    "signal_handlers_exit_zero": (
+        "import os, signal\n"
+        "for sig in (signal.SIGALRM, signal.SIGTERM, signal.SIGHUP):\n"
+        "    signal.signal(sig, lambda *a: (os.write(1, b'4\\n'), os._exit(0)))\n"
+        "signal.setitimer(signal.ITIMER_REAL, 0.05)\n"
+    ),
+    "daemon_thread_keeps_printing": (
+        "import os, threading, time\n"
+        "def _spam():\n    while True:\n        os.write(1, b'4\\n')\n        time.sleep(0.001)\n"
+        "threading.Thread(target=_spam, daemon=True).start()\n"
+    ),
+    "double_fork_prints_later": (
+        "import os, time\n"
+        "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(0.3)\n"
+        "        os.write(1, b'4\\n1000000\\n')\n        os._exit(0)\n    os._exit(0)\n"
+    ),
     "garbage_frames": (
         "import os, struct\n"
         "for fd in range(0, 64):\n"

@@ -387,6 +387,23 @@ def test_paired_run_carries_plain_data_only(sandbox):
     assert gone.harness.status is ExecutionStatus.RUNTIME_ERROR and "ended before answering" in gone.harness.stderr
 
 
+def test_a_paired_solution_runs_as_a_module_not_main(sandbox):
+    """As a data set's harness imports a solution: its main block does not run, so it cannot end the process before
+    it answers; a run of its own is ``__main__`` as ever."""
+    solution = (
+        "import sys\n"
+        "def names():\n"
+        "    return [__name__, sys.modules['__main__'].__name__, sys.modules['__solution__'] is not None]\n"
+        "if __name__ == '__main__':\n    raise SystemExit(3)\n"
+    )
+    harness = "import _rllm_channel as ch\nprint(ch.remote('names')())\n"
+    pair = sandbox.run_pair(solution, harness)
+    assert pair.harness.ok and pair.solution.ok, (pair.harness.stderr, pair.solution.stderr)
+    assert pair.harness.stdout.split("\n")[0] == "['__solution__', '__solution__', True]"
+    alone = sandbox.run("print(__name__)\nif __name__ == '__main__':\n    raise SystemExit(3)\n")
+    assert alone.stdout == "__main__\n" and alone.exit_code == 3
+
+
 def test_in_flight_counts_runs_submitted_and_not_answered(sandbox):
     assert sandbox.in_flight == 0
     futures = [sandbox.submit("import time; time.sleep(0.3)", timeout=10) for _ in range(3)]
