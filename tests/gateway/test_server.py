@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import aiohttp
 import openai
@@ -296,8 +297,19 @@ async def test_a_temperature_below_1e_5_is_greedy_not_a_policy_failure(policy):
     assert completion.choices[0].finish_reason in ("stop", "length")
 
 
-async def test_a_chat_of_megabytes_is_rendered_off_the_loop_while_other_sessions_are_served(policy):
-    huge = {"messages": [{"role": "user", "content": "ab"}] * 150_000, "max_tokens": 2}  # ~5 s of rendering
+async def test_a_chat_of_megabytes_is_rendered_off_the_loop_while_other_sessions_are_served(policy, monkeypatch):
+    # The huge chat's rendering is held until the other session was served: rendered on the loop, it would hold the
+    # loop (and the read below would time out) whatever the machine's speed.
+    rendering_started, release = threading.Event(), threading.Event()
+    render = policy.prompt_token_ids
+
+    def held_render(request):
+        rendering_started.set()
+        release.wait(60)
+        return render(request)
+
+    monkeypatch.setattr(policy, "prompt_token_ids", held_render)
+    huge = {"messages": [{"role": "user", "content": "ab"}] * 20_000, "max_tokens": 2}  # over 64k characters
     async with Gateway(policy) as gateway, aiohttp.ClientSession() as http:
         slow, other = gateway.open_session(), gateway.open_session()
 
@@ -306,13 +318,16 @@ async def test_a_chat_of_megabytes_is_rendered_off_the_loop_while_other_sessions
                 return response.status
 
         async def read_other():
-            await asyncio.sleep(1.0)  # the huge chat is being rendered by now
             async with http.get(f"{gateway.url}/sessions/{other.id}") as response:
                 return response.status
 
-        rendering, reading = asyncio.ensure_future(post_huge()), asyncio.ensure_future(read_other())
-        done, _ = await asyncio.wait({rendering, reading}, return_when=asyncio.FIRST_COMPLETED)
-        assert done == {reading} and reading.result() == 200  # the loop answered while the chat rendered
+        rendering = asyncio.ensure_future(post_huge())
+        try:
+            assert await asyncio.to_thread(rendering_started.wait, 60)
+            assert await asyncio.wait_for(read_other(), 30) == 200  # the loop answered while the chat rendered
+            assert not rendering.done()
+        finally:
+            release.set()
         assert await rendering == 400  # then: far over the context
 
 
