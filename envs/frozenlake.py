@@ -294,6 +294,8 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
         return self.rendered((self._render_grid(), info))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._rows:
+            raise RuntimeError("FrozenLakeEnv.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError("FrozenLakeEnv.step called after the episode ended: call reset() first")
         return self.rendered(self._move(action))
@@ -334,6 +336,8 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
         return self._render_grid()
 
     def _render_grid(self) -> str:
+        if not self._tiles:
+            return ""  # before the first reset, as the other text envs render
         tiles = self._tiles.copy()
         line = tiles[self._row]
         tiles[self._row] = line[: 2 * self._col] + "P" + line[2 * self._col + 1 :]

@@ -158,6 +158,15 @@ def test_ansi_render_and_time_limit():
     assert [r[3] for r in results] == [False, False, True]
 
 
+def test_step_and_render_before_the_first_reset():
+    env = FrozenLakeEnv(render_mode="ansi")
+    assert env.render() == ""  # nothing to show yet, as the other text envs render
+    with pytest.raises(RuntimeError, match=re.escape("FrozenLakeEnv.step called before reset(): call reset() first")):
+        env.step("down")
+    pinned(env)
+    assert env.step("down")[4]["position"] == (1, 0)
+
+
 def blind_successes(maps, moves):
     """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
     solved = 0
