@@ -9,6 +9,7 @@ the text or the ``info`` they produce.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,23 @@ from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
-__all__ = ["MultiTurnEnv", "SingleTurnEnv", "TextRendering", "answer_feedback"]
+__all__ = ["MultiTurnEnv", "SingleTurnEnv", "TextRendering", "answer_feedback", "checked_grade"]
+
+
+def checked_grade(graded: Any, reward_fn: Any) -> RewardOutput:
+    """``graded``, what ``reward_fn`` returned, once it is a :class:`~rllm_gym.types.RewardOutput` with a finite
+    reward. Anything else is a broken reward function, not a wrong answer: a ``TypeError`` or ``ValueError`` that
+    names it, raised to the caller instead of a crash further on or a NaN reward handed to the trainer."""
+    if not isinstance(graded, RewardOutput):
+        raise TypeError(
+            f"reward_fn {reward_fn!r} returned {type(graded).__name__}, not a RewardOutput: return "
+            "RewardOutput(reward=..., is_correct=...)"
+        )
+    if not math.isfinite(graded.reward):
+        raise ValueError(
+            f"reward_fn {reward_fn!r} returned a non-finite reward {graded.reward!r}: return a finite one"
+        )
+    return graded
 
 
 def answer_feedback(
@@ -97,7 +114,8 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
 
     ## Rewards
     Whatever ``reward_fn`` returns for the reply (``RewardOutput.reward``); for an invalid action, what it returns
-    for ``""``.
+    for ``""``. A reward function that returns no ``RewardOutput`` or a non-finite reward is broken: ``step`` raises
+    ``TypeError``/``ValueError`` naming it (:func:`checked_grade`) rather than pass NaN on.
 
     ## Episode End
     Terminated after the one step. Never truncated by the env itself.
@@ -189,7 +207,7 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         """The grade of ``action`` and whether it was invalid (outside the action space: graded as ``""``)."""
         assert self.task is not None
         invalid = not self.action_space.contains(action)
-        return self.reward_fn(self.task, "" if invalid else action), invalid
+        return checked_grade(self.reward_fn(self.task, "" if invalid else action), self.reward_fn), invalid
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:

@@ -336,8 +336,9 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
 
     Whose failure: a reply with no answer, a wrong one, or one the grader ran out of its own ``time_limit`` on is the
     model's (``is_correct`` False, ``infra_failed`` False). A grader that crashed, returned something other than a
-    ``RewardOutput``, or was not back within ``grading_time_limit`` is the infrastructure's: reward 0.0 with
-    ``infra_failed`` True and the reason in ``reward_metadata["error"]``; do not train on that sample.
+    ``RewardOutput`` or a non-finite reward, or was not back within ``grading_time_limit`` is the infrastructure's:
+    reward 0.0 with ``infra_failed`` True and the reason in ``reward_metadata["error"]``; do not train on that
+    sample.
 
     ## Arguments
     ``tasks``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path or a name

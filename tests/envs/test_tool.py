@@ -181,6 +181,18 @@ def test_a_reward_function_outside_the_bounds_is_clipped_into_them():
         ToolEnv(max_reply_penalty=-1)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_reward_is_an_error_never_a_clipped_or_nan_reward(bad):
+    env = ToolEnv(reward_fn=lambda task, answer: RewardOutput(reward=bad, is_correct=True))
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    with pytest.raises(ValueError, match=re.escape(f"returned a non-finite reward {bad!r}: return a finite one")):
+        env.step("4")
+    env = ToolEnv(reward_fn=lambda task, answer: 1.0)
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    with pytest.raises(TypeError, match=re.escape("returned float, not a RewardOutput")):
+        env.step("4")
+
+
 def test_reply_without_tool_call_is_the_final_answer():
     env = ToolEnv(reward_fn=exact)
     env.reset(options={"task": {"question": "2+2?", "ground_truth": "4"}})
