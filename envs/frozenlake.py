@@ -198,7 +198,9 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
     1.0 on reaching the goal, 0.0 for every other move, ``invalid_action_reward`` (default 0.0) for an action that
     names no single direction. Reaching the goal ends the episode, so with the default arguments a step earns 0.0 or
     1.0 and an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``, both
-    ``(0.0, 1.0)``); a negative ``invalid_action_reward`` r lowers them to r and ``max_episode_steps * r``.
+    ``(0.0, 1.0)``). Any other ``invalid_action_reward`` r moves the step range to ``[min(0, r), max(1, r)]``; since
+    invalid actions may repeat until ``max_episode_steps`` (which the env does not know), ``metadata`` then gives the
+    episode return as unbounded on r's side (``-inf`` or ``inf``; at most ``max_episode_steps`` times r there).
 
     ## Episode End
     Terminated when the player reaches the goal or falls into a hole. Truncated by Gymnasium's ``TimeLimit``
@@ -249,6 +251,13 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
             )
         self.size, self.p, self.is_slippery = size, p, is_slippery
         self.invalid_action_reward = float(invalid_action_reward)
+        reward = self.invalid_action_reward
+        if reward != 0.0:  # invalid actions may repeat until a time limit the env does not know: unbounded
+            self.metadata = {
+                **type(self).metadata,
+                "step_reward_range": (min(0.0, reward), max(1.0, reward)),
+                "episode_return_range": (-math.inf if reward < 0 else 0.0, math.inf if reward > 0 else 1.0),
+            }
         self.set_render_mode(render_mode)
         self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)
         self.action_space = TextSpace(max_length=100_000)

@@ -167,6 +167,16 @@ def test_step_and_render_before_the_first_reset():
     assert env.step("down")[4]["position"] == (1, 0)
 
 
+def test_declared_reward_ranges_follow_invalid_action_reward():
+    env = FrozenLakeEnv(invalid_action_reward=-0.1)
+    assert env.metadata["step_reward_range"] == (-0.1, 1.0)
+    assert env.metadata["episode_return_range"] == (float("-inf"), 1.0)  # invalid actions repeat until the limit
+    pinned(env)
+    assert env.step("sideways")[1] == -0.1
+    assert FrozenLakeEnv(invalid_action_reward=2.0).metadata["step_reward_range"] == (0.0, 2.0)
+    assert FrozenLakeEnv.metadata["step_reward_range"] == FrozenLakeEnv().metadata["step_reward_range"] == (0.0, 1.0)
+
+
 def blind_successes(maps, moves):
     """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
     solved = 0
