@@ -170,7 +170,8 @@ class MathGrader:
             reply with no extractable answer (or one longer than ``max_answer_chars``).
         time_limit: wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong if
             the worker used a quarter of it in CPU time, else the host starved it (``infra_failed``) after at most
-            three times the limit.
+            three times the limit. An answer that times out against one reference answer is wrong without being
+            tried against the others.
         max_answer_chars: longer extracted answers are format errors and never reach the parser.
         use_math_verify: False keeps to the exact and numeric paths (symbolic answers then only match exactly).
         significant_digits: how many significant digits a decimal must carry to count as a correctly rounded value
@@ -268,8 +269,9 @@ class MathGrader:
                     return None
                 verdict = self._math_verify(verify_answer, verify_gold)
             is_correct, path = verdict
-            if is_correct:
-                break
+            if is_correct or path == "timeout":
+                break  # an answer that kept math-verify busy past time_limit is not tried against the rest
+
         metadata["path"] = path.partition(":")[0]
         if path.startswith("error"):
             metadata["error"] = path.partition(": ")[2]
