@@ -171,8 +171,8 @@ class _SolverJudgeRules:
         if agent == JUDGE:
             if not self.judging:
                 return ""
-            shown = [self.solutions[s][:MAX_TEXT_CHARS] for s in self.solvers]
-            return judge_observation(self.task["question"], shown)
+            shown = [self.solutions[s] for s in self.solvers]
+            return judge_observation(self.task["question"], shown, max_solution_chars=MAX_TEXT_CHARS)
         return "" if agent in self.solutions else self.task["question"]
 
     def _waiting_info(self, agent: str) -> dict[str, Any]:
@@ -282,8 +282,9 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     ## Observation Space
     ``TextSpace`` (long enough for the judge's view): a solver sees the task's ``question`` until it has answered,
     then ``""``. The judge sees ``""`` until every solver has answered, then
-    :func:`judge_observation` of the question and the solutions (each cut at 1,000,000
-    characters), then ``""`` after its verdict. Example judge observation::
+    :func:`judge_observation` of the question and the solutions (each quote cut at 1,000,000
+    characters, so the view stays in the observation space however many lines a solution has), then ``""`` after
+    its verdict. Example judge observation::
 
         Problem:
         What is 17 + 25?
