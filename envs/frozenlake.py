@@ -259,7 +259,9 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
                 "episode_return_range": (-math.inf if reward < 0 else 0.0, math.inf if reward > 0 else 1.0),
             }
         self.set_render_mode(render_mode)
-        self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)
+        # The largest grid, and the invalid-action line above it: a quote of up to 63 characters whose repr() may take
+        # 10 for each one ("\U000e0001"), in about 110 characters of message.
+        self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 1024)
         self.action_space = TextSpace(max_length=100_000)
         self._rows: list[str] = []
         self._tiles: list[str] = []

@@ -177,6 +177,13 @@ def test_declared_reward_ranges_follow_invalid_action_reward():
     assert FrozenLakeEnv.metadata["step_reward_range"] == FrozenLakeEnv().metadata["step_reward_range"] == (0.0, 1.0)
 
 
+def test_the_largest_grid_with_the_longest_quoted_invalid_action_stays_in_the_observation_space():
+    env = FrozenLakeEnv(size=64)
+    env.reset(seed=0)
+    observation, *_ = env.step("\U000e0001" * 100)  # each quoted character is 10 characters of its repr()
+    assert observation.startswith("Invalid action '\\U000e0001") and env.observation_space.contains(observation)
+
+
 def blind_successes(maps, moves):
     """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
     solved = 0
