@@ -19,7 +19,14 @@ from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
-__all__ = ["MultiTurnEnv", "SingleTurnEnv", "TextRendering", "answer_feedback", "checked_grade"]
+__all__ = [
+    "MultiTurnEnv",
+    "SingleTurnEnv",
+    "TextRendering",
+    "answer_feedback",
+    "check_observation_length",
+    "checked_grade",
+]
 
 
 def checked_grade(graded: Any, reward_fn: Any) -> RewardOutput:
@@ -36,6 +43,16 @@ def checked_grade(graded: Any, reward_fn: Any) -> RewardOutput:
             f"reward_fn {reward_fn!r} returned a non-finite reward {graded.reward!r}: return a finite one"
         )
     return graded
+
+
+def check_observation_length(observation: str, space: TextSpace) -> None:
+    """Raise ``ValueError`` when a task's first observation (its question, as the env shows it) is longer than the
+    observation space admits: the task is bad input, not something to hand on outside the declared space."""
+    if len(observation) > space.max_length:
+        raise ValueError(
+            f"task['question'] makes an observation of {len(observation)} characters, over the observation space's "
+            f"limit of {space.max_length}: shorten the question"
+        )
 
 
 def answer_feedback(
@@ -198,8 +215,11 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         self.task = self.validate_task(dict(task) if isinstance(task, dict) else task) if task is not None else None
         if self.task is None:
             self.task = self.validate_task(self._draw_task())
+        self._done = True  # until the task is known to fit: a failed reset leaves no episode to step
+        observation = self.format_observation(self.task)
+        check_observation_length(observation, self.observation_space)
         self.turn, self._done = 0, False
-        self._last_observation = self.format_observation(self.task)
+        self._last_observation = observation
         info = {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
         return self.rendered((self._last_observation, info))
 

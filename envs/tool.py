@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rllm_gym.envs.base import TextRendering, checked_grade
+from rllm_gym.envs.base import TextRendering, check_observation_length, checked_grade
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.tools import (
@@ -277,7 +277,10 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         task = (options or {}).get("task")
         if task is None:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self._task = _validate_task(task)
+        task = _validate_task(task)
+        self._done = True  # until the task is known to fit: a failed reset leaves no episode to step
+        check_observation_length(task["question"], self.observation_space)
+        self._task = task
         self._n_tool_calls = 0
         self._penalty_paid = 0.0
         self._done = False

@@ -112,3 +112,13 @@ def test_a_broken_reward_function_is_an_error_not_a_nan_reward(env_class) -> Non
     env.reset(seed=0)
     with pytest.raises(TypeError, match=re.escape("returned float, not a RewardOutput: return RewardOutput(")):
         env.step("Paris")
+
+
+def test_a_question_longer_than_the_observation_space_is_refused_at_reset() -> None:
+    env = SingleTurnEnv(exact_match, TASKS)
+    env.reset(seed=0)
+    too_long = {"id": "long", "question": "x" * (env.observation_space.max_length + 1), "answer": "x"}
+    with pytest.raises(ValueError, match=re.escape("task['question'] makes an observation of 1000001 characters")):
+        env.reset(options={"task": too_long})
+    with pytest.raises(RuntimeError, match=re.escape("call reset() first")):  # no half-started episode
+        env.step("Paris")

@@ -193,6 +193,13 @@ def test_a_non_finite_reward_is_an_error_never_a_clipped_or_nan_reward(bad):
         env.step("4")
 
 
+def test_a_question_longer_than_the_observation_space_is_refused_at_reset():
+    env = ToolEnv()
+    question = "x" * (env.observation_space.max_length + 1)
+    with pytest.raises(ValueError, match=re.escape("the observation space's limit of 200000: shorten the question")):
+        env.reset(options={"task": {"question": question, "ground_truth": "4"}})
+
+
 def test_reply_without_tool_call_is_the_final_answer():
     env = ToolEnv(reward_fn=exact)
     env.reset(options={"task": {"question": "2+2?", "ground_truth": "4"}})
