@@ -25,8 +25,10 @@ MAX_SIZE = 64
 _INVALID_QUOTE = 60  # characters of an invalid action quoted back in the observation
 
 _DIRECTION = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
-_FENCE = re.compile(r"```[^\n`]*\n?(.*?)```", re.DOTALL)
-_LABELLED = re.compile(r"\baction\s*[:=]\s*\**\s*[\"'`]?\s*(up|down|left|right)\b", re.IGNORECASE)
+_FENCE = re.compile(r"```[^\n`]*+\n?(.*?)```", re.DOTALL)  # possessive: an unclosed fence was quadratic
+# One run of spaces, asterisks and quotes between the label and the move: three overlapping \s* there backtracked
+# cubically on "action:" and thousands of spaces (2,000: half a minute).
+_LABELLED = re.compile(r"\baction\s*+[:=][\s*\"'`]*+(up|down|left|right)\b", re.IGNORECASE)
 
 
 def parse_action(text: str) -> int | None:

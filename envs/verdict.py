@@ -15,8 +15,9 @@ from typing import Any
 __all__ = ["SOLUTION_QUOTE", "judge_observation", "parse_verdict", "quote_solution", "read_verdict"]
 
 _VERDICT = re.compile(r"<verdict>(.*?)</verdict>", re.IGNORECASE | re.DOTALL)
+_VERDICT_END = re.compile(r"</verdict>", re.IGNORECASE)
 _NUMBER = re.compile(r"[0-9]{1,9}")  # ASCII digits only; nine of them keep int() cheap and far from its limits
-_VERDICT_LIKE = re.compile(r"<(\s*/?\s*)(verdict)(\s*)>", re.IGNORECASE)
+_VERDICT_LIKE = re.compile(r"<(\s*+/?\s*+)(verdict)(\s*+)>", re.IGNORECASE)  # possessive: "<", spaces: quadratic
 SOLUTION_QUOTE = "> "  # every line of a solution starts with this in the judge's view
 
 
@@ -69,7 +70,9 @@ def read_verdict(text: Any, n_solutions: int) -> tuple[int | None, str | None]:
     final = text.rpartition("</think>")[2]
     if "<think>" in final:
         return None, "the reply ends inside an unclosed <think> block"
-    found = _VERDICT.findall(final)
+    # Only up to the last closing tag: past it every opening tag would scan to the end in vain (quadratic).
+    end = max((match.end() for match in _VERDICT_END.finditer(final)), default=0)
+    found = _VERDICT.findall(final, 0, end)
     if not found:
         return None, "no <verdict>k</verdict> tag"
     named = {int(c.strip()) if _NUMBER.fullmatch(c.strip()) else c.strip() for c in found}

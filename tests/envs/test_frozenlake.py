@@ -184,6 +184,13 @@ def test_the_largest_grid_with_the_longest_quoted_invalid_action_stays_in_the_ob
     assert observation.startswith("Invalid action '\\U000e0001") and env.observation_space.contains(observation)
 
 
+@pytest.mark.timeout(60)  # the label and fence patterns backtracked: 2,000 spaces after "action:" took 30 s
+def test_parse_action_takes_linear_time_on_long_replies():
+    assert parse_action("Action:" + " " * 400_000 + "x, so left") == ACTION_NAMES.index("left")
+    assert parse_action("```" + "a" * 400_000 + " up") == ACTION_NAMES.index("up")  # an unclosed fence
+    assert parse_action('Action: ** "Right"') == ACTION_NAMES.index("right")
+
+
 def blind_successes(maps, moves):
     """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
     solved = 0

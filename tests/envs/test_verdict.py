@@ -70,3 +70,11 @@ def test_the_judge_view_of_line_break_solutions_stays_in_the_observation_space()
     view = observations["judge_0"]
     assert env.observation_space("judge_0").contains(view)
     assert view.count("\nSolution 2:\n> \n> \n") == 1 and view.endswith("k from 1 to 2.")
+
+
+@pytest.mark.timeout(60)  # unclosed tags and "<" before spaces backtracked: quadratic in a reply of a million chars
+def test_verdict_reading_and_quoting_take_linear_time():
+    assert read_verdict("<verdict>" * 100_000, 2) == (None, "no <verdict>k</verdict> tag")
+    assert read_verdict("</verdict>" + "<verdict>" * 100_000, 2) == (None, "no <verdict>k</verdict> tag")
+    assert read_verdict("<verdict>2</verdict>" + "<verdict>" * 100_000, 2) == (2, None)
+    assert verdict.quote_solution("<" + " " * 1_000_000 + "verdict>").endswith(" verdict\u203a")

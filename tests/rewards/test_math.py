@@ -413,6 +413,18 @@ def test_an_answer_that_times_out_is_not_tried_against_every_other_reference() -
         pool.close()
 
 
+@pytest.mark.timeout(60)  # the patterns used to backtrack cubically here: 4,000 spaces took a minute, these never end
+def test_answer_extraction_takes_linear_time_on_long_runs_of_spaces() -> None:
+    spaces = " " * 200_000
+    assert extract_answer("The answer: 7" + spaces + "and more") == ("7" + spaces + "and more", None)
+    assert extract_answer("answer:7" + "\t" * 200_000 + ".5") == ("7" + "\t" * 200_000 + ".5", None)
+    assert extract_answer("#### 7" + spaces + "8\nthen") == ("7" + spaces + "8", None)
+    # The answer still ends where it did: at a period and a space, at the end of its line, at the end of the text.
+    assert extract_answer("So the answer is 3.5. Done") == ("3.5", None)
+    assert extract_answer("The answer is 42   \nwhy") == ("42", None)
+    assert extract_answer("#### 12  \n") == ("12", None)
+
+
 # Fork safety
 
 # Run in a fresh interpreter: forking pytest itself would leave a second copy of the test session running in the
