@@ -200,6 +200,17 @@ def test_a_question_longer_than_the_observation_space_is_refused_at_reset():
         env.reset(options={"task": {"question": question, "ground_truth": "4"}})
 
 
+def test_deeply_nested_arguments_are_a_malformed_call_not_a_crash():
+    env = ToolEnv()
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    deep = "[" * 300 + "]" * 300
+    reply = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2", "x": ' + deep + "}}</tool_call>"
+    observation, reward, terminated, _, info = env.step(reply)
+    assert [call["kind"] for call in info["malformed_calls"]] == ["invalid_call"]
+    assert "nest more than 64 levels deep" in observation and (reward, terminated) == (-0.05, False)
+    env.close()
+
+
 def test_reply_without_tool_call_is_the_final_answer():
     env = ToolEnv(reward_fn=exact)
     env.reset(options={"task": {"question": "2+2?", "ground_truth": "4"}})
