@@ -230,6 +230,8 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         return checked_grade(self.reward_fn(self.task, "" if invalid else action), self.reward_fn), invalid
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1
@@ -298,6 +300,8 @@ class MultiTurnEnv(SingleTurnEnv):
         return f"Your answer is incorrect. You have {turns_left} attempt{plural} left. Please try again."
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1

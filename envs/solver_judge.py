@@ -424,6 +424,8 @@ class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
         return {a: self.observe(a) for a in self.agents}, {a: self._waiting_info(a) for a in self.agents}
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if not self.task:
+            raise RuntimeError("SolverJudgeParallelEnv.step called before reset(): call reset() first")
         if not self.agents:
             raise RuntimeError("SolverJudgeParallelEnv.step called after the episode ended: call reset() first")
         acting = [JUDGE] if self.judging else self.solvers

@@ -294,6 +294,8 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         return self.rendered((self._last_observation, info))
 
     def step(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._task:
+            raise RuntimeError("ToolEnv.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError("ToolEnv.step called after the episode ended: call reset() first")
         observation, reward, terminated, truncated, info = self._turn(action)

@@ -122,3 +122,9 @@ def test_a_question_longer_than_the_observation_space_is_refused_at_reset() -> N
         env.reset(options={"task": too_long})
     with pytest.raises(RuntimeError, match=re.escape("call reset() first")):  # no half-started episode
         env.step("Paris")
+
+
+@pytest.mark.parametrize("env_class", [SingleTurnEnv, MultiTurnEnv])
+def test_step_before_the_first_reset_says_so(env_class) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(f"{env_class.__name__}.step called before reset(): call")):
+        env_class(exact_match, TASKS).step("Paris")

@@ -364,3 +364,10 @@ def test_a_grader_with_a_nan_reward_is_an_infrastructure_failure_and_no_nan_leak
     assert infos["solver_0"]["reward_metadata"]["error"] == "the grader returned a non-finite reward nan"
     _, rewards, _, _, infos = env.step({"judge_0": "<verdict>1</verdict>"})
     assert rewards == {"judge_0": 0.0} and infos["judge_0"]["infra_failed"]
+
+
+def test_parallel_step_before_the_first_reset_says_so():
+    env = solver_judge.parallel_env()
+    message = "SolverJudgeParallelEnv.step called before reset(): call reset() first"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        env.step({"solver_0": "1", "solver_1": "1"})

@@ -211,6 +211,11 @@ def test_deeply_nested_arguments_are_a_malformed_call_not_a_crash():
     env.close()
 
 
+def test_step_before_the_first_reset_says_so():
+    with pytest.raises(RuntimeError, match=re.escape("ToolEnv.step called before reset(): call reset() first")):
+        ToolEnv().step("4")
+
+
 def test_reply_without_tool_call_is_the_final_answer():
     env = ToolEnv(reward_fn=exact)
     env.reset(options={"task": {"question": "2+2?", "ground_truth": "4"}})
