@@ -27,6 +27,13 @@ class FrozenLakeAgent(BaseAgent):
     def __init__(self, *args: Any, observation_template: str = "Current grid:\n{observation}\nYour move?", **kwargs):
         if not isinstance(observation_template, str) or "{observation}" not in observation_template:
             raise ValueError(f"observation_template must contain '{{observation}}', got {observation_template!r}")
+        try:  # checked now, not at the first step: any other {field} is a placeholder format() cannot fill
+            observation_template.format(observation="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError(
+                f"observation_template {observation_template!r} has a placeholder other than {{observation}} "
+                f"({type(error).__name__}: {error}); write a literal brace as {{{{ or }}}}"
+            ) from None
         self.observation_template = observation_template
         super().__init__(*args, **kwargs)
 

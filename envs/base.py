@@ -9,6 +9,7 @@ the text or the ``info`` they produce.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,40 @@ from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.types import RewardOutput
 
-__all__ = ["MultiTurnEnv", "SingleTurnEnv", "TextRendering", "answer_feedback"]
+__all__ = [
+    "MultiTurnEnv",
+    "SingleTurnEnv",
+    "TextRendering",
+    "answer_feedback",
+    "check_observation_length",
+    "checked_grade",
+]
+
+
+def checked_grade(graded: Any, reward_fn: Any) -> RewardOutput:
+    """``graded``, what ``reward_fn`` returned, once it is a :class:`~rllm_gym.types.RewardOutput` with a finite
+    reward. Anything else is a broken reward function, not a wrong answer: a ``TypeError`` or ``ValueError`` that
+    names it, raised to the caller instead of a crash further on or a NaN reward handed to the trainer."""
+    if not isinstance(graded, RewardOutput):
+        raise TypeError(
+            f"reward_fn {reward_fn!r} returned {type(graded).__name__}, not a RewardOutput: return "
+            "RewardOutput(reward=..., is_correct=...)"
+        )
+    if not math.isfinite(graded.reward):
+        raise ValueError(
+            f"reward_fn {reward_fn!r} returned a non-finite reward {graded.reward!r}: return a finite one"
+        )
+    return graded
+
+
+def check_observation_length(observation: str, space: TextSpace) -> None:
+    """Raise ``ValueError`` when a task's first observation (its question, as the env shows it) is longer than the
+    observation space admits: the task is bad input, not something to hand on outside the declared space."""
+    if len(observation) > space.max_length:
+        raise ValueError(
+            f"task['question'] makes an observation of {len(observation)} characters, over the observation space's "
+            f"limit of {space.max_length}: shorten the question"
+        )
 
 
 def answer_feedback(
@@ -97,7 +131,8 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
 
     ## Rewards
     Whatever ``reward_fn`` returns for the reply (``RewardOutput.reward``); for an invalid action, what it returns
-    for ``""``.
+    for ``""``. A reward function that returns no ``RewardOutput`` or a non-finite reward is broken: ``step`` raises
+    ``TypeError``/``ValueError`` naming it (:func:`checked_grade`) rather than pass NaN on.
 
     ## Episode End
     Terminated after the one step. Never truncated by the env itself.
@@ -180,8 +215,11 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         self.task = self.validate_task(dict(task) if isinstance(task, dict) else task) if task is not None else None
         if self.task is None:
             self.task = self.validate_task(self._draw_task())
+        self._done = True  # until the task is known to fit: a failed reset leaves no episode to step
+        observation = self.format_observation(self.task)
+        check_observation_length(observation, self.observation_space)
         self.turn, self._done = 0, False
-        self._last_observation = self.format_observation(self.task)
+        self._last_observation = observation
         info = {"task": dict(self.task), "task_id": str(self.task.get("id", ""))}
         return self.rendered((self._last_observation, info))
 
@@ -189,9 +227,11 @@ class SingleTurnEnv(TextRendering, gym.Env[str, str]):
         """The grade of ``action`` and whether it was invalid (outside the action space: graded as ``""``)."""
         assert self.task is not None
         invalid = not self.action_space.contains(action)
-        return self.reward_fn(self.task, "" if invalid else action), invalid
+        return checked_grade(self.reward_fn(self.task, "" if invalid else action), self.reward_fn), invalid
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1
@@ -260,6 +300,8 @@ class MultiTurnEnv(SingleTurnEnv):
         return f"Your answer is incorrect. You have {turns_left} attempt{plural} left. Please try again."
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.task is None:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError(f"{type(self).__name__}.step called after the episode ended: call reset() first")
         self.turn += 1

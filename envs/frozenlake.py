@@ -25,8 +25,10 @@ MAX_SIZE = 64
 _INVALID_QUOTE = 60  # characters of an invalid action quoted back in the observation
 
 _DIRECTION = re.compile(r"\b(up|down|left|right)\b", re.IGNORECASE)
-_FENCE = re.compile(r"```[^\n`]*\n?(.*?)```", re.DOTALL)
-_LABELLED = re.compile(r"\baction\s*[:=]\s*\**\s*[\"'`]?\s*(up|down|left|right)\b", re.IGNORECASE)
+_FENCE = re.compile(r"```[^\n`]*+\n?(.*?)```", re.DOTALL)  # possessive: an unclosed fence was quadratic
+# One run of spaces, asterisks and quotes between the label and the move: three overlapping \s* there backtracked
+# cubically on "action:" and thousands of spaces (2,000: half a minute).
+_LABELLED = re.compile(r"\baction\s*+[:=][\s*\"'`]*+(up|down|left|right)\b", re.IGNORECASE)
 
 
 def parse_action(text: str) -> int | None:
@@ -198,7 +200,9 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
     1.0 on reaching the goal, 0.0 for every other move, ``invalid_action_reward`` (default 0.0) for an action that
     names no single direction. Reaching the goal ends the episode, so with the default arguments a step earns 0.0 or
     1.0 and an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``, both
-    ``(0.0, 1.0)``); a negative ``invalid_action_reward`` r lowers them to r and ``max_episode_steps * r``.
+    ``(0.0, 1.0)``). Any other ``invalid_action_reward`` r moves the step range to ``[min(0, r), max(1, r)]``; since
+    invalid actions may repeat until ``max_episode_steps`` (which the env does not know), ``metadata`` then gives the
+    episode return as unbounded on r's side (``-inf`` or ``inf``; at most ``max_episode_steps`` times r there).
 
     ## Episode End
     Terminated when the player reaches the goal or falls into a hole. Truncated by Gymnasium's ``TimeLimit``
@@ -249,8 +253,17 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
             )
         self.size, self.p, self.is_slippery = size, p, is_slippery
         self.invalid_action_reward = float(invalid_action_reward)
+        reward = self.invalid_action_reward
+        if reward != 0.0:  # invalid actions may repeat until a time limit the env does not know: unbounded
+            self.metadata = {
+                **type(self).metadata,
+                "step_reward_range": (min(0.0, reward), max(1.0, reward)),
+                "episode_return_range": (-math.inf if reward < 0 else 0.0, math.inf if reward > 0 else 1.0),
+            }
         self.set_render_mode(render_mode)
-        self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 512)
+        # The largest grid, and the invalid-action line above it: a quote of up to 63 characters whose repr() may take
+        # 10 for each one ("\U000e0001"), in about 110 characters of message.
+        self.observation_space = TextSpace(max_length=2 * MAX_SIZE * MAX_SIZE + 1024)
         self.action_space = TextSpace(max_length=100_000)
         self._rows: list[str] = []
         self._tiles: list[str] = []
@@ -294,6 +307,8 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
         return self.rendered((self._render_grid(), info))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._rows:
+            raise RuntimeError("FrozenLakeEnv.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError("FrozenLakeEnv.step called after the episode ended: call reset() first")
         return self.rendered(self._move(action))
@@ -334,6 +349,8 @@ class FrozenLakeEnv(TextRendering, gym.Env[str, str]):
         return self._render_grid()
 
     def _render_grid(self) -> str:
+        if not self._tiles:
+            return ""  # before the first reset, as the other text envs render
         tiles = self._tiles.copy()
         line = tiles[self._row]
         tiles[self._row] = line[: 2 * self._col] + "P" + line[2 * self._col + 1 :]

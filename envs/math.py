@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +14,21 @@ from rllm_gym.rewards.math import MathGrader
 from rllm_gym.types import RewardOutput
 
 __all__ = ["MathEnv"]
+
+
+def _reward_ranges(reward_fn: Any, max_turns: int) -> dict[str, tuple[float, float]]:
+    """``metadata``'s ``step_reward_range`` and ``episode_return_range`` for a math grader's rewards (see
+    ``## Rewards``); unknown, ``(-inf, inf)``, for any other reward function."""
+    if not isinstance(reward_fn, MathGrader):
+        return {"step_reward_range": (-math.inf, math.inf), "episode_return_range": (-math.inf, math.inf)}
+    right = float(reward_fn.correct_reward)
+    wrong = (float(reward_fn.incorrect_reward), float(reward_fn.format_error_reward))
+    # An episode's return is linear in how many wrong replies come first, so the extremes lie at 0 or all of them.
+    returns = [right, *((max_turns - 1) * w + right for w in wrong), *(max_turns * w for w in wrong)]
+    return {
+        "step_reward_range": (min(right, *wrong), max(right, *wrong)),
+        "episode_return_range": (min(returns), max(returns)),
+    }
 
 
 class MathEnv(MultiTurnEnv):
@@ -51,9 +67,10 @@ class MathEnv(MultiTurnEnv):
     From the grader (:class:`rllm_gym.rewards.math.MathGrader`): ``correct_reward`` (1.0), ``incorrect_reward``
     (0.0) or ``format_error_reward`` (0.0), set with ``reward_config``. Every reply of a multi-turn episode is
     rewarded. With the default ``reward_config`` a step earns 0.0 or 1.0 and, since a correct reply ends the
-    episode, an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``);
-    other values move the bounds to ``[min(rewards), max(rewards)]`` per step and to ``max_turns`` times the lowest
-    wrong-answer reward below 0 per episode.
+    episode, an episode returns 0.0 or 1.0 (``metadata["step_reward_range"]`` and ``["episode_return_range"]``,
+    set per env). Other rewards move them: a step earns within ``[min(rewards), max(rewards)]``, and an episode
+    returns ``k`` wrong replies' rewards plus ``correct_reward`` (``k < max_turns``) or ``max_turns`` wrong ones. With
+    a ``reward_fn`` other than a ``MathGrader`` the bounds are unknown: both ranges are ``(-inf, inf)``.
 
     ## Episode End
     Terminated after a correct reply or after ``max_turns`` replies (default 1). Truncated only by a
@@ -122,6 +139,7 @@ class MathEnv(MultiTurnEnv):
         else:
             tasks = load_dataset(dataset, split=split)
         super().__init__(reward_fn, tasks, max_turns=max_turns, render_mode=render_mode)
+        self.metadata = {**type(self).metadata, **_reward_ranges(reward_fn, max_turns)}
         # The verdict inline_call reached for the step about to run: (action, task, grade, invalid), or None.
         self._cheap_grade: tuple[Any, dict[str, Any], RewardOutput, bool] | None = None
 

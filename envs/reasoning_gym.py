@@ -65,7 +65,9 @@ def extract_reply_answer(text: str, answer_format: str = "boxed") -> tuple[str |
     if answer_format == "boxed":
         answer, where = last_boxed(text), "\\boxed{...}"
     else:
-        found = _ANSWER_TAG.findall(text)
+        # Only up to the last closing tag: past it every opening tag would scan to the end in vain (quadratic).
+        end = text.rfind("</answer>")
+        found = _ANSWER_TAG.findall(text, 0, end + len("</answer>")) if end >= 0 else []
         answer, where = (found[-1] if found else None), "<answer>...</answer>"
     if answer is None or not answer.strip():
         return None, f"no final answer found: put it in {where}"

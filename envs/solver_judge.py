@@ -171,8 +171,8 @@ class _SolverJudgeRules:
         if agent == JUDGE:
             if not self.judging:
                 return ""
-            shown = [self.solutions[s][:MAX_TEXT_CHARS] for s in self.solvers]
-            return judge_observation(self.task["question"], shown)
+            shown = [self.solutions[s] for s in self.solvers]
+            return judge_observation(self.task["question"], shown, max_solution_chars=MAX_TEXT_CHARS)
         return "" if agent in self.solutions else self.task["question"]
 
     def _waiting_info(self, agent: str) -> dict[str, Any]:
@@ -282,8 +282,9 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
     ## Observation Space
     ``TextSpace`` (long enough for the judge's view): a solver sees the task's ``question`` until it has answered,
     then ``""``. The judge sees ``""`` until every solver has answered, then
-    :func:`judge_observation` of the question and the solutions (each cut at 1,000,000
-    characters), then ``""`` after its verdict. Example judge observation::
+    :func:`judge_observation` of the question and the solutions (each quote cut at 1,000,000
+    characters, so the view stays in the observation space however many lines a solution has), then ``""`` after
+    its verdict. Example judge observation::
 
         Problem:
         What is 17 + 25?
@@ -336,8 +337,9 @@ class SolverJudgeEnv(_SolverJudgeRules, AECEnv):
 
     Whose failure: a reply with no answer, a wrong one, or one the grader ran out of its own ``time_limit`` on is the
     model's (``is_correct`` False, ``infra_failed`` False). A grader that crashed, returned something other than a
-    ``RewardOutput``, or was not back within ``grading_time_limit`` is the infrastructure's: reward 0.0 with
-    ``infra_failed`` True and the reason in ``reward_metadata["error"]``; do not train on that sample.
+    ``RewardOutput`` or a non-finite reward, or was not back within ``grading_time_limit`` is the infrastructure's:
+    reward 0.0 with ``infra_failed`` True and the reason in ``reward_metadata["error"]``; do not train on that
+    sample.
 
     ## Arguments
     ``tasks``: a :class:`rllm_gym.data.Dataset` or list of task dicts, a ``.jsonl``/``.parquet`` path or a name
@@ -422,6 +424,8 @@ class SolverJudgeParallelEnv(_SolverJudgeRules, ParallelEnv):
         return {a: self.observe(a) for a in self.agents}, {a: self._waiting_info(a) for a in self.agents}
 
     def step(self, actions: Mapping[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        if not self.task:
+            raise RuntimeError("SolverJudgeParallelEnv.step called before reset(): call reset() first")
         if not self.agents:
             raise RuntimeError("SolverJudgeParallelEnv.step called after the episode ended: call reset() first")
         acting = [JUDGE] if self.judging else self.solvers

@@ -13,7 +13,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rllm_gym.envs.base import TextRendering
+from rllm_gym.envs.base import TextRendering, check_observation_length, checked_grade
 from rllm_gym.rewards import RewardFunction
 from rllm_gym.spaces import TextSpace
 from rllm_gym.tools import (
@@ -26,7 +26,7 @@ from rllm_gym.tools import (
     ToolParser,
     get_parser,
 )
-from rllm_gym.types import ModelOutput, RewardOutput, ToolCall
+from rllm_gym.types import ModelOutput, ToolCall
 
 __all__ = ["DEFAULT_TOOLS", "ToolEnv", "builtin_tasks"]
 
@@ -107,10 +107,11 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
     Each step: ``-malformed_call_penalty`` per malformed call in the reply, at most ``max_reply_penalty`` (0.2) for
     one reply and ``max_episode_penalty`` (0.5) over the episode. The final step adds the reward function's reward
     (math grader: 1.0 correct, 0.0 otherwise), kept within ``reward_bounds`` (default ``(0.0, 1.0)``; a reward
-    outside them is clipped and ``info["reward_clipped_from"]`` holds it). Tool calls themselves are free. So with
-    ``(low, high) = reward_bounds``: a step earns within ``[min(0, low) - min(max_reply_penalty,
-    max_episode_penalty), max(0, high)]`` and an episode within ``[min(0, low) - max_episode_penalty, max(0,
-    high)]`` (defaults: steps in [-0.2, 1.0], episodes in [-0.5, 1.0]); both ranges are in
+    outside them is clipped and ``info["reward_clipped_from"]`` holds it; a reward function that returns no
+    ``RewardOutput`` or a non-finite reward raises ``TypeError``/``ValueError``, see :func:`checked_grade`). Tool
+    calls themselves are free. So with ``(low, high) = reward_bounds``: a step earns within ``[min(0, low) -
+    min(max_reply_penalty, max_episode_penalty), max(0, high)]`` and an episode within ``[min(0, low) -
+    max_episode_penalty, max(0, high)]`` (defaults: steps in [-0.2, 1.0], episodes in [-0.5, 1.0]); both ranges are in
     ``env.metadata["step_reward_range"]`` and ``env.metadata["episode_return_range"]``.
 
     ## Episode End
@@ -276,7 +277,10 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         task = (options or {}).get("task")
         if task is None:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        self._task = _validate_task(task)
+        task = _validate_task(task)
+        self._done = True  # until the task is known to fit: a failed reset leaves no episode to step
+        check_observation_length(task["question"], self.observation_space)
+        self._task = task
         self._n_tool_calls = 0
         self._penalty_paid = 0.0
         self._done = False
@@ -290,6 +294,8 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         return self.rendered((self._last_observation, info))
 
     def step(self, action: str | ModelOutput) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self._task:
+            raise RuntimeError("ToolEnv.step called before reset(): call reset() first")
         if self._done:
             raise RuntimeError("ToolEnv.step called after the episode ended: call reset() first")
         observation, reward, terminated, truncated, info = self._turn(action)
@@ -387,7 +393,7 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
     def _grade(
         self, answer: str, penalty: float, calls: list[ToolCall], malformed: list[dict[str, Any]]
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        graded: RewardOutput = self.reward_fn(self._task, answer)
+        graded = checked_grade(self.reward_fn(self._task, answer), self.reward_fn)
         is_correct = bool(graded.is_correct) if graded.is_correct is not None else graded.reward > 0
         self._done = True
         self._last_observation = "Answer submitted: correct." if is_correct else "Answer submitted: incorrect."
@@ -396,9 +402,9 @@ class ToolEnv(TextRendering, gym.Env[str, str]):
         info["infra_failed"] = info["infra_failed"] or bool(graded.metadata.get("infra_failed", False))
         low, high = self.reward_bounds
         reward = float(graded.reward)
-        if not math.isfinite(reward) or not low <= reward <= high:
+        if not low <= reward <= high:
             info["reward_clipped_from"] = reward  # a reward function outside the declared bounds: kept in them
-            reward = min(max(reward, low), high) if not math.isnan(reward) else low
+            reward = min(max(reward, low), high)
         return self._last_observation, reward + penalty, True, False, info
 
     def _info(

@@ -47,9 +47,15 @@ __all__ = [
 
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-_HASHES = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+# Linear time: the answer is read run by run, a run of spaces whole (possessive *+, ++) and only when what follows it
+# does not end the answer, instead of a lazy (.+?) between \s* that backtracked cubically on "answer: x", thousands
+# of spaces and "y" (4,000 spaces: a minute). The answer ends where the rest of its line is spaces (####), or (the
+# answer is) at a period followed by a space, at the line's end or at the text's end.
+_HASHES = re.compile(r"####\s*+(\S(?:\S|[^\S\n]++(?!\n|\Z))*+)[^\S\n]*+$", re.MULTILINE)
 _ANSWER_IS = re.compile(
-    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*:?\s*(.+?)\s*(?:\.\s|\.?\s*$|\n)", re.IGNORECASE
+    r"(?:final answer|the answer|answer)\s*+(?:is|:|=)\s*+(?::\s*+)?"
+    r"([^\n](?:[^\s.]|\.(?!\s|\Z)|[^\S\n]++(?!\n|\Z|\.(?:\s|\Z)))*+)[^\S\n]*+(?:\.\s|\.?\s*+$|\n)",
+    re.IGNORECASE,
 )
 _MARKUP = " \t\n$*`"
 _TOKEN = re.compile(r"[^\s$]+")
@@ -170,7 +176,8 @@ class MathGrader:
             reply with no extractable answer (or one longer than ``max_answer_chars``).
         time_limit: wall-clock seconds for math-verify on one answer (0.1 to 600); past it the answer is wrong if
             the worker used a quarter of it in CPU time, else the host starved it (``infra_failed``) after at most
-            three times the limit.
+            three times the limit. An answer that times out against one reference answer is wrong without being
+            tried against the others.
         max_answer_chars: longer extracted answers are format errors and never reach the parser.
         use_math_verify: False keeps to the exact and numeric paths (symbolic answers then only match exactly).
         significant_digits: how many significant digits a decimal must carry to count as a correctly rounded value
@@ -268,8 +275,9 @@ class MathGrader:
                     return None
                 verdict = self._math_verify(verify_answer, verify_gold)
             is_correct, path = verdict
-            if is_correct:
-                break
+            if is_correct or path == "timeout":
+                break  # an answer that kept math-verify busy past time_limit is not tried against the rest
+
         metadata["path"] = path.partition(":")[0]
         if path.startswith("error"):
             metadata["error"] = path.partition(": ")[2]

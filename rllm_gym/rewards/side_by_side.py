@@ -2,14 +2,15 @@
 
 :func:`grade_side_by_side` runs a :class:`~rllm_gym.rewards.RewardFunction` on every reply in threads of its own and
 waits at most ``time_limit`` seconds for all of them together, so a step costs one budget, not one grader's worst case
-per reply. A grade that raised, returned something other than a :class:`~rllm_gym.types.RewardOutput` or was not
-back in time is the infrastructure's failure: reward 0.0, ``is_correct`` None and ``metadata["infra_failed"]``
-True, with the reason in ``metadata["error"]``.
+per reply. A grade that raised, returned something other than a :class:`~rllm_gym.types.RewardOutput` (or one whose
+reward is NaN or infinite) or was not back in time is the infrastructure's failure: reward 0.0, ``is_correct`` None
+and ``metadata["infra_failed"]`` True, with the reason in ``metadata["error"]``.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,8 @@ def _grade_of(future: concurrent.futures.Future, done: bool, time_limit: float) 
         error = f"the grader crashed: {type(exc).__name__}: {str(exc)[:300]}"
     elif not isinstance(future.result(), RewardOutput):
         error = f"the grader returned {type(future.result()).__name__}, not a RewardOutput"
+    elif not math.isfinite(future.result().reward):
+        error = f"the grader returned a non-finite reward {future.result().reward!r}"
     else:
         return future.result()
     return RewardOutput(reward=0.0, is_correct=None, metadata={"error": error, "infra_failed": True})

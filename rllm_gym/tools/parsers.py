@@ -23,6 +23,7 @@ from rllm_gym.tools.multi_tool import MultiTool
 from rllm_gym.types import ModelOutput, Record, ToolCall
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "PARSERS",
     "HermesToolParser",
     "JsonBlockToolParser",
@@ -35,12 +36,16 @@ __all__ = [
 ]
 
 _QUOTE = 120  # characters of a malformed call quoted back to the model
+# Levels of nesting a call's arguments may have (the arguments object is level 1). Far more than any tool's schema
+# uses; past ~250 pydantic refuses to serialize the call, so deeper arguments ended the env's step with an error.
+MAX_ARGUMENT_DEPTH = 64
 
 
 class ToolCallError(Record):
     """One malformed tool call: which one (``index``, 0-based in the reply), what kind of problem, the message for
     the model, and the offending text. ``kind`` is one of ``invalid_json``, ``invalid_call`` (not a
-    ``{"name", "arguments"}`` object), ``invalid_input`` (the reply is not text) or ``parser_error``."""
+    ``{"name", "arguments"}`` object, or arguments nested more than :data:`MAX_ARGUMENT_DEPTH` levels deep, in text
+    or in a backend's parsed ``tool_calls``), ``invalid_input`` (the reply is not text) or ``parser_error``."""
 
     index: int
     kind: str
@@ -109,8 +114,33 @@ def _call_from_json(obj: Any, index: int, raw: str) -> ToolCall | ToolCallError:
             text=_quote(raw),
             message=f'"arguments" of {name!r} must be a JSON object, got a JSON {_json_type(arguments)}',
         )
+    if _nested_deeper_than(arguments, MAX_ARGUMENT_DEPTH):
+        return _too_deep(name, index, raw)
     call_id = obj.get("id")
     return ToolCall(name=name, arguments=arguments, id=call_id if isinstance(call_id, str) else None)
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest in ``value`` more than ``limit`` levels deep (found without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _too_deep(name: str, index: int, raw: str) -> ToolCallError:
+    return ToolCallError(
+        index=index,
+        kind="invalid_call",
+        text=_quote(raw),
+        message=f"the arguments of {name!r} nest more than {MAX_ARGUMENT_DEPTH} levels deep",
+    )
 
 
 def _json_type(value: Any) -> str:
@@ -171,7 +201,13 @@ class ToolParser(ABC):
     def _parse_model_output(self, output: ModelOutput) -> ParsedReply:
         """Text formats parse the text; a backend that already parsed calls (``output.tool_calls``) wins."""
         if output.tool_calls:
-            return ParsedReply(calls=list(output.tool_calls), content=output.content)
+            reply = ParsedReply(content=output.content)
+            for index, call in enumerate(output.tool_calls):
+                if _nested_deeper_than(call.arguments, MAX_ARGUMENT_DEPTH):  # as a text call's arguments are checked
+                    reply.errors.append(_too_deep(call.name, index, call.name))
+                else:
+                    reply.calls.append(call)
+            return reply
         return self._parse(output.text or output.content)
 
     @abstractmethod

@@ -94,3 +94,37 @@ def test_non_string_actions_are_graded_not_raised() -> None:
     env = SingleTurnEnv(exact_match, TASKS)
     env.reset(options={"task": TASKS[0]})
     assert env.step(42)[1] == 0.0
+
+
+@pytest.mark.parametrize("env_class", [SingleTurnEnv, MultiTurnEnv])
+def test_a_broken_reward_function_is_an_error_not_a_nan_reward(env_class) -> None:
+    def nan_reward(task_info: dict, action: str) -> RewardOutput:
+        return RewardOutput(reward=float("nan"), is_correct=True)
+
+    def bare_float(task_info: dict, action: str) -> float:
+        return 1.0
+
+    env = env_class(nan_reward, TASKS)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=re.escape("returned a non-finite reward nan: return a finite one")):
+        env.step("Paris")
+    env = env_class(bare_float, TASKS)
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match=re.escape("returned float, not a RewardOutput: return RewardOutput(")):
+        env.step("Paris")
+
+
+def test_a_question_longer_than_the_observation_space_is_refused_at_reset() -> None:
+    env = SingleTurnEnv(exact_match, TASKS)
+    env.reset(seed=0)
+    too_long = {"id": "long", "question": "x" * (env.observation_space.max_length + 1), "answer": "x"}
+    with pytest.raises(ValueError, match=re.escape("task['question'] makes an observation of 1000001 characters")):
+        env.reset(options={"task": too_long})
+    with pytest.raises(RuntimeError, match=re.escape("call reset() first")):  # no half-started episode
+        env.step("Paris")
+
+
+@pytest.mark.parametrize("env_class", [SingleTurnEnv, MultiTurnEnv])
+def test_step_before_the_first_reset_says_so(env_class) -> None:
+    with pytest.raises(RuntimeError, match=re.escape(f"{env_class.__name__}.step called before reset(): call")):
+        env_class(exact_match, TASKS).step("Paris")

@@ -158,6 +158,39 @@ def test_ansi_render_and_time_limit():
     assert [r[3] for r in results] == [False, False, True]
 
 
+def test_step_and_render_before_the_first_reset():
+    env = FrozenLakeEnv(render_mode="ansi")
+    assert env.render() == ""  # nothing to show yet, as the other text envs render
+    with pytest.raises(RuntimeError, match=re.escape("FrozenLakeEnv.step called before reset(): call reset() first")):
+        env.step("down")
+    pinned(env)
+    assert env.step("down")[4]["position"] == (1, 0)
+
+
+def test_declared_reward_ranges_follow_invalid_action_reward():
+    env = FrozenLakeEnv(invalid_action_reward=-0.1)
+    assert env.metadata["step_reward_range"] == (-0.1, 1.0)
+    assert env.metadata["episode_return_range"] == (float("-inf"), 1.0)  # invalid actions repeat until the limit
+    pinned(env)
+    assert env.step("sideways")[1] == -0.1
+    assert FrozenLakeEnv(invalid_action_reward=2.0).metadata["step_reward_range"] == (0.0, 2.0)
+    assert FrozenLakeEnv.metadata["step_reward_range"] == FrozenLakeEnv().metadata["step_reward_range"] == (0.0, 1.0)
+
+
+def test_the_largest_grid_with_the_longest_quoted_invalid_action_stays_in_the_observation_space():
+    env = FrozenLakeEnv(size=64)
+    env.reset(seed=0)
+    observation, *_ = env.step("\U000e0001" * 100)  # each quoted character is 10 characters of its repr()
+    assert observation.startswith("Invalid action '\\U000e0001") and env.observation_space.contains(observation)
+
+
+@pytest.mark.timeout(60)  # the label and fence patterns backtracked: 2,000 spaces after "action:" took 30 s
+def test_parse_action_takes_linear_time_on_long_replies():
+    assert parse_action("Action:" + " " * 400_000 + "x, so left") == ACTION_NAMES.index("left")
+    assert parse_action("```" + "a" * 400_000 + " up") == ACTION_NAMES.index("up")  # an unclosed fence
+    assert parse_action('Action: ** "Right"') == ACTION_NAMES.index("right")
+
+
 def blind_successes(maps, moves):
     """How many of ``maps`` the fixed ``moves`` solve, played in the env itself."""
     solved = 0

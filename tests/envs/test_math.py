@@ -91,3 +91,23 @@ def test_custom_reward_fn_and_bad_arguments() -> None:
         MathEnv().reset(options={"task": {"question": "q"}})
     with pytest.raises(FileNotFoundError, match=re.escape("no data file at 'missing.jsonl': check the path")):
         MathEnv(dataset="missing.jsonl")
+
+
+def test_declared_reward_ranges_follow_reward_config_and_hold() -> None:
+    config = {"correct_reward": 1.0, "incorrect_reward": -0.5, "format_error_reward": -1.0}
+    env = MathEnv(reward_config=config, max_turns=3)
+    assert env.metadata["step_reward_range"] == (-1.0, 1.0)
+    assert env.metadata["episode_return_range"] == (-3.0, 1.0)
+    assert MathEnv.metadata["step_reward_range"] == (0.0, 1.0)  # the class keeps the defaults' ranges
+    env.reset(options={"task": {"question": "What is 2+2?", "ground_truth": "4"}})
+    rewards = [env.step(reply)[1] for reply in ("no idea", "\\boxed{5}", "no idea")]
+    assert rewards == [-1.0, -0.5, -1.0]
+    low, high = env.metadata["episode_return_range"]
+    assert low <= sum(rewards) <= high
+    # Paid wrong answers raise the ceiling: two wrong replies, then the right one.
+    env = MathEnv(reward_config={"incorrect_reward": 0.25}, max_turns=3)
+    env.reset(options={"task": {"question": "What is 2+2?", "ground_truth": "4"}})
+    total = sum(env.step(reply)[1] for reply in ("\\boxed{5}", "\\boxed{6}", "\\boxed{4}"))
+    assert total == 1.5 == env.metadata["episode_return_range"][1]
+    unknown = MathEnv(reward_fn=lambda task, action: RewardOutput(reward=7.0)).metadata
+    assert unknown["step_reward_range"] == unknown["episode_return_range"] == (-float("inf"), float("inf"))

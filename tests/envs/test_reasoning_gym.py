@@ -128,6 +128,14 @@ def test_answer_tag_format_and_think_handling():
     assert env.step(f"<think>\\boxed{{{gold}}}")[4]["format_error"] is True  # unclosed think: no final answer
 
 
+@pytest.mark.timeout(60)  # unclosed tags made the tag pattern quadratic: 320,000 characters took 50 s
+def test_answer_tag_extraction_takes_linear_time_on_unclosed_tags():
+    why = "no final answer found: put it in <answer>...</answer>"
+    assert rg_env.extract_reply_answer("<answer>" * 125_000, "answer_tag") == (None, why)
+    replies = ("<answer>7</answer>" + "<answer>" * 125_000, "</answer><answer> 7 </answer>")
+    assert [rg_env.extract_reply_answer(reply, "answer_tag") for reply in replies] == [("7", None), ("7", None)]
+
+
 def test_multi_turn_feedback_then_a_correct_retry():
     env = gym.make(ENV_ID, dataset="chain_sum", size=4, max_turns=3)
     _, info = env.reset(seed=1)

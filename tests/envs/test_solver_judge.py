@@ -352,3 +352,22 @@ def test_a_grader_past_the_step_budget_or_crashing_is_an_infrastructure_failure(
     assert infos["judge_0"]["infra_failed"] and infos["judge_0"]["verdict"] == 2
     with pytest.raises(ValueError, match=re.escape("grading_time_limit must be a number of seconds in (0, 600]")):
         solver_judge.parallel_env(tasks=tasks, grading_time_limit=0)
+
+
+def test_a_grader_with_a_nan_reward_is_an_infrastructure_failure_and_no_nan_leaks():
+    tasks = [{"id": "hi", "question": "Say hi.", "answer": "hi"}]
+    env = solver_judge.parallel_env(tasks=tasks, grader=lambda task, reply: RewardOutput(reward=math.nan))
+    env.reset(seed=0)
+    _, rewards, _, _, infos = env.step({"solver_0": "hi", "solver_1": "hi"})
+    assert rewards == {"solver_0": 0.0, "solver_1": 0.0, "judge_0": 0.0}
+    assert infos["solver_0"]["infra_failed"]
+    assert infos["solver_0"]["reward_metadata"]["error"] == "the grader returned a non-finite reward nan"
+    _, rewards, _, _, infos = env.step({"judge_0": "<verdict>1</verdict>"})
+    assert rewards == {"judge_0": 0.0} and infos["judge_0"]["infra_failed"]
+
+
+def test_parallel_step_before_the_first_reset_says_so():
+    env = solver_judge.parallel_env()
+    message = "SolverJudgeParallelEnv.step called before reset(): call reset() first"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        env.step({"solver_0": "1", "solver_1": "1"})

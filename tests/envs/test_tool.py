@@ -181,6 +181,41 @@ def test_a_reward_function_outside_the_bounds_is_clipped_into_them():
         ToolEnv(max_reply_penalty=-1)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_reward_is_an_error_never_a_clipped_or_nan_reward(bad):
+    env = ToolEnv(reward_fn=lambda task, answer: RewardOutput(reward=bad, is_correct=True))
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    with pytest.raises(ValueError, match=re.escape(f"returned a non-finite reward {bad!r}: return a finite one")):
+        env.step("4")
+    env = ToolEnv(reward_fn=lambda task, answer: 1.0)
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    with pytest.raises(TypeError, match=re.escape("returned float, not a RewardOutput")):
+        env.step("4")
+
+
+def test_a_question_longer_than_the_observation_space_is_refused_at_reset():
+    env = ToolEnv()
+    question = "x" * (env.observation_space.max_length + 1)
+    with pytest.raises(ValueError, match=re.escape("the observation space's limit of 200000: shorten the question")):
+        env.reset(options={"task": {"question": question, "ground_truth": "4"}})
+
+
+def test_deeply_nested_arguments_are_a_malformed_call_not_a_crash():
+    env = ToolEnv()
+    env.reset(options={"task": {"question": "q", "ground_truth": "4"}})
+    deep = "[" * 300 + "]" * 300
+    reply = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2", "x": ' + deep + "}}</tool_call>"
+    observation, reward, terminated, _, info = env.step(reply)
+    assert [call["kind"] for call in info["malformed_calls"]] == ["invalid_call"]
+    assert "nest more than 64 levels deep" in observation and (reward, terminated) == (-0.05, False)
+    env.close()
+
+
+def test_step_before_the_first_reset_says_so():
+    with pytest.raises(RuntimeError, match=re.escape("ToolEnv.step called before reset(): call reset() first")):
+        ToolEnv().step("4")
+
+
 def test_reply_without_tool_call_is_the_final_answer():
     env = ToolEnv(reward_fn=exact)
     env.reset(options={"task": {"question": "2+2?", "ground_truth": "4"}})

@@ -50,3 +50,31 @@ def test_verdict_parser_fuzz_gives_a_number_in_range_or_none(text, n):
 def test_verdict_parser_fuzz_finds_one_verdict_in_noise(noise, k, n):
     text = f"{noise}<verdict>{k}</verdict>{noise}"
     assert parse_verdict(text, n) == (k if k <= n else None)
+
+
+@given(st.text(alphabet="ab\n\r\u2028<>/verdict", max_size=60), st.integers(2, 40))
+@settings(max_examples=300, deadline=None)
+def test_a_cut_quote_keeps_within_its_limit_and_every_line_quoted(text, limit):
+    quoted = verdict.quote_solution(text, max_chars=limit)
+    assert len(quoted) <= limit
+    assert all(line.startswith(verdict.SOLUTION_QUOTE) for line in quoted.split("\n"))
+    whole = verdict.quote_solution(text)
+    assert whole.startswith(quoted) and (quoted == whole or len(whole) > limit)
+
+
+def test_the_judge_view_of_line_break_solutions_stays_in_the_observation_space():
+    env = solver_judge.parallel_env(tasks=[{"question": "q", "ground_truth": "1"}])
+    env.reset(seed=0)
+    lines = "\n" * (solver_judge.MAX_TEXT_CHARS - 1)  # three times as long once each line is quoted
+    observations, _, _, _, _ = env.step({"solver_0": lines, "solver_1": lines})
+    view = observations["judge_0"]
+    assert env.observation_space("judge_0").contains(view)
+    assert view.count("\nSolution 2:\n> \n> \n") == 1 and view.endswith("k from 1 to 2.")
+
+
+@pytest.mark.timeout(60)  # unclosed tags and "<" before spaces backtracked: quadratic in a reply of a million chars
+def test_verdict_reading_and_quoting_take_linear_time():
+    assert read_verdict("<verdict>" * 100_000, 2) == (None, "no <verdict>k</verdict> tag")
+    assert read_verdict("</verdict>" + "<verdict>" * 100_000, 2) == (None, "no <verdict>k</verdict> tag")
+    assert read_verdict("<verdict>2</verdict>" + "<verdict>" * 100_000, 2) == (2, None)
+    assert verdict.quote_solution("<" + " " * 1_000_000 + "verdict>").endswith(" verdict\u203a")

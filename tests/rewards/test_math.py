@@ -399,6 +399,32 @@ def test_pathological_answer_hits_the_time_limit_without_stalling_others() -> No
         pool.close()
 
 
+def test_an_answer_that_times_out_is_not_tried_against_every_other_reference() -> None:
+    # Four references would otherwise cost four time limits: past a step's budget (the solver-judge env's 20 s
+    # with the default 5 s), where the answer's own timeout would turn into the infrastructure's failure.
+    pool = MathVerifyPool(max_workers=1)
+    try:
+        grader = MathGrader(time_limit=1.0, pool=pool)
+        golds = ["x+9", "x+8", "x+7", "x+6"]
+        out = grader({"ground_truth": golds}, "\\boxed{x+9^{9^{9^{9}}}}")
+        assert (out.is_correct, out.metadata["path"], pool.workers_killed) == (False, "timeout", 1)
+        assert grader({"ground_truth": golds}, "\\boxed{7+x}").is_correct  # a later reference still counts
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(60)  # the patterns used to backtrack cubically here: 4,000 spaces took a minute, these never end
+def test_answer_extraction_takes_linear_time_on_long_runs_of_spaces() -> None:
+    spaces = " " * 200_000
+    assert extract_answer("The answer: 7" + spaces + "and more") == ("7" + spaces + "and more", None)
+    assert extract_answer("answer:7" + "\t" * 200_000 + ".5") == ("7" + "\t" * 200_000 + ".5", None)
+    assert extract_answer("#### 7" + spaces + "8\nthen") == ("7" + spaces + "8", None)
+    # The answer still ends where it did: at a period and a space, at the end of its line, at the end of the text.
+    assert extract_answer("So the answer is 3.5. Done") == ("3.5", None)
+    assert extract_answer("The answer is 42   \nwhy") == ("42", None)
+    assert extract_answer("#### 12  \n") == ("12", None)
+
+
 # Fork safety
 
 # Run in a fresh interpreter: forking pytest itself would leave a second copy of the test session running in the

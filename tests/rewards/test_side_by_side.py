@@ -35,6 +35,15 @@ def test_replies_are_graded_at_once_and_failures_are_the_infrastructures():
     assert odd.metadata["error"] == "the grader returned float, not a RewardOutput"
 
 
+def test_a_non_finite_reward_is_an_infrastructure_failure_never_passed_on():
+    grades = grade_side_by_side(
+        lambda task, reply: RewardOutput(reward=float(reply), is_correct=True), {}, {"n": "nan", "i": "inf"}, 5.0
+    )
+    assert grades["n"].metadata == {"error": "the grader returned a non-finite reward nan", "infra_failed": True}
+    assert grades["i"].metadata["error"] == "the grader returned a non-finite reward inf"
+    assert grades["n"].reward == grades["i"].reward == 0.0 and grades["n"].is_correct is None
+
+
 def test_the_math_grader_side_by_side():
     grades = grade_side_by_side(MathGrader(), {"ground_truth": "42"}, {"r": "\\boxed{42}", "w": "\\boxed{41}"}, 20.0)
     assert (grades["r"].is_correct, grades["w"].is_correct) == (True, False)

@@ -282,3 +282,18 @@ def test_valid_calls_round_trip_render_then_parse(parser, calls, prefix):
     assert [_key(c) for c in reply.calls] == [_key(c) for c in calls]
     if parser.name == "hermes":
         assert reply.content == prefix.strip()
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_arguments_nested_past_the_limit_are_a_malformed_call_in_text_and_in_parsed_tool_calls(name):
+    deep = "[" * 300 + "]" * 300  # json.loads reads it; serializing the call would fail past ~250 levels
+    parser = get_parser(name)
+    call = ToolCall(name="calculator", arguments={"expression": "2+2", "x": json.loads(deep)})
+    text = parser.render_calls([ToolCall(name="calculator", arguments={"expression": "2+2", "x": []})])
+    for reply in (text.replace("[]", deep), ModelOutput(tool_calls=[ToolCall(name="calculator"), call])):
+        parsed = parser.parse_with_errors(reply)
+        assert [error.kind for error in parsed.errors] == ["invalid_call"]
+        assert parsed.errors[0].message == "the arguments of 'calculator' nest more than 64 levels deep"
+    assert parsed.errors[0].index == 1 and parsed.calls == [ToolCall(name="calculator")]
+    at_limit = {"x": json.loads("[" * 63 + "]" * 63)}  # the arguments object is the first level
+    assert parser.parse_with_errors(ModelOutput(tool_calls=[ToolCall(name="c", arguments=at_limit)])).errors == []
