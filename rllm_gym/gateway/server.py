@@ -20,13 +20,16 @@ it is generated (:mod:`rllm_gym.gateway.streaming`); with any other policy the c
 complete.
 
 Every request body is checked (:mod:`rllm_gym.gateway.protocol`); a bad one gets an OpenAI-shaped 400 naming the field,
-an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded``, a policy failure 502
-(an infrastructure failure, never a wrong answer), and any other fault 500: no request ends the server.
+an unknown session 404, a prompt that does not fit the context 400 ``context_length_exceeded`` (also where an
+upstream OpenAI-compatible server refuses it so: a 400, 413 or 422 of the upstream's is the client's 400, with its
+reason), a policy failure 502 (an infrastructure failure, never a wrong answer), and any other fault 500: no request
+ends the server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -55,6 +58,7 @@ from rllm_gym.gateway.protocol import (
 from rllm_gym.gateway.recording import model_context, previous_step, record_step, vocab_size
 from rllm_gym.gateway.streaming import ContentStream, opens_reasoning, send_chunks, stream_reply
 from rllm_gym.policies.base import BasePolicy, Policy, PolicyError, PolicyRequest, SamplingParams
+from rllm_gym.policies.openai import RequestRejected
 from rllm_gym.types import ModelOutput, Step, Trajectory
 
 __all__ = ["Gateway", "GatewaySession", "SessionLimitError"]
@@ -74,6 +78,18 @@ async def _off_the_loop(work: Callable[[], Any], size: int) -> Any:
     if size < OFF_THE_LOOP_CHARS:
         return work()
     return await asyncio.to_thread(work)
+
+
+_CLIENT_STATUSES = frozenset({400, 413, 422})  # an upstream's answers to a request it cannot take as it is
+
+
+def _upstream_reason(body: str) -> str:
+    """The ``error.message`` of an upstream's error body (OpenAI's and vLLM's shape), else the body's start."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        message = json.loads(body)["error"]["message"]
+        if isinstance(message, str):
+            return message
+    return body[:300]
 
 
 class SessionLimitError(RuntimeError):
@@ -525,6 +541,19 @@ class Gateway:
         seeds = [None] * n if params.seed is None or n == 1 else [params.seed + i for i in range(n)]
         try:
             return list(await asyncio.gather(*map(one, seeds, on_tokens or [None] * n)))
+        except RequestRejected as error:
+            if error.status not in _CLIENT_STATUSES:  # 401, 404, ...: the gateway's upstream is set up wrong
+                session.policy_error = session.policy_error or str(error)
+                raise
+            # The upstream refused what the client asked (a prompt past its context, a field it does not take): the
+            # client's 400, with the upstream's reason, as the gateway answers what it can check itself.
+            reason = _upstream_reason(error.body)
+            context = "context length" in reason.lower() or "context_length" in reason.lower()
+            raise RequestError(
+                f"the model's server refused the request: {reason}"[:600],
+                param="messages" if context else None,
+                code="context_length_exceeded" if context else None,
+            ) from None
         except PolicyError as error:
             session.policy_error = session.policy_error or str(error)
             raise

@@ -5,10 +5,11 @@ that the client side of :class:`~rllm_gym.policies.OpenAIPolicy` (pooling, concu
 can be measured and tested against a real socket without a model. Failures are queued with
 :meth:`StubOpenAIServer.fail_next`: ``"429"``, ``"500"``, ``"400"``, ``"garbage"`` (a 200 with a body that is not
 JSON) or ``"drop"`` (the connection closes without an answer); requests with a field named in ``refuse`` get a 400
-naming it. Replies carry a ``usage`` that counts one token per whitespace-separated word (:func:`count_tokens`: of
-every message for the prompt, of the reply for the completion), so that tests can predict the counts a policy without
-a tokenizer reports. With ``reply_ids``, ``/v1/completions`` takes token-id prompts and answers with vLLM's
-``prompt_token_ids``, ``token_ids`` and logprobs. Run it as a process with
+naming it, and with ``max_context`` a prompt of more tokens than that gets vLLM's 400 ("This model's maximum context
+length is ..."). Replies carry a ``usage`` that counts one token per whitespace-separated word
+(:func:`count_tokens`: of every message for the prompt, of the reply for the completion), so that tests can predict
+the counts a policy without a tokenizer reports. With ``reply_ids``, ``/v1/completions`` takes token-id prompts and
+answers with vLLM's ``prompt_token_ids``, ``token_ids`` and logprobs. Run it as a process with
 ``python -m rllm_gym.policies.stub_server --port 8000 --latency 0.05``.
 """
 
@@ -83,6 +84,15 @@ class _Handler(BaseHTTPRequestHandler):
             }
             self._send(400, json.dumps({"error": error}).encode())
             return
+        prompt_tokens = count_tokens(body.get("messages", body.get("prompt")))
+        if stub.max_context is not None and prompt_tokens > stub.max_context:  # vLLM's words and shape
+            message = (
+                f"This model's maximum context length is {stub.max_context} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages."
+            )
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            self._send(400, json.dumps({"error": error}).encode())
+            return
         if stub.response is not None:
             self._send(200, json.dumps(stub.response).encode())
             return
@@ -143,6 +153,7 @@ class StubOpenAIServer:
         usage: bool = True,
         reply_ids: list[int] | Callable[[Any], list[int]] | None = None,
         refuse: Collection[str] = (),
+        max_context: int | None = None,
     ) -> None:
         self.latency_s = latency_s
         self.reply = reply
@@ -155,6 +166,7 @@ class StubOpenAIServer:
         self.reply_ids = reply_ids
         # Request fields answered with a 400 naming the field, as api.openai.com answers vLLM's extensions.
         self.refuse = tuple(refuse)
+        self.max_context = max_context  # prompt tokens (count_tokens) past which a request gets vLLM's context 400
         # (path, JSON body) of the last POSTs, in order; bounded, as benchmarks send hundreds of thousands.
         self.requests: deque[tuple[str, dict[str, Any]]] = deque(maxlen=1024)
         self.hits = 0

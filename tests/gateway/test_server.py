@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from rllm_gym.gateway import Gateway, SessionLimitError
-from rllm_gym.policies import HFPolicy, ScriptedPolicy
+from rllm_gym.policies import HFPolicy, OpenAIPolicy, ScriptedPolicy
+from rllm_gym.policies.stub_server import StubOpenAIServer
 from rllm_gym.policies.tokens import render_prompt_ids
 
 ADD_TOOL = {
@@ -685,3 +686,26 @@ async def test_a_program_that_asks_late_still_joins_the_batch_while_the_gateway_
     assert policy.batch_wait_s == 0.005 and policy.expected_requests is None
     with pytest.raises(ValueError, match=re.escape("Gateway(batch_wait_s=...) must be seconds in [0, 60), got -1")):
         Gateway(policy, batch_wait_s=-1)
+
+
+async def test_an_upstream_servers_refusal_is_the_clients_400_and_its_failure_the_gateways_502():
+    chat = [{"role": "user", "content": "hi"}]
+    with StubOpenAIServer(max_context=20) as server:
+        upstream = OpenAIPolicy("stub", server.url, max_retries=0, backoff_s=0.01, timeout_s=5.0)
+        async with upstream, Gateway(upstream) as gateway:
+            session = gateway.open_session()
+            client = client_of(session)
+            with pytest.raises(openai.BadRequestError) as refused:  # no tokenizer here: only the upstream can tell
+                await client.chat.completions.create(model="stub", messages=[{"role": "user", "content": "w " * 50}])
+            assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
+            assert "maximum context length is 20 tokens" in refused.value.message
+            server.fail_next("400")
+            with pytest.raises(openai.BadRequestError, match="the model's server refused the request: scripted 400"):
+                await client.chat.completions.create(model="stub", messages=chat)
+            assert session.policy_error is None  # the program's requests: its episode is still the model's doing
+            server.fail_next("500")
+            with pytest.raises(openai.InternalServerError) as failed:
+                await client.chat.completions.create(model="stub", messages=chat)
+            assert failed.value.status_code == 502 and session.policy_error is not None
+            reply = await client.chat.completions.create(model="stub", messages=chat)
+    assert reply.choices[0].message.content == "echo: hi"
