@@ -47,7 +47,7 @@ from rllm_gym.engine.common import max_turns_of
 from rllm_gym.engine.engine import AgentWorkflowEngine
 from rllm_gym.engine.workflow import TerminationEvent, Workflow
 from rllm_gym.gateway import Gateway, GatewaySession
-from rllm_gym.gateway.protocol import MAX_DEPTH, finite_number
+from rllm_gym.gateway.protocol import finite_number, unrecordable
 from rllm_gym.policies.base import Policy, PolicyError, SamplingParams
 from rllm_gym.types import Episode, RewardOutput, TerminationReason, Trajectory
 
@@ -150,7 +150,7 @@ def _json_safe(value: Any) -> Any:
     records no deeper than about 250 levels), else its ``repr``, as UTF-8 can hold it."""
     try:
         json.dumps(value)
-        fits = _fits_record(value)
+        fits = unrecordable(value) is None
     except (TypeError, ValueError, RecursionError):
         fits = False
     if fits:
@@ -160,38 +160,6 @@ def _json_safe(value: Any) -> Any:
     except Exception:  # a repr that raises, or recurses past the limit: the program's output still ends its episode
         return f"<{type(value).__name__} without a repr>"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate as its escape
-
-
-def _fits_record(value: Any) -> bool:
-    """Whether ``value`` (JSON-serialisable) nests at most ``MAX_DEPTH`` levels and every string in it (keys too) is
-    valid Unicode (a lone surrogate, from text decoded with ``surrogateescape`` say, has no UTF-8)."""
-    pending = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        if isinstance(item, str):
-            if not item.isascii() and not _utf8(item):
-                return False
-            continue
-        children = item.items() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
-        if children is None:
-            continue
-        if depth > MAX_DEPTH:
-            return False
-        for child in children:
-            if isinstance(item, dict):
-                key, child = child
-                if isinstance(key, str) and not key.isascii() and not _utf8(key):
-                    return False
-            pending.append((child, depth + 1))
-    return True
-
-
-def _utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class AgentProgramWorkflow(Workflow):

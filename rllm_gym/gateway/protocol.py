@@ -36,6 +36,7 @@ __all__ = [
     "parse_chat_request",
     "parse_completion_request",
     "readable_calls",
+    "unrecordable",
 ]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -138,32 +139,45 @@ def finite_number(value: Any) -> float | None:
 
 
 def check_body(body: Any) -> Any:
-    """``body`` (a decoded JSON body) when the gateway can record it, else :class:`RequestError` naming where not:
-    a string that is not valid Unicode (a lone UTF-16 surrogate such as ``"\\ud800"``, which JSON allows and UTF-8
-    cannot hold), or nesting deeper than ``MAX_DEPTH`` (a record nests what it keeps in a few levels of its own, and
-    its JSON must stay within what pydantic writes)."""
-    if isinstance(body, str) and not _valid_text(body):
-        raise _text_error("")
-    pending: list[tuple[str, Any, int]] = [("", body, 0)]
+    """``body`` (a decoded JSON body) when the gateway can record it, else :class:`RequestError` naming where not
+    (:func:`unrecordable`)."""
+    fault = unrecordable(body)
+    if fault is None:
+        return body
+    path, why = fault
+    if why == "text":
+        raise _text_error(path)
+    raise RequestError(f"'{path}' is nested more than {MAX_DEPTH} levels deep"[:300], param=path)
+
+
+def unrecordable(value: Any) -> tuple[str, str] | None:
+    """Where ``value`` (decoded JSON, or a program's output: dicts, lists, tuples) cannot go into a record, and why:
+    ``(path, "text")`` for a string that is not valid Unicode (a lone UTF-16 surrogate such as ``"\ud800"``, which
+    JSON allows and UTF-8 cannot hold; for a key, the path of the object that holds it), ``(path, "depth")`` for
+    nesting deeper than ``MAX_DEPTH`` (a record nests what it keeps in a few levels of its own, and its JSON must stay
+    within what pydantic writes); ``None`` where it can."""
+    if isinstance(value, str) and not _valid_text(value):
+        return "", "text"
+    pending: list[tuple[str, Any, int]] = [("", value, 0)]
     while pending:
-        path, value, depth = pending.pop()
-        if isinstance(value, dict):
-            items: Any = value.items()
-        elif isinstance(value, list):
-            items = enumerate(value)
+        path, item, depth = pending.pop()
+        if isinstance(item, dict):
+            items: Any = item.items()
+        elif isinstance(item, (list, tuple)):
+            items = enumerate(item)
         else:
             continue
         if depth >= MAX_DEPTH:
-            raise RequestError(f"'{path}' is nested more than {MAX_DEPTH} levels deep"[:300], param=path)
-        for key, item in items:
+            return path, "depth"
+        for key, child in items:
             if isinstance(key, str) and not _valid_text(key):
-                raise _text_error(path)  # the key itself cannot be shown: the object that holds it is named
-            if isinstance(item, str):
-                if not _valid_text(item):
-                    raise _text_error(_child(path, key))
-            elif isinstance(item, (dict, list)):
-                pending.append((_child(path, key), item, depth + 1))
-    return body
+                return path, "text"
+            if isinstance(child, str):
+                if not _valid_text(child):
+                    return _child(path, key), "text"
+            elif isinstance(child, (dict, list, tuple)):
+                pending.append((_child(path, key), child, depth + 1))
+    return None
 
 
 def _child(path: str, key: str | int) -> str:
